@@ -1,0 +1,3 @@
+module github.com/virtmetal/virtmetal
+
+go 1.26

@@ -1,0 +1,294 @@
+// Package machine is the backend contract: "a machine behind a BMC", in
+// domain types. Protocol packages (redfish, ipmi) translate their wire
+// formats to and from these types; backends (memory, kubevirt) implement
+// them. Nothing here knows about HTTP, IPMI or Kubernetes.
+//
+// The contract is split into small capability interfaces in the manner of
+// bmclib, so a protocol handler can say exactly what it needs.
+package machine
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"slices"
+)
+
+// Sentinel errors. Backends wrap them with %w and add detail; each protocol
+// maps them to its own error codes in exactly one place.
+var (
+	// ErrNotFound: the machine (or the object behind it) does not exist.
+	ErrNotFound = errors.New("machine not found")
+	// ErrNotSupported: the backend cannot do this at all (e.g. NMI on a VM).
+	ErrNotSupported = errors.New("operation not supported")
+	// ErrInvalidArgument: a value outside what the contract allows.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrConflict: the request is valid but the machine's current state
+	// forbids it (e.g. inserting media into an occupied drive).
+	ErrConflict = errors.New("conflicts with machine state")
+	// ErrUnavailable: the backend cannot be reached right now; retrying
+	// later may succeed.
+	ErrUnavailable = errors.New("backend unavailable")
+)
+
+// PowerState is the machine's power state as a BMC reports it.
+type PowerState string
+
+const (
+	PowerOn     PowerState = "On"
+	PowerOff    PowerState = "Off"
+	PoweringOn  PowerState = "PoweringOn"
+	PoweringOff PowerState = "PoweringOff"
+	// Paused: the machine is suspended; it counts as powered for the purpose
+	// of On (nothing to do) and can be forced off.
+	Paused PowerState = "Paused"
+)
+
+// ResetType is a power action. The names match Redfish's ResetType because
+// they are the industry's vocabulary, not because this package knows Redfish.
+type ResetType string
+
+const (
+	ResetOn               ResetType = "On"
+	ResetForceOn          ResetType = "ForceOn"
+	ResetForceOff         ResetType = "ForceOff"
+	ResetGracefulShutdown ResetType = "GracefulShutdown"
+	ResetGracefulRestart  ResetType = "GracefulRestart"
+	ResetForceRestart     ResetType = "ForceRestart"
+	ResetPowerCycle       ResetType = "PowerCycle"
+	ResetNmi              ResetType = "Nmi"
+)
+
+// AllResetTypes lists every ResetType in a stable order.
+var AllResetTypes = []ResetType{
+	ResetOn, ResetForceOn, ResetForceOff, ResetGracefulShutdown,
+	ResetGracefulRestart, ResetForceRestart, ResetPowerCycle, ResetNmi,
+}
+
+// BootTarget is the device a boot override points at.
+type BootTarget string
+
+const (
+	BootNone     BootTarget = "None"
+	BootPxe      BootTarget = "Pxe"
+	BootHdd      BootTarget = "Hdd"
+	BootCd       BootTarget = "Cd"
+	BootUefiHttp BootTarget = "UefiHttp"
+)
+
+// BootEnabled says how long a boot override lasts.
+type BootEnabled string
+
+const (
+	BootDisabled   BootEnabled = "Disabled"
+	BootOnce       BootEnabled = "Once"
+	BootContinuous BootEnabled = "Continuous"
+)
+
+// BootMode is the firmware interface the machine boots with.
+type BootMode string
+
+const (
+	BootModeUEFI   BootMode = "UEFI"
+	BootModeLegacy BootMode = "Legacy"
+)
+
+// BootOverride is the boot source override of a machine.
+type BootOverride struct {
+	Target  BootTarget
+	Enabled BootEnabled
+	Mode    BootMode
+}
+
+// Capabilities lists what a machine accepts. Protocols advertise exactly
+// these (Redfish AllowableValues) and refuse the rest before calling the
+// backend.
+type Capabilities struct {
+	ResetTypes  []ResetType
+	BootTargets []BootTarget
+	BootModes   []BootMode
+	// VirtualMedia is false where the backend cannot attach media at all.
+	VirtualMedia bool
+}
+
+// SupportsReset reports whether r is among c.ResetTypes.
+func (c Capabilities) SupportsReset(r ResetType) bool { return slices.Contains(c.ResetTypes, r) }
+
+// SupportsBootTarget reports whether t is among c.BootTargets.
+func (c Capabilities) SupportsBootTarget(t BootTarget) bool {
+	return slices.Contains(c.BootTargets, t)
+}
+
+// SupportsBootMode reports whether m is among c.BootModes.
+func (c Capabilities) SupportsBootMode(m BootMode) bool { return slices.Contains(c.BootModes, m) }
+
+// Inventory is the hardware description of a machine.
+type Inventory struct {
+	Name         string // human name (the VM name for KubeVirt)
+	UUID         string // SMBIOS system UUID, lower case, with dashes
+	SerialNumber string // SMBIOS system serial
+	Manufacturer string
+	Model        string
+	CPUs         int    // logical processors
+	CPUModel     string // may be empty
+	MemoryMiB    int64
+	NICs         []NIC
+	Disks        []Disk
+}
+
+// NIC is a network interface.
+type NIC struct {
+	Name string
+	MAC  string // lower case, colon separated
+	IPs  []string
+}
+
+// DiskKind tells a hard disk from an optical drive.
+type DiskKind string
+
+const (
+	DiskKindDisk  DiskKind = "Disk"
+	DiskKindCdrom DiskKind = "Cdrom"
+)
+
+// Disk is a block device of the machine.
+type Disk struct {
+	Name          string
+	Kind          DiskKind
+	CapacityBytes int64 // 0 when unknown
+}
+
+// VirtualMedia is the state of the machine's virtual CD drive.
+type VirtualMedia struct {
+	Inserted       bool
+	Image          string // URL of the inserted image; empty when ejected
+	WriteProtected bool
+}
+
+// InventoryReader describes the machine. Reads never change state.
+type InventoryReader interface {
+	Inventory(ctx context.Context) (Inventory, error)
+}
+
+// PowerController reads and changes power.
+type PowerController interface {
+	PowerState(ctx context.Context) (PowerState, error)
+	// Reset performs a power action. It is idempotent where the action names
+	// a state: On/ForceOn when already on (or powering on), and
+	// ForceOff/GracefulShutdown when already off (or powering off), return
+	// nil and change nothing. Restart actions (ForceRestart, GracefulRestart,
+	// PowerCycle) power an Off machine on. Actions issued during a transition
+	// are accepted and converge on the last one requested; they are never
+	// refused because the machine is "busy". Every power-on (including the
+	// one inside a restart) is a boot, and consumes a Once boot override.
+	// An action not in Capabilities returns ErrNotSupported. Nmi on a
+	// machine that is not running returns ErrConflict.
+	Reset(ctx context.Context, r ResetType) error
+}
+
+// BootController reads and changes the boot override.
+type BootController interface {
+	BootOverride(ctx context.Context) (BootOverride, error)
+	// SetBootOverride replaces the override. Enabled Disabled (or Target
+	// None) clears it; the stored value is then {None, Disabled, mode}. A
+	// Once override lasts for exactly one boot, after which BootOverride
+	// reports {None, Disabled, mode}. Setting the current value again is a
+	// no-op. Targets or modes outside Capabilities return ErrNotSupported;
+	// unknown enum values return ErrInvalidArgument.
+	SetBootOverride(ctx context.Context, o BootOverride) error
+}
+
+// MediaController drives the virtual CD drive.
+type MediaController interface {
+	VirtualMedia(ctx context.Context) (VirtualMedia, error)
+	// InsertMedia attaches the image at url. Inserting while media is
+	// already inserted returns ErrConflict; an empty or non-absolute URL
+	// returns ErrInvalidArgument.
+	InsertMedia(ctx context.Context, url string) error
+	// EjectMedia detaches the media; it returns nil when the drive is empty.
+	EjectMedia(ctx context.Context) error
+}
+
+// Machine is everything a BMC can do to one machine.
+type Machine interface {
+	// ID is stable for the machine's life and safe in a URL path segment.
+	ID() string
+	Capabilities() Capabilities
+	InventoryReader
+	PowerController
+	BootController
+	MediaController
+}
+
+// Backend is a set of machines served by one BMC process.
+type Backend interface {
+	// Machines lists the machine IDs in a stable order.
+	Machines(ctx context.Context) ([]string, error)
+	// Machine returns the machine with that ID, or ErrNotFound.
+	Machine(ctx context.Context, id string) (Machine, error)
+}
+
+// Validate checks that o uses known enum values only, independent of any
+// machine's capabilities.
+func (o BootOverride) Validate() error {
+	switch o.Target {
+	case BootNone, BootPxe, BootHdd, BootCd, BootUefiHttp:
+	default:
+		return Errorf(ErrInvalidArgument, "unknown boot target %q", o.Target)
+	}
+	switch o.Enabled {
+	case BootDisabled, BootOnce, BootContinuous:
+	default:
+		return Errorf(ErrInvalidArgument, "unknown boot override duration %q", o.Enabled)
+	}
+	switch o.Mode {
+	case BootModeUEFI, BootModeLegacy:
+	default:
+		return Errorf(ErrInvalidArgument, "unknown boot mode %q", o.Mode)
+	}
+	return nil
+}
+
+// Normalize folds the two spellings of "no override" into one:
+// {None, Disabled, mode}.
+func (o BootOverride) Normalize() BootOverride {
+	if o.Target == BootNone || o.Enabled == BootDisabled {
+		return BootOverride{Target: BootNone, Enabled: BootDisabled, Mode: o.Mode}
+	}
+	return o
+}
+
+// CheckBootOverride validates o against the enum values and against c.
+func (c Capabilities) CheckBootOverride(o BootOverride) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	if o.Target != BootNone && !c.SupportsBootTarget(o.Target) {
+		return Errorf(ErrNotSupported, "boot target %q", o.Target)
+	}
+	if !c.SupportsBootMode(o.Mode) {
+		return Errorf(ErrNotSupported, "boot mode %q", o.Mode)
+	}
+	return nil
+}
+
+// CheckReset validates r against the known reset types and against c.
+func (c Capabilities) CheckReset(r ResetType) error {
+	if !slices.Contains(AllResetTypes, r) {
+		return Errorf(ErrInvalidArgument, "unknown reset type %q", r)
+	}
+	if !c.SupportsReset(r) {
+		return Errorf(ErrNotSupported, "reset type %q", r)
+	}
+	return nil
+}
+
+// CheckImageURL accepts absolute http(s) URLs only: every backend can fetch
+// those (CDI's http import among them).
+func CheckImageURL(image string) error {
+	u, err := url.Parse(image)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return Errorf(ErrInvalidArgument, "image %q is not an absolute http(s) URL", image)
+	}
+	return nil
+}

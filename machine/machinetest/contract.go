@@ -1,0 +1,386 @@
+// Package machinetest is the contract test suite every machine backend must
+// pass. A backend's own test calls Run with a constructor for a fresh,
+// powered-off machine.
+package machinetest
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Subject is one fresh machine under test and the means to observe it.
+type Subject struct {
+	// Machine starts powered off, with no boot override and no media.
+	Machine machine.Machine
+	// Boots returns the device of every boot so far, oldest first, as the
+	// "hardware" saw it (the in-memory history, or the bootOrder a VMI
+	// started with).
+	Boots func() []machine.BootTarget
+	// Settle bounds how long the suite polls for a transition to finish.
+	// Zero means 10 seconds.
+	Settle time.Duration
+}
+
+// Run runs the contract suite. newSubject is called once per subtest.
+func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
+	t.Helper()
+	tests := []struct {
+		name string
+		run  func(t *testing.T, s Subject)
+	}{
+		{"inventory", testInventory},
+		{"power on and off are idempotent", testPowerIdempotent},
+		{"back-to-back actions converge", testConverge},
+		{"restart of an off machine powers it on", testRestartFromOff},
+		{"restart boots again", testRestartBoots},
+		{"once override lasts exactly one boot", testBootOnce},
+		{"continuous override stays", testBootContinuous},
+		{"disabled override clears", testBootDisabled},
+		{"invalid arguments", testInvalid},
+		{"virtual media", testMedia},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSubject(t)
+			if s.Settle == 0 {
+				s.Settle = 10 * time.Second
+			}
+			tc.run(t, s)
+		})
+	}
+}
+
+var (
+	uuidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	macPattern  = regexp.MustCompile(`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`)
+)
+
+func testInventory(t *testing.T, s Subject) {
+	ctx := t.Context()
+	inv, err := s.Machine.Inventory(ctx)
+	if err != nil {
+		t.Fatalf("Inventory: %v", err)
+	}
+	if !uuidPattern.MatchString(inv.UUID) {
+		t.Errorf("UUID %q is not a lower-case RFC 4122 UUID", inv.UUID)
+	}
+	if inv.Manufacturer == "" || inv.CPUs < 1 || inv.MemoryMiB < 1 {
+		t.Errorf("inventory lacks manufacturer, CPUs or memory: %+v", inv)
+	}
+	if len(inv.NICs) == 0 {
+		t.Fatalf("no NICs: a machine without a MAC cannot PXE boot")
+	}
+	for _, n := range inv.NICs {
+		if !macPattern.MatchString(n.MAC) {
+			t.Errorf("NIC %q MAC %q is not lower-case colon-separated", n.Name, n.MAC)
+		}
+	}
+	if s.Machine.ID() == "" {
+		t.Errorf("empty ID")
+	}
+	again, err := s.Machine.Inventory(ctx)
+	if err != nil || again.UUID != inv.UUID || again.NICs[0].MAC != inv.NICs[0].MAC {
+		t.Errorf("inventory not stable between reads: %+v then %+v (%v)", inv, again, err)
+	}
+}
+
+func testPowerIdempotent(t *testing.T, s Subject) {
+	ctx := t.Context()
+	waitPower(t, s, machine.PowerOff)
+	mustReset(t, s, machine.ResetForceOff) // already off: no-op
+	if s.Machine.Capabilities().SupportsReset(machine.ResetGracefulShutdown) {
+		mustReset(t, s, machine.ResetGracefulShutdown)
+	}
+	waitPower(t, s, machine.PowerOff)
+	if n := len(s.Boots()); n != 0 {
+		t.Fatalf("powering off an off machine booted it %d times", n)
+	}
+	mustReset(t, s, machine.ResetOn)
+	mustReset(t, s, machine.ResetOn) // on or powering on: no-op
+	waitPower(t, s, machine.PowerOn)
+	mustReset(t, s, machine.ResetOn)
+	if s.Machine.Capabilities().SupportsReset(machine.ResetForceOn) {
+		mustReset(t, s, machine.ResetForceOn)
+	}
+	if n := len(s.Boots()); n != 1 {
+		t.Fatalf("On when already on booted again: %d boots, want 1", n)
+	}
+	mustReset(t, s, machine.ResetForceOff)
+	waitPower(t, s, machine.PowerOff)
+	mustReset(t, s, machine.ResetForceOff)
+	if st, err := s.Machine.PowerState(ctx); err != nil || st != machine.PowerOff {
+		t.Fatalf("PowerState = %q, %v; want Off", st, err)
+	}
+}
+
+// testConverge is MaaS's power cycle: ForceOff then On, back to back,
+// without waiting in between.
+func testConverge(t *testing.T, s Subject) {
+	mustReset(t, s, machine.ResetOn)
+	mustReset(t, s, machine.ResetForceOff)
+	waitPower(t, s, machine.PowerOff)
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	mustReset(t, s, machine.ResetForceOff)
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+}
+
+func testRestartFromOff(t *testing.T, s Subject) {
+	caps := s.Machine.Capabilities()
+	for _, r := range []machine.ResetType{machine.ResetForceRestart, machine.ResetGracefulRestart, machine.ResetPowerCycle} {
+		if !caps.SupportsReset(r) {
+			continue
+		}
+		waitPower(t, s, machine.PowerOff)
+		before := len(s.Boots())
+		mustReset(t, s, r)
+		waitPower(t, s, machine.PowerOn)
+		waitBoots(t, s, before+1)
+		mustReset(t, s, machine.ResetForceOff)
+		waitPower(t, s, machine.PowerOff)
+	}
+}
+
+func testRestartBoots(t *testing.T, s Subject) {
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	waitBoots(t, s, 1)
+	mustReset(t, s, machine.ResetForceRestart)
+	waitBoots(t, s, 2)
+	waitPower(t, s, machine.PowerOn)
+}
+
+func testBootOnce(t *testing.T, s Subject) {
+	ctx := t.Context()
+	// The baseline: what the machine boots from with no override.
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	baseline := waitBoots(t, s, 1)[0]
+	mustReset(t, s, machine.ResetForceOff)
+	waitPower(t, s, machine.PowerOff)
+
+	target := otherTarget(s.Machine.Capabilities(), baseline)
+	mode := currentMode(t, s)
+	once := machine.BootOverride{Target: target, Enabled: machine.BootOnce, Mode: mode}
+	if err := s.Machine.SetBootOverride(ctx, once); err != nil {
+		t.Fatalf("SetBootOverride(%+v): %v", once, err)
+	}
+	if err := s.Machine.SetBootOverride(ctx, once); err != nil {
+		t.Fatalf("setting the same override again: %v", err)
+	}
+	if got, err := s.Machine.BootOverride(ctx); err != nil || got != once {
+		t.Fatalf("BootOverride = %+v, %v; want %+v", got, err, once)
+	}
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	if got := waitBoots(t, s, 2)[1]; got != target {
+		t.Fatalf("booted from %q with a Once %q override", got, target)
+	}
+	cleared := machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: mode}
+	eventually(t, s, "Once override consumed", func() bool {
+		got, err := s.Machine.BootOverride(ctx)
+		return err == nil && got == cleared
+	})
+	mustReset(t, s, machine.ResetForceRestart)
+	waitPower(t, s, machine.PowerOn)
+	if got := waitBoots(t, s, 3)[2]; got != baseline {
+		t.Fatalf("second boot after a Once override came from %q, want the baseline %q", got, baseline)
+	}
+}
+
+func testBootContinuous(t *testing.T, s Subject) {
+	ctx := t.Context()
+	caps := s.Machine.Capabilities()
+	target := otherTarget(caps, machine.BootHdd)
+	o := machine.BootOverride{Target: target, Enabled: machine.BootContinuous, Mode: currentMode(t, s)}
+	if err := s.Machine.SetBootOverride(ctx, o); err != nil {
+		t.Fatalf("SetBootOverride(%+v): %v", o, err)
+	}
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	waitBoots(t, s, 1)
+	mustReset(t, s, machine.ResetForceRestart)
+	waitPower(t, s, machine.PowerOn)
+	boots := waitBoots(t, s, 2)
+	if boots[0] != target || boots[1] != target {
+		t.Fatalf("boots = %v with a Continuous %q override", boots, target)
+	}
+	if got, err := s.Machine.BootOverride(ctx); err != nil || got != o {
+		t.Fatalf("BootOverride after two boots = %+v, %v; want %+v", got, err, o)
+	}
+}
+
+func testBootDisabled(t *testing.T, s Subject) {
+	ctx := t.Context()
+	mode := currentMode(t, s)
+	set := machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootContinuous, Mode: mode}
+	if err := s.Machine.SetBootOverride(ctx, set); err != nil {
+		t.Fatalf("SetBootOverride: %v", err)
+	}
+	for _, clear := range []machine.BootOverride{
+		{Target: machine.BootPxe, Enabled: machine.BootDisabled, Mode: mode},
+		{Target: machine.BootNone, Enabled: machine.BootContinuous, Mode: mode},
+	} {
+		if err := s.Machine.SetBootOverride(ctx, clear); err != nil {
+			t.Fatalf("SetBootOverride(%+v): %v", clear, err)
+		}
+		want := machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: mode}
+		if got, err := s.Machine.BootOverride(ctx); err != nil || got != want {
+			t.Fatalf("after %+v: BootOverride = %+v, %v; want %+v", clear, got, err, want)
+		}
+		if err := s.Machine.SetBootOverride(ctx, set); err != nil {
+			t.Fatalf("SetBootOverride: %v", err)
+		}
+	}
+}
+
+func testInvalid(t *testing.T, s Subject) {
+	ctx := t.Context()
+	mode := currentMode(t, s)
+	caps := s.Machine.Capabilities()
+	cases := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"unknown reset", func() error { return s.Machine.Reset(ctx, "Explode") }, machine.ErrInvalidArgument},
+		{"unknown boot target", func() error {
+			return s.Machine.SetBootOverride(ctx, machine.BootOverride{Target: "Floppy", Enabled: machine.BootOnce, Mode: mode})
+		}, machine.ErrInvalidArgument},
+		{"unknown boot duration", func() error {
+			return s.Machine.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: "Twice", Mode: mode})
+		}, machine.ErrInvalidArgument},
+		{"unknown boot mode", func() error {
+			return s.Machine.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: "OpenFirmware"})
+		}, machine.ErrInvalidArgument},
+	}
+	for _, r := range machine.AllResetTypes {
+		if !caps.SupportsReset(r) {
+			cases = append(cases, struct {
+				name string
+				call func() error
+				want error
+			}{"unsupported reset " + string(r), func() error { return s.Machine.Reset(ctx, r) }, machine.ErrNotSupported})
+		}
+	}
+	before, err := s.Machine.BootOverride(ctx)
+	if err != nil {
+		t.Fatalf("BootOverride: %v", err)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); !errors.Is(err, tc.want) {
+				t.Fatalf("error = %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if after, err := s.Machine.BootOverride(ctx); err != nil || after != before {
+		t.Fatalf("a refused call changed the boot override: %+v -> %+v (%v)", before, after, err)
+	}
+	if st, err := s.Machine.PowerState(ctx); err != nil || st != machine.PowerOff {
+		t.Fatalf("a refused call changed power: %q (%v)", st, err)
+	}
+}
+
+func testMedia(t *testing.T, s Subject) {
+	ctx := t.Context()
+	const image = "http://images.example/installer.iso"
+	if !s.Machine.Capabilities().VirtualMedia {
+		if err := s.Machine.InsertMedia(ctx, image); !errors.Is(err, machine.ErrNotSupported) {
+			t.Fatalf("InsertMedia without the capability: %v, want ErrNotSupported", err)
+		}
+		return
+	}
+	if err := s.Machine.InsertMedia(ctx, "not a url"); !errors.Is(err, machine.ErrInvalidArgument) {
+		t.Fatalf("InsertMedia(bad URL) = %v, want ErrInvalidArgument", err)
+	}
+	if err := s.Machine.InsertMedia(ctx, image); err != nil {
+		t.Fatalf("InsertMedia: %v", err)
+	}
+	eventually(t, s, "media inserted", func() bool {
+		vm, err := s.Machine.VirtualMedia(ctx)
+		return err == nil && vm.Inserted && vm.Image == image
+	})
+	if err := s.Machine.InsertMedia(ctx, image); !errors.Is(err, machine.ErrConflict) {
+		t.Fatalf("second InsertMedia = %v, want ErrConflict", err)
+	}
+	if err := s.Machine.EjectMedia(ctx); err != nil {
+		t.Fatalf("EjectMedia: %v", err)
+	}
+	eventually(t, s, "media ejected", func() bool {
+		vm, err := s.Machine.VirtualMedia(ctx)
+		return err == nil && !vm.Inserted && vm.Image == ""
+	})
+	if err := s.Machine.EjectMedia(ctx); err != nil {
+		t.Fatalf("EjectMedia of an empty drive: %v", err)
+	}
+}
+
+func mustReset(t *testing.T, s Subject, r machine.ResetType) {
+	t.Helper()
+	if err := s.Machine.Reset(t.Context(), r); err != nil {
+		t.Fatalf("Reset(%s): %v", r, err)
+	}
+}
+
+func waitPower(t *testing.T, s Subject, want machine.PowerState) {
+	t.Helper()
+	eventually(t, s, "power "+string(want), func() bool {
+		st, err := s.Machine.PowerState(t.Context())
+		return err == nil && st == want
+	})
+}
+
+func waitBoots(t *testing.T, s Subject, n int) []machine.BootTarget {
+	t.Helper()
+	var boots []machine.BootTarget
+	eventually(t, s, "boot count", func() bool {
+		boots = s.Boots()
+		return len(boots) >= n
+	})
+	if len(boots) != n {
+		t.Fatalf("boots = %v, want exactly %d", boots, n)
+	}
+	return boots
+}
+
+func eventually(t *testing.T, s Subject, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), s.Settle)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out after %v waiting for %s", s.Settle, what)
+		case <-tick.C:
+		}
+	}
+}
+
+func currentMode(t *testing.T, s Subject) machine.BootMode {
+	t.Helper()
+	o, err := s.Machine.BootOverride(t.Context())
+	if err != nil {
+		t.Fatalf("BootOverride: %v", err)
+	}
+	return o.Mode
+}
+
+// otherTarget picks a supported target different from not, preferring Pxe:
+// the one provisioning depends on.
+func otherTarget(caps machine.Capabilities, not machine.BootTarget) machine.BootTarget {
+	for _, t := range []machine.BootTarget{machine.BootPxe, machine.BootCd, machine.BootHdd} {
+		if t != not && caps.SupportsBootTarget(t) {
+			return t
+		}
+	}
+	return not
+}

@@ -1,0 +1,318 @@
+// Package memory is an in-memory machine backend: the built-in backend of
+// bmc-server (no cluster needed) and the reference implementation of the
+// machine contract. It can delay power transitions like real hardware and
+// can be told to fail, so protocol tests use it as their fake.
+package memory
+
+import (
+	"context"
+	"crypto/sha1"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Options configures a Backend.
+type Options struct {
+	// Machines is how many machines to create (vm-0, vm-1, ...). Zero means one.
+	Machines int
+	// TransitionDelay keeps PoweringOn/PoweringOff visible for this long
+	// after a power action. Zero makes transitions instant.
+	TransitionDelay time.Duration
+	// Now is the clock; nil means time.Now. Tests inject a fake one.
+	Now func() time.Time
+}
+
+// Backend is a fixed set of in-memory machines. It is safe for concurrent use.
+type Backend struct {
+	machines []*Machine
+}
+
+var _ machine.Backend = (*Backend)(nil)
+
+// New creates a backend with opts.Machines machines, all powered off.
+func New(opts Options) *Backend {
+	n := max(opts.Machines, 1)
+	now := opts.Now
+	if now == nil {
+		now = time.Now
+	}
+	b := &Backend{}
+	for i := range n {
+		b.machines = append(b.machines, newMachine(i, opts.TransitionDelay, now))
+	}
+	return b
+}
+
+// Machines lists the machine IDs in creation order.
+func (b *Backend) Machines(context.Context) ([]string, error) {
+	ids := make([]string, len(b.machines))
+	for i, m := range b.machines {
+		ids[i] = m.id
+	}
+	return ids, nil
+}
+
+// Machine returns the machine with that ID.
+func (b *Backend) Machine(_ context.Context, id string) (machine.Machine, error) {
+	m := b.Get(id)
+	if m == nil {
+		return nil, machine.Errorf(machine.ErrNotFound, "%q", id)
+	}
+	return m, nil
+}
+
+// Get returns the concrete machine with that ID, or nil. Tests use it to
+// reach the fault and boot-history hooks.
+func (b *Backend) Get(id string) *Machine {
+	for _, m := range b.machines {
+		if m.id == id {
+			return m
+		}
+	}
+	return nil
+}
+
+// Machine is one in-memory machine.
+type Machine struct {
+	id    string
+	inv   machine.Inventory
+	delay time.Duration
+	now   func() time.Time
+
+	mu            sync.Mutex
+	power         machine.PowerState
+	transitionEnd time.Time // when PoweringOn/PoweringOff settles
+	boot          machine.BootOverride
+	media         machine.VirtualMedia
+	boots         []machine.BootTarget
+	fault         error
+}
+
+var _ machine.Machine = (*Machine)(nil)
+
+// defaultBootTarget is what a machine boots from without an override.
+const defaultBootTarget = machine.BootHdd
+
+func newMachine(i int, delay time.Duration, now func() time.Time) *Machine {
+	name := fmt.Sprintf("vm-%d", i)
+	// Identity is derived from the index so it survives a restart of the
+	// process: MaaS keys machines by MAC and UUID.
+	sum := sha1.Sum([]byte("virtmetal/memory/" + name))
+	sum[6] = sum[6]&0x0f | 0x50 // RFC 4122 version 5 (name-based, SHA-1)
+	sum[8] = sum[8]&0x3f | 0x80 // RFC 4122 variant
+	uuid := fmt.Sprintf("%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
+	return &Machine{
+		id:    name,
+		delay: delay,
+		now:   now,
+		power: machine.PowerOff,
+		boot:  machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeUEFI},
+		inv: machine.Inventory{
+			Name:         name,
+			UUID:         uuid,
+			SerialNumber: name + ".memory",
+			Manufacturer: "virtmetal",
+			Model:        "in-memory machine",
+			CPUs:         2,
+			CPUModel:     "virtual",
+			MemoryMiB:    4096,
+			NICs: []machine.NIC{{
+				Name: "default",
+				MAC:  fmt.Sprintf("52:54:00:%02x:%02x:%02x", sum[16], sum[17], sum[18]),
+			}},
+			Disks: []machine.Disk{
+				{Name: "rootdisk", Kind: machine.DiskKindDisk, CapacityBytes: 20 << 30},
+				{Name: "cdrom", Kind: machine.DiskKindCdrom},
+			},
+		},
+	}
+}
+
+// ID returns the machine's ID (vm-N).
+func (m *Machine) ID() string { return m.id }
+
+// Capabilities: the in-memory machine supports everything in the contract.
+func (m *Machine) Capabilities() machine.Capabilities {
+	return machine.Capabilities{
+		ResetTypes:   slices.Clone(machine.AllResetTypes),
+		BootTargets:  []machine.BootTarget{machine.BootPxe, machine.BootHdd, machine.BootCd, machine.BootUefiHttp},
+		BootModes:    []machine.BootMode{machine.BootModeUEFI, machine.BootModeLegacy},
+		VirtualMedia: true,
+	}
+}
+
+// SetFault makes every later call fail with err, until SetFault(nil).
+func (m *Machine) SetFault(err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fault = err
+}
+
+// Boots returns the device of every boot so far, oldest first.
+func (m *Machine) Boots() []machine.BootTarget {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.boots)
+}
+
+// Inventory returns a copy of the machine's hardware description.
+func (m *Machine) Inventory(context.Context) (machine.Inventory, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return machine.Inventory{}, m.fault
+	}
+	inv := m.inv
+	inv.NICs = slices.Clone(inv.NICs)
+	inv.Disks = slices.Clone(inv.Disks)
+	return inv, nil
+}
+
+// PowerState returns the current state, settling a finished transition.
+func (m *Machine) PowerState(context.Context) (machine.PowerState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return "", m.fault
+	}
+	m.settle()
+	return m.power, nil
+}
+
+// settle ends a transition whose time is up. Callers hold mu.
+func (m *Machine) settle() {
+	if m.now().Before(m.transitionEnd) {
+		return
+	}
+	switch m.power {
+	case machine.PoweringOn:
+		m.power = machine.PowerOn
+	case machine.PoweringOff:
+		m.power = machine.PowerOff
+	}
+}
+
+// startTransition moves towards on (true) or off. Callers hold mu.
+func (m *Machine) startTransition(on bool) {
+	switch {
+	case on && m.delay > 0:
+		m.power = machine.PoweringOn
+	case on:
+		m.power = machine.PowerOn
+	case m.delay > 0:
+		m.power = machine.PoweringOff
+	default:
+		m.power = machine.PowerOff
+	}
+	m.transitionEnd = m.now().Add(m.delay)
+}
+
+// powerOn boots the machine, consuming a Once override. Callers hold mu.
+func (m *Machine) powerOn() {
+	target := defaultBootTarget
+	if m.boot.Enabled != machine.BootDisabled {
+		target = m.boot.Target
+	}
+	if m.boot.Enabled == machine.BootOnce {
+		m.boot = machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: m.boot.Mode}
+	}
+	m.boots = append(m.boots, target)
+	m.startTransition(true)
+}
+
+// Reset performs a power action; see machine.PowerController.
+func (m *Machine) Reset(_ context.Context, r machine.ResetType) error {
+	if err := m.Capabilities().CheckReset(r); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return m.fault
+	}
+	m.settle()
+	running := m.power == machine.PowerOn || m.power == machine.PoweringOn || m.power == machine.Paused
+	switch r {
+	case machine.ResetOn, machine.ResetForceOn:
+		if !running {
+			m.powerOn()
+		}
+	case machine.ResetForceOff, machine.ResetGracefulShutdown:
+		if running {
+			m.startTransition(false)
+		}
+	case machine.ResetForceRestart, machine.ResetGracefulRestart, machine.ResetPowerCycle:
+		m.powerOn()
+	case machine.ResetNmi:
+		if m.power != machine.PowerOn {
+			return machine.Errorf(machine.ErrConflict, "NMI needs a running machine, it is %s", m.power)
+		}
+	}
+	return nil
+}
+
+// BootOverride returns the current boot override.
+func (m *Machine) BootOverride(context.Context) (machine.BootOverride, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return machine.BootOverride{}, m.fault
+	}
+	return m.boot, nil
+}
+
+// SetBootOverride replaces the boot override; see machine.BootController.
+func (m *Machine) SetBootOverride(_ context.Context, o machine.BootOverride) error {
+	if err := m.Capabilities().CheckBootOverride(o); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return m.fault
+	}
+	m.boot = o.Normalize()
+	return nil
+}
+
+// VirtualMedia returns the state of the virtual CD drive.
+func (m *Machine) VirtualMedia(context.Context) (machine.VirtualMedia, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return machine.VirtualMedia{}, m.fault
+	}
+	return m.media, nil
+}
+
+// InsertMedia attaches an image; see machine.MediaController.
+func (m *Machine) InsertMedia(_ context.Context, image string) error {
+	if err := machine.CheckImageURL(image); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return m.fault
+	}
+	if m.media.Inserted {
+		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", m.media.Image)
+	}
+	m.media = machine.VirtualMedia{Inserted: true, Image: image, WriteProtected: true}
+	return nil
+}
+
+// EjectMedia detaches the media, if any.
+func (m *Machine) EjectMedia(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return m.fault
+	}
+	m.media = machine.VirtualMedia{}
+	return nil
+}

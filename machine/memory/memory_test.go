@@ -1,0 +1,107 @@
+package memory_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/machinetest"
+	"github.com/virtmetal/virtmetal/machine/memory"
+)
+
+func TestContract(t *testing.T) {
+	for _, delay := range []time.Duration{0, 20 * time.Millisecond} {
+		t.Run("delay "+delay.String(), func(t *testing.T) {
+			machinetest.Run(t, func(t *testing.T) machinetest.Subject {
+				b := memory.New(memory.Options{TransitionDelay: delay})
+				m := b.Get("vm-0")
+				return machinetest.Subject{Machine: m, Boots: m.Boots, Settle: 2 * time.Second}
+			})
+		})
+	}
+}
+
+// fakeClock is a clock the test moves by hand.
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time { return c.now }
+
+func TestTransitionsAreVisible(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	b := memory.New(memory.Options{TransitionDelay: 5 * time.Second, Now: clock.Now})
+	m := b.Get("vm-0")
+	ctx := t.Context()
+	steps := []struct {
+		name    string
+		reset   machine.ResetType
+		advance time.Duration
+		want    machine.PowerState
+	}{
+		{"on starts powering on", machine.ResetOn, 0, machine.PoweringOn},
+		{"still powering on", "", 4 * time.Second, machine.PoweringOn},
+		{"on after the delay", "", time.Second, machine.PowerOn},
+		{"force off starts powering off", machine.ResetForceOff, 0, machine.PoweringOff},
+		{"on during powering off converges on", machine.ResetOn, 0, machine.PoweringOn},
+		{"settles on", "", 5 * time.Second, machine.PowerOn},
+		{"graceful shutdown", machine.ResetGracefulShutdown, 5 * time.Second, machine.PowerOff},
+	}
+	for _, s := range steps {
+		if s.reset != "" {
+			if err := m.Reset(ctx, s.reset); err != nil {
+				t.Fatalf("%s: Reset: %v", s.name, err)
+			}
+		}
+		clock.now = clock.now.Add(s.advance)
+		if got, err := m.PowerState(ctx); err != nil || got != s.want {
+			t.Fatalf("%s: PowerState = %q, %v; want %q", s.name, got, err, s.want)
+		}
+	}
+}
+
+func TestMachines(t *testing.T) {
+	b := memory.New(memory.Options{Machines: 3})
+	ids, err := b.Machines(t.Context())
+	if err != nil || len(ids) != 3 || ids[0] != "vm-0" || ids[2] != "vm-2" {
+		t.Fatalf("Machines = %v, %v", ids, err)
+	}
+	if _, err := b.Machine(t.Context(), "vm-9"); !errors.Is(err, machine.ErrNotFound) {
+		t.Fatalf("Machine(vm-9) = %v, want ErrNotFound", err)
+	}
+	a, _ := b.Get("vm-0").Inventory(t.Context())
+	c, _ := b.Get("vm-1").Inventory(t.Context())
+	if a.UUID == c.UUID || a.NICs[0].MAC == c.NICs[0].MAC {
+		t.Fatalf("machines share identity: %+v %+v", a, c)
+	}
+	again, _ := memory.New(memory.Options{}).Get("vm-0").Inventory(t.Context())
+	if again.UUID != a.UUID {
+		t.Fatalf("identity not stable across backends: %s vs %s", again.UUID, a.UUID)
+	}
+}
+
+func TestFault(t *testing.T) {
+	m := memory.New(memory.Options{}).Get("vm-0")
+	ctx := t.Context()
+	m.SetFault(machine.ErrUnavailable)
+	calls := map[string]func() error{
+		"PowerState":      func() error { _, err := m.PowerState(ctx); return err },
+		"Reset":           func() error { return m.Reset(ctx, machine.ResetOn) },
+		"Inventory":       func() error { _, err := m.Inventory(ctx); return err },
+		"BootOverride":    func() error { _, err := m.BootOverride(ctx); return err },
+		"SetBootOverride": func() error { return m.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}) },
+		"VirtualMedia":    func() error { _, err := m.VirtualMedia(ctx); return err },
+		"InsertMedia":     func() error { return m.InsertMedia(ctx, "http://x/y.iso") },
+		"EjectMedia":      func() error { return m.EjectMedia(ctx) },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			if err := call(); !errors.Is(err, machine.ErrUnavailable) {
+				t.Fatalf("error = %v, want ErrUnavailable", err)
+			}
+		})
+	}
+	m.SetFault(nil)
+	if st, err := m.PowerState(ctx); err != nil || st != machine.PowerOff {
+		t.Fatalf("after clearing the fault: %q, %v; the failed Reset must not have changed state", st, err)
+	}
+}
