@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestLoadCredentials(t *testing.T) {
+	dir := func(files map[string]string) string {
+		d := t.TempDir()
+		for name, content := range files {
+			if err := os.WriteFile(filepath.Join(d, name), []byte(content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return d
+	}
+	tests := []struct {
+		name     string
+		env      map[string]string
+		dir      string
+		wantUser string
+		wantPass string
+		wantErr  string
+	}{
+		{name: "environment", env: map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}, wantUser: "maas", wantPass: "s3cret"},
+		{name: "secret files", dir: dir(map[string]string{"username": "maas\n", "password": "s3cret\n"}), wantUser: "maas", wantPass: "s3cret"},
+		{name: "password keeps inner spaces", dir: dir(map[string]string{"username": "maas", "password": " a b "}), wantUser: "maas", wantPass: " a b "},
+		{name: "only username in env", env: map[string]string{"BMC_USERNAME": "maas"}, wantErr: "both"},
+		{name: "only password in env", env: map[string]string{"BMC_PASSWORD": "x"}, wantErr: "both"},
+		{name: "env and dir", env: map[string]string{"BMC_USERNAME": "a", "BMC_PASSWORD": "b"}, dir: dir(map[string]string{"username": "c", "password": "d"}), wantErr: "twice"},
+		{name: "missing password file", dir: dir(map[string]string{"username": "maas"}), wantErr: "password"},
+		{name: "empty username file", dir: dir(map[string]string{"username": "\n", "password": "x"}), wantErr: "empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := loadCredentials(func(k string) string { return tt.env[k] }, tt.dir)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one mentioning %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.username != tt.wantUser || got.password != tt.wantPass || got.generated {
+				t.Errorf("got %+v, want %s/%s", got, tt.wantUser, tt.wantPass)
+			}
+		})
+	}
+}
+
+func TestGeneratedCredentials(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	a, err := loadCredentials(noEnv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := loadCredentials(noEnv, "")
+	if !a.generated || a.username != "admin" || len(a.password) < 20 {
+		t.Errorf("generated credentials %+v are too weak", a)
+	}
+	if a.password == b.password {
+		t.Errorf("two generated passwords are equal")
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		args    []string
+		wantErr string
+	}{
+		{[]string{"--machines", "0"}, "at least 1"},
+		{[]string{"--tls-cert", "c.pem"}, "go together"},
+		{[]string{"--insecure-http", "--tls-cert", "c", "--tls-key", "k"}, "exclude"},
+		{[]string{"--password", "x"}, "not defined"},
+		{[]string{"extra"}, "unexpected"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			_, err := parseFlags(tt.args, io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("error = %v, want one mentioning %q", err, tt.wantErr)
+			}
+		})
+	}
+	if _, err := newBackend(options{backend: "vmware", machines: 1}); err == nil {
+		t.Error("unknown backend: want an error")
+	}
+}
+
+// lockedBuffer collects run's output while the test polls it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRunServesAndShutsDown starts the command on a loopback port, calls it
+// over HTTPS and plain HTTP, and stops it as SIGTERM would.
+func TestRunServesAndShutsDown(t *testing.T) {
+	tests := []struct {
+		name   string
+		args   []string
+		scheme string
+	}{
+		{"self-signed TLS", []string{"--listen", "127.0.0.1:0", "--machines", "3"}, "https"},
+		{"plain HTTP", []string{"--listen", "127.0.0.1:0", "--insecure-http"}, "http"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			env := map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}
+			var stdout, stderr lockedBuffer
+			done := make(chan error, 1)
+			go func() { done <- run(ctx, tt.args, func(k string) string { return env[k] }, &stdout, &stderr) }()
+
+			urlPattern := regexp.MustCompile(`(https?://\S+)/redfish/v1/`)
+			var base string
+			for deadline := time.Now().Add(5 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				if m := urlPattern.FindStringSubmatch(stdout.String()); m != nil && strings.Contains(stdout.String(), "Password:") {
+					base = m[1]
+				}
+			}
+			if base == "" {
+				t.Fatalf("no URL printed; stdout %q stderr %q", stdout.String(), stderr.String())
+			}
+			if !strings.HasPrefix(base, tt.scheme+"://") {
+				t.Errorf("URL %s, want scheme %s", base, tt.scheme)
+			}
+			if strings.Contains(stdout.String(), "s3cret") {
+				t.Errorf("a configured password was printed: %q", stdout.String())
+			}
+			client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+			get := func(user, pass string) int {
+				req, _ := http.NewRequest("GET", base+"/redfish/v1/Systems", nil)
+				if user != "" {
+					req.SetBasicAuth(user, pass)
+				}
+				res, err := client.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.Body.Close()
+				return res.StatusCode
+			}
+			if got := get("maas", "s3cret"); got != http.StatusOK {
+				t.Errorf("with credentials: %d, want 200", got)
+			}
+			if got := get("", ""); got != http.StatusUnauthorized {
+				t.Errorf("without credentials: %d, want 401", got)
+			}
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("run returned %v after shutdown", err)
+				}
+			case <-time.After(shutdownTimeout + time.Second):
+				t.Fatal("run did not return after the context ended")
+			}
+		})
+	}
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (.ci/run calls this), on a
+# fresh machine: it installs what the tests need and caches it outside the
+# repository, then runs vet, every Go test, bounded fuzzing, the benchmarks
+# once each (so they cannot rot) and the python tests of the MaaS script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/virtmetal
+fuzztime=${FUZZTIME:-10s}
+log() { echo "[test] $(date +%T) $*" >&2; }
+
+# Real IPMI clients for the conformance of ipmi/ (MaaS runs freeipmi).
+need_apt=()
+command -v ipmitool >/dev/null || need_apt+=(ipmitool)
+command -v ipmipower >/dev/null || need_apt+=(freeipmi-tools)
+command -v python3 >/dev/null || need_apt+=(python3)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing ${need_apt[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+# A real kube-apiserver and etcd for envtest.
+if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
+  export KUBEBUILDER_ASSETS="$cache/envtest/1.37.2"
+  hack/setup-envtest.sh "$KUBEBUILDER_ASSETS"
+fi
+
+export REDFISH_SCHEMA_DIR=${REDFISH_SCHEMA_DIR:-$(cd .. && pwd)/shared/redfish-schemas}
+
+log "go vet"
+go vet ./...
+
+log "go test"
+go test -count=1 -timeout 40m ./...
+
+log "fuzzing each target for $fuzztime"
+# Every FuzzXxx in the tree, found rather than listed, so a new target is
+# fuzzed without touching this script.
+grep -rl --include='*_test.go' '^func Fuzz' . | while read -r file; do
+  pkg=./$(dirname "${file#./}")
+  for target in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$file"); do
+    log "fuzz $pkg $target"
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"
+  done
+done
+
+log "benchmarks, one iteration each"
+go test -count=1 -run '^$' -bench . -benchtime 1x ./...
+
+log "python tests of the MaaS commissioning script"
+python3 -m unittest discover -s deploy/maas -p '*_test.py' -v

@@ -1,0 +1,123 @@
+package redfish_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/virtmetal/virtmetal/machine/memory"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// benchServer is the full stack a BMC client meets: TLS, HTTP/1.1
+// keep-alive, HTTP Basic on every request (as MaaS does), the memory
+// backend.
+func benchServer(b *testing.B) *httptest.Server {
+	b.Helper()
+	srv, err := redfish.NewServer(redfish.Config{
+		Backend:  memory.New(memory.Options{Machines: 4}),
+		Accounts: []redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}},
+		Logger:   logr.Discard(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewUnstartedServer(srv)
+	ts.StartTLS()
+	b.Cleanup(ts.Close)
+	return ts
+}
+
+// benchRequest returns errors instead of failing, because RunParallel's
+// goroutines may not call b.Fatal.
+func benchRequest(client *http.Client, method, url, body string, wantStatus int) error {
+	var reader io.Reader
+	if body != "" {
+		reader = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, reader)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth(adminUser, adminPass)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Drain so the connection is reused.
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode != wantStatus {
+		return fmt.Errorf("%s %s: status %d, want %d", method, url, res.StatusCode, wantStatus)
+	}
+	return nil
+}
+
+func BenchmarkGetComputerSystem(b *testing.B) {
+	ts := benchServer(b)
+	client := ts.Client()
+	url := ts.URL + system0
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := benchRequest(client, "GET", url, "", http.StatusOK); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkGetComputerSystemParallel(b *testing.B) {
+	ts := benchServer(b)
+	client := ts.Client()
+	url := ts.URL + system0
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := benchRequest(client, "GET", url, "", http.StatusOK); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// resetBodies alternate so every POST changes the power state.
+var resetBodies = [2]string{`{"ResetType":"On"}`, `{"ResetType":"ForceOff"}`}
+
+func BenchmarkResetComputerSystem(b *testing.B) {
+	ts := benchServer(b)
+	client := ts.Client()
+	url := ts.URL + reset0
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := benchRequest(client, "POST", url, resetBodies[i%2], http.StatusNoContent); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkResetComputerSystemParallel(b *testing.B) {
+	ts := benchServer(b)
+	client := ts.Client()
+	url := ts.URL + reset0
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if err := benchRequest(client, "POST", url, resetBodies[i%2], http.StatusNoContent); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}

@@ -1,0 +1,209 @@
+package redfish
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// registryVersion prefixes every MessageId: "<Registry>.<major>.<minor>.<Key>".
+const registryVersion = "Base.1.19"
+
+// Base registry message keys the service answers with.
+const (
+	msgGeneralError                  = "GeneralError"
+	msgMalformedJSON                 = "MalformedJSON"
+	msgEmptyJSON                     = "EmptyJSON"
+	msgPropertyUnknown               = "PropertyUnknown"
+	msgPropertyNotWritable           = "PropertyNotWritable"
+	msgPropertyValueTypeError        = "PropertyValueTypeError"
+	msgPropertyValueNotInList        = "PropertyValueNotInList"
+	msgPropertyValueFormatError      = "PropertyValueFormatError"
+	msgPropertyMissing               = "PropertyMissing"
+	msgActionNotSupported            = "ActionNotSupported"
+	msgActionParameterMissing        = "ActionParameterMissing"
+	msgActionParameterUnknown        = "ActionParameterUnknown"
+	msgActionParameterNotSupported   = "ActionParameterNotSupported"
+	msgActionParameterValueTypeError = "ActionParameterValueTypeError"
+	msgActionParameterValueNotInList = "ActionParameterValueNotInList"
+	msgActionParameterValueFormat    = "ActionParameterValueFormatError"
+	msgResourceNotFound              = "ResourceNotFound"
+	msgResourceInUse                 = "ResourceInUse"
+	msgOperationNotAllowed           = "OperationNotAllowed"
+	msgPayloadTooLarge               = "PayloadTooLarge"
+	msgNoValidSession                = "NoValidSession"
+	msgInsufficientPrivilege         = "InsufficientPrivilege"
+	msgSessionLimitExceeded          = "SessionLimitExceeded"
+	msgPreconditionFailed            = "PreconditionFailed"
+	msgServiceTemporarilyUnavailable = "ServiceTemporarilyUnavailable"
+	msgInternalError                 = "InternalError"
+)
+
+// registryEntry is a message of the DMTF Base registry; the texts are the
+// registry's own, because clients match on them.
+type registryEntry struct {
+	text     string // %1, %2, ... are the arguments
+	severity string
+}
+
+var baseRegistry = map[string]registryEntry{
+	msgGeneralError:                  {"A general error has occurred.  See Resolution for information on how to resolve the error, or @Message.ExtendedInfo if Resolution is not provided.", "Critical"},
+	msgMalformedJSON:                 {"The request body submitted was malformed JSON and could not be parsed by the receiving service.", "Critical"},
+	msgEmptyJSON:                     {"The request body submitted contained an empty JSON object and the service is unable to process it.", "Warning"},
+	msgPropertyUnknown:               {"The property '%1' is not in the list of valid properties for the resource.", "Warning"},
+	msgPropertyNotWritable:           {"The property '%1' is a read-only property and cannot be assigned a value.", "Warning"},
+	msgPropertyValueTypeError:        {"The value '%1' for the property '%2' is not a type that the property can accept.", "Warning"},
+	msgPropertyValueNotInList:        {"The value '%1' for the property '%2' is not in the list of acceptable values.", "Warning"},
+	msgPropertyValueFormatError:      {"The value '%1' for the property '%2' is not a format that the property can accept.", "Warning"},
+	msgPropertyMissing:               {"The property '%1' is a required property and must be included in the request.", "Warning"},
+	msgActionNotSupported:            {"The action '%1' is not supported by the resource.", "Critical"},
+	msgActionParameterMissing:        {"The action '%1' requires the parameter '%2' to be present in the request body.", "Critical"},
+	msgActionParameterUnknown:        {"The action '%1' was submitted with the invalid parameter '%2'.", "Warning"},
+	msgActionParameterNotSupported:   {"The parameter '%1' for the action '%2' is not supported on the target resource.", "Warning"},
+	msgActionParameterValueTypeError: {"The value '%1' for the parameter '%2' in the action '%3' is not a type that the parameter can accept.", "Warning"},
+	msgActionParameterValueNotInList: {"The value '%1' for the parameter '%2' in the action '%3' is not in the list of acceptable values.", "Warning"},
+	msgActionParameterValueFormat:    {"The value '%1' for the parameter '%2' in the action '%3' is not a format that the parameter can accept.", "Warning"},
+	msgResourceNotFound:              {"The requested resource of type '%1' named '%2' was not found.", "Critical"},
+	msgResourceInUse:                 {"The change to the requested resource failed because the resource is in use or in transition.", "Warning"},
+	msgOperationNotAllowed:           {"The HTTP method is not allowed on this resource.", "Critical"},
+	msgPayloadTooLarge:               {"The supplied payload exceeds the maximum size supported by the service.", "Critical"},
+	msgNoValidSession:                {"There is no valid session established with the implementation.", "Critical"},
+	msgInsufficientPrivilege:         {"There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.", "Critical"},
+	msgSessionLimitExceeded:          {"The session establishment failed due to the number of simultaneous sessions exceeding the limit of the implementation.", "Critical"},
+	msgPreconditionFailed:            {"The ETag supplied did not match the ETag required to change this resource.", "Critical"},
+	msgServiceTemporarilyUnavailable: {"The service is temporarily unavailable.  Retry in %1 seconds.", "Critical"},
+	msgInternalError:                 {"The request failed due to an internal service error.  The service is still operational.", "Critical"},
+}
+
+// message is one entry of @Message.ExtendedInfo.
+type message struct {
+	key     string
+	args    []string
+	related string // JSON pointer of the offending property, if any
+}
+
+func (m message) text() string {
+	// One pass, so an argument that contains "%2" stays as sent.
+	pairs := make([]string, 0, 2*len(m.args))
+	for i, arg := range m.args {
+		pairs = append(pairs, "%"+strconv.Itoa(i+1), arg)
+	}
+	return strings.NewReplacer(pairs...).Replace(baseRegistry[m.key].text)
+}
+
+func (m message) body() map[string]any {
+	body := map[string]any{
+		"@odata.type":     typeMessage.odataType(),
+		"MessageId":       registryVersion + "." + m.key,
+		"Message":         m.text(),
+		"MessageArgs":     append([]string{}, m.args...),
+		"MessageSeverity": baseRegistry[m.key].severity,
+	}
+	if m.related != "" {
+		body["RelatedProperties"] = []string{"#" + m.related}
+	}
+	return body
+}
+
+// apiError is a Redfish error response: an HTTP status and one or more Base
+// registry messages.
+type apiError struct {
+	status   int
+	messages []message
+	header   http.Header // extra response headers (Retry-After, WWW-Authenticate)
+	cause    error       // logged for 5xx answers, never sent to the client
+}
+
+func (e *apiError) Error() string {
+	texts := make([]string, len(e.messages))
+	for i, m := range e.messages {
+		texts[i] = m.text()
+	}
+	msg := fmt.Sprintf("%d: %s", e.status, strings.Join(texts, "; "))
+	if e.cause != nil {
+		msg += ": " + e.cause.Error()
+	}
+	return msg
+}
+
+func newError(status int, key string, args ...string) *apiError {
+	return &apiError{status: status, messages: []message{{key: key, args: args}}}
+}
+
+// propertyError is a 400 about one property of a PATCH body.
+func propertyError(key, pointer string, args ...string) message {
+	return message{key: key, args: args, related: pointer}
+}
+
+// badRequest gathers property messages into one 400 answer.
+func badRequest(msgs ...message) *apiError {
+	return &apiError{status: http.StatusBadRequest, messages: msgs}
+}
+
+// body is the JSON error object defined by redfish-error.v1_0_2.
+func (e *apiError) body() map[string]any {
+	code, text := registryVersion+"."+msgGeneralError, baseRegistry[msgGeneralError].text
+	if len(e.messages) == 1 {
+		code, text = registryVersion+"."+e.messages[0].key, e.messages[0].text()
+	}
+	info := make([]any, len(e.messages))
+	for i, m := range e.messages {
+		info[i] = m.body()
+	}
+	return map[string]any{"error": map[string]any{
+		"code":                  code,
+		"message":               text,
+		"@Message.ExtendedInfo": info,
+	}}
+}
+
+// operation says what a handler asked the backend, so that mapBackendError
+// can phrase a failure in Redfish terms.
+type operation struct {
+	resourceType string // schema name, e.g. "ComputerSystem"
+	resourceID   string
+	action       string // e.g. "Reset"; empty outside actions
+	parameter    string // action parameter or PATCH property (JSON pointer)
+	value        string // the value the client sent for parameter
+}
+
+// mapBackendError is the one place that turns machine contract errors into
+// HTTP answers.
+func (s *Server) mapBackendError(err error, op operation) *apiError {
+	switch {
+	case errors.Is(err, machine.ErrNotFound):
+		return newError(http.StatusNotFound, msgResourceNotFound, op.resourceType, op.resourceID)
+	case errors.Is(err, machine.ErrInvalidArgument):
+		switch {
+		case op.action != "" && op.parameter != "":
+			return newError(http.StatusBadRequest, msgActionParameterValueFormat, op.value, op.parameter, op.action)
+		case op.parameter != "":
+			return badRequest(propertyError(msgPropertyValueFormatError, op.parameter, op.value, op.parameter))
+		}
+		return &apiError{status: http.StatusBadRequest, messages: []message{{key: msgGeneralError}}, cause: err}
+	case errors.Is(err, machine.ErrNotSupported):
+		switch {
+		case op.action != "" && op.parameter != "":
+			return newError(http.StatusBadRequest, msgActionParameterNotSupported, op.parameter, op.action)
+		case op.action != "":
+			return newError(http.StatusBadRequest, msgActionNotSupported, op.action)
+		case op.parameter != "":
+			return badRequest(propertyError(msgPropertyValueNotInList, op.parameter, op.value, op.parameter))
+		}
+		return &apiError{status: http.StatusNotImplemented, messages: []message{{key: msgOperationNotAllowed}}, cause: err}
+	case errors.Is(err, machine.ErrConflict):
+		return &apiError{status: http.StatusConflict, messages: []message{{key: msgResourceInUse}}, cause: err}
+	case errors.Is(err, machine.ErrUnavailable):
+		seconds := strconv.Itoa(int(s.retryAfter / time.Second))
+		e := newError(http.StatusServiceUnavailable, msgServiceTemporarilyUnavailable, seconds)
+		e.header = http.Header{"Retry-After": {seconds}}
+		e.cause = err
+		return e
+	}
+	return &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}, cause: err}
+}

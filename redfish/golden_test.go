@@ -1,0 +1,73 @@
+package redfish_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden.json from the current output")
+
+// TestGoldenBodies pins the exact JSON of each resource type. Run with
+// -update after an intended change and review the diff.
+func TestGoldenBodies(t *testing.T) {
+	get := func(path string) request { return asAdmin("GET", path, "") }
+	tests := []struct {
+		name       string
+		setup      func(*fixture)
+		req        request
+		wantStatus int
+	}{
+		{"service_root", nil, get("/redfish/v1/"), 200},
+		{"systems", nil, get("/redfish/v1/Systems"), 200},
+		{"system", func(f *fixture) {
+			f.do(asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`))
+		}, get(system0), 200},
+		{"ethernet_interface", nil, get(system0 + "/EthernetInterfaces/default"), 200},
+		{"simple_storage", nil, get(system0 + "/SimpleStorage/1"), 200},
+		{"manager", nil, get(manager0), 200},
+		{"virtual_media", func(f *fixture) {
+			f.do(asAdmin("POST", insert0, `{"Image":"`+image+`"}`))
+		}, get(cd0), 200},
+		{"chassis", nil, get("/redfish/v1/Chassis/vm-0"), 200},
+		{"session_service", nil, get("/redfish/v1/SessionService"), 200},
+		{"account_service", nil, get("/redfish/v1/AccountService"), 200},
+		{"account", nil, get("/redfish/v1/AccountService/Accounts/2"), 200},
+		{"role", nil, get("/redfish/v1/AccountService/Roles/Operator"), 200},
+		{"error_not_in_list", nil, asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Floppy"}}`), 400},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			if tt.setup != nil {
+				tt.setup(f)
+			}
+			res := f.do(tt.req)
+			if res.status != tt.wantStatus {
+				t.Fatalf("status %d, want %d: %s", res.status, tt.wantStatus, res.raw)
+			}
+			var pretty bytes.Buffer
+			if err := json.Indent(&pretty, res.raw, "", "  "); err != nil {
+				t.Fatal(err)
+			}
+			pretty.WriteByte('\n')
+			file := filepath.Join("testdata", tt.name+".golden.json")
+			if *update {
+				if err := os.WriteFile(file, pretty.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			golden, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatalf("%v (run go test ./redfish -run TestGoldenBodies -update to create it)", err)
+			}
+			if !bytes.Equal(golden, pretty.Bytes()) {
+				t.Errorf("%s %s differs from %s:\ngot:\n%s", tt.req.method, tt.req.path, file, pretty.Bytes())
+			}
+		})
+	}
+}

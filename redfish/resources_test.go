@@ -1,0 +1,444 @@
+package redfish_test
+
+import (
+	"encoding/xml"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+func bootOf(t *testing.T, f *fixture) (target, enabled, mode any) {
+	t.Helper()
+	body := f.do(asAdmin("GET", system0, "")).json
+	return lookup(body, "Boot", "BootSourceOverrideTarget"), lookup(body, "Boot", "BootSourceOverrideEnabled"), lookup(body, "Boot", "BootSourceOverrideMode")
+}
+
+// TestPatchBootMerges: partial PATCHes merge with the current override.
+func TestPatchBootMerges(t *testing.T) {
+	tests := []struct {
+		name  string
+		steps []string // PATCH bodies of Boot
+		want  [3]string
+	}{
+		{"MaaS power on", []string{`{"BootSourceOverrideEnabled":"Once","BootSourceOverrideTarget":"Pxe"}`}, [3]string{"Pxe", "Once", "UEFI"}},
+		{"mode alone keeps no override", []string{`{"BootSourceOverrideMode":"Legacy"}`}, [3]string{"None", "Disabled", "Legacy"}},
+		{"target alone lasts one boot", []string{`{"BootSourceOverrideTarget":"Cd"}`}, [3]string{"Cd", "Once", "UEFI"}},
+		{"duration changes, target stays", []string{`{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}`, `{"BootSourceOverrideEnabled":"Continuous"}`}, [3]string{"Pxe", "Continuous", "UEFI"}},
+		{"target changes, duration stays", []string{`{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Continuous"}`, `{"BootSourceOverrideTarget":"Hdd"}`}, [3]string{"Hdd", "Continuous", "UEFI"}},
+		{"Disabled clears", []string{`{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Continuous"}`, `{"BootSourceOverrideEnabled":"Disabled"}`}, [3]string{"None", "Disabled", "UEFI"}},
+		{"None clears", []string{`{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}`, `{"BootSourceOverrideTarget":"None"}`}, [3]string{"None", "Disabled", "UEFI"}},
+		{"explicit Disabled with target", []string{`{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Disabled"}`}, [3]string{"None", "Disabled", "UEFI"}},
+		{"empty Boot changes nothing", []string{`{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}`, `{}`}, [3]string{"Pxe", "Once", "UEFI"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			for _, step := range tt.steps {
+				res := f.do(asAdmin("PATCH", system0, `{"Boot":`+step+`}`))
+				if res.status != http.StatusOK {
+					t.Fatalf("PATCH %s: status %d: %s", step, res.status, res.raw)
+				}
+				if res.json["@odata.id"] != system0 || res.header.Get("ETag") == "" {
+					t.Errorf("PATCH answers the updated system with its ETag; got %s", res.raw)
+				}
+			}
+			target, enabled, mode := bootOf(t, f)
+			if got := [3]string{fmt.Sprint(target), fmt.Sprint(enabled), fmt.Sprint(mode)}; got != tt.want {
+				t.Errorf("boot = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestRejectedPatchChangesNothing: a 400 leaves the override as it was,
+// even when part of the body was valid.
+func TestRejectedPatchChangesNothing(t *testing.T) {
+	f := newFixture(t, nil)
+	res := f.do(asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Forever"}}`))
+	if res.status != http.StatusBadRequest {
+		t.Fatalf("status %d, want 400", res.status)
+	}
+	if target, enabled, _ := bootOf(t, f); target != "None" || enabled != "Disabled" {
+		t.Errorf("boot = %v/%v after a rejected PATCH", target, enabled)
+	}
+}
+
+func TestETags(t *testing.T) {
+	f := newFixture(t, nil)
+	first := f.do(asAdmin("GET", system0, ""))
+	etag := first.header.Get("ETag")
+	if !strings.HasPrefix(etag, `"`) || !strings.HasSuffix(etag, `"`) || len(etag) < 10 {
+		t.Fatalf("ETag %q is not a strong quoted tag", etag)
+	}
+	if again := f.do(asAdmin("GET", system0, "")).header.Get("ETag"); again != etag {
+		t.Errorf("ETag changed without a change: %s then %s", etag, again)
+	}
+	if other := f.do(asAdmin("GET", "/redfish/v1/Systems/vm-1", "")).header.Get("ETag"); other == etag {
+		t.Errorf("two different systems share ETag %s", etag)
+	}
+
+	notModified := f.do(request{method: "GET", path: system0, user: adminUser, pass: adminPass, headers: map[string]string{"If-None-Match": etag}})
+	if notModified.status != http.StatusNotModified || len(notModified.raw) != 0 {
+		t.Errorf("If-None-Match with the current ETag: %d %q, want 304 and no body", notModified.status, notModified.raw)
+	}
+
+	// A PATCH with the current ETag succeeds and changes it; the old ETag
+	// is then stale.
+	patch := `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`
+	res := f.do(request{method: "PATCH", path: system0, body: patch, user: adminUser, pass: adminPass, headers: map[string]string{"If-Match": etag}})
+	if res.status != http.StatusOK {
+		t.Fatalf("PATCH with current ETag: %d %s", res.status, res.raw)
+	}
+	newTag := res.header.Get("ETag")
+	if newTag == etag {
+		t.Errorf("ETag did not change with the boot override")
+	}
+	if got := f.do(asAdmin("GET", system0, "")).header.Get("ETag"); got != newTag {
+		t.Errorf("GET ETag %s differs from the PATCH answer's %s", got, newTag)
+	}
+	res = f.do(request{method: "PATCH", path: system0, body: patch, user: adminUser, pass: adminPass, headers: map[string]string{"If-Match": etag}})
+	if res.status != http.StatusPreconditionFailed {
+		t.Errorf("PATCH with the old ETag: %d, want 412", res.status)
+	}
+	for _, ifMatch := range []string{"*", `"other", ` + newTag} {
+		res = f.do(request{method: "PATCH", path: system0, body: patch, user: adminUser, pass: adminPass, headers: map[string]string{"If-Match": ifMatch}})
+		if res.status != http.StatusOK {
+			t.Errorf("If-Match %s: %d, want 200", ifMatch, res.status)
+		}
+	}
+
+	// Power changes are changes too.
+	before := f.do(asAdmin("GET", system0, "")).header.Get("ETag")
+	f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`))
+	after := f.do(asAdmin("GET", system0, "")).header.Get("ETag")
+	if after == before {
+		t.Errorf("ETag unchanged after power on")
+	}
+	if res := f.do(request{method: "GET", path: system0, user: adminUser, pass: adminPass, headers: map[string]string{"If-None-Match": before}}); res.status != http.StatusOK {
+		t.Errorf("If-None-Match with the pre-power ETag: %d, want 200 with the new body", res.status)
+	}
+}
+
+// MaaS reads the ETag, a power transition ends, then it PATCHes Boot: the
+// PATCH must succeed, since only PowerState changed in between.
+func TestPatchWithETagFromBeforeAPowerChange(t *testing.T) {
+	f := newFixture(t, nil)
+	before := f.do(asAdmin("GET", system0, "")).header.Get("ETag")
+	f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`))
+	patch := `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`
+	res := f.do(request{method: "PATCH", path: system0, body: patch, user: adminUser, pass: adminPass, headers: map[string]string{"If-Match": before}})
+	if res.status != http.StatusOK {
+		t.Fatalf("PATCH with an ETag read before a power change: %d %s, want 200", res.status, res.raw)
+	}
+	// A settings change in between still fails it.
+	res = f.do(request{method: "PATCH", path: system0, body: patch, user: adminUser, pass: adminPass, headers: map[string]string{"If-Match": before}})
+	if res.status != http.StatusPreconditionFailed {
+		t.Fatalf("PATCH with an ETag read before a Boot change: %d, want 412", res.status)
+	}
+}
+
+func TestResetDrivesTheMachine(t *testing.T) {
+	tests := []struct {
+		resetType string
+		start     machine.PowerState
+		want      machine.PowerState
+	}{
+		{"On", machine.PowerOff, machine.PowerOn},
+		{"ForceOn", machine.PowerOff, machine.PowerOn},
+		{"ForceOff", machine.PowerOn, machine.PowerOff},
+		{"GracefulShutdown", machine.PowerOn, machine.PowerOff},
+		{"ForceRestart", machine.PowerOff, machine.PowerOn},
+		{"PowerCycle", machine.PowerOn, machine.PowerOn},
+		{"Nmi", machine.PowerOn, machine.PowerOn},
+	}
+	for _, tt := range tests {
+		t.Run(tt.resetType, func(t *testing.T) {
+			f := newFixture(t, nil)
+			m := f.backend.Get("vm-0")
+			if tt.start == machine.PowerOn {
+				if err := m.Reset(t.Context(), machine.ResetOn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res := f.do(asAdmin("POST", reset0, `{"ResetType":"`+tt.resetType+`"}`))
+			if res.status != http.StatusNoContent || len(res.raw) != 0 {
+				t.Fatalf("status %d body %q, want 204 and no body", res.status, res.raw)
+			}
+			checkCommonHeaders(t, res, "")
+			if got := f.do(asAdmin("GET", system0, "")).json["PowerState"]; got != string(tt.want) {
+				t.Errorf("PowerState = %v, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestManagerReset(t *testing.T) {
+	f := newFixture(t, nil)
+	for _, rt := range []string{"GracefulRestart", "ForceRestart"} {
+		if res := f.do(asAdmin("POST", manager0+"/Actions/Manager.Reset", `{"ResetType":"`+rt+`"}`)); res.status != http.StatusNoContent {
+			t.Errorf("%s: status %d, want 204", rt, res.status)
+		}
+	}
+	if p, _ := f.backend.Get("vm-0").PowerState(t.Context()); p != machine.PowerOff {
+		t.Errorf("a BMC restart changed the host's power to %s", p)
+	}
+}
+
+func TestVirtualMedia(t *testing.T) {
+	f := newFixture(t, nil)
+	res := f.do(asAdmin("POST", insert0, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
+	if res.status != http.StatusNoContent {
+		t.Fatalf("insert: %d %s", res.status, res.raw)
+	}
+	cd := f.do(asAdmin("GET", cd0, "")).json
+	if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
+		t.Errorf("after insert: %v", cd)
+	}
+	if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
+		t.Errorf("backend media = %+v", got)
+	}
+	if res := f.do(asAdmin("POST", eject0, `{}`)); res.status != http.StatusNoContent {
+		t.Fatalf("eject: %d %s", res.status, res.raw)
+	}
+	cd = f.do(asAdmin("GET", cd0, "")).json
+	if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
+		t.Errorf("after eject: %v", cd)
+	}
+	// Ejecting an empty drive is fine.
+	if res := f.do(asAdmin("POST", eject0, "")); res.status != http.StatusNoContent {
+		t.Errorf("second eject: %d", res.status)
+	}
+}
+
+func TestNoVirtualMediaWithoutCapability(t *testing.T) {
+	f := newFixture(t, func(_ *redfish.Config, b *stubBackend) {
+		caps := b.Get("vm-0").Capabilities()
+		caps.VirtualMedia = false
+		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), caps: &caps}
+	})
+	if _, linked := f.do(asAdmin("GET", manager0, "")).json["VirtualMedia"]; linked {
+		t.Errorf("Manager links VirtualMedia the machine does not have")
+	}
+	for _, req := range []request{asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", cd0, ""), asAdmin("POST", insert0, `{"Image":"`+image+`"}`)} {
+		if res := f.do(req); res.status != http.StatusNotFound {
+			t.Errorf("%s %s: %d, want 404", req.method, req.path, res.status)
+		}
+	}
+}
+
+func TestEthernetInterfaceAddresses(t *testing.T) {
+	f := newFixture(t, func(_ *redfish.Config, b *stubBackend) {
+		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), decorate: func(inv *machine.Inventory) {
+			inv.NICs[0].IPs = []string{"10.0.0.5", "fd00::5", "192.168.1.7/24", "garbage"}
+		}}
+	})
+	nic := f.do(asAdmin("GET", system0+"/EthernetInterfaces/default", "")).json
+	if got := fmt.Sprint(nic["IPv4Addresses"]); got != "[map[Address:10.0.0.5] map[Address:192.168.1.7]]" {
+		t.Errorf("IPv4Addresses = %s", got)
+	}
+	if got := fmt.Sprint(nic["IPv6Addresses"]); got != "[map[Address:fd00::5]]" {
+		t.Errorf("IPv6Addresses = %s", got)
+	}
+	inv, _ := f.backend.Get("vm-0").Inventory(t.Context())
+	if nic["MACAddress"] != inv.NICs[0].MAC {
+		t.Errorf("MACAddress = %v, want %s", nic["MACAddress"], inv.NICs[0].MAC)
+	}
+}
+
+// TestTrailingSlashAndMaaSHeaders: MaaS sends Content-Type on bodiless
+// GETs and retries 404s with a trailing slash; both spellings must work.
+func TestTrailingSlashAndMaaSHeaders(t *testing.T) {
+	f := newFixture(t, nil)
+	maas := map[string]string{"Content-Type": "application/json; charset=utf-8", "Accept": "application/json", "User-Agent": "MAAS"}
+	for _, path := range []string{"/redfish/v1/Systems", system0, reset0, manager0 + "/VirtualMedia", "/redfish/v1/AccountService/Roles/Operator"} {
+		for _, p := range []string{path, path + "/"} {
+			method := "GET"
+			body := ""
+			if strings.HasSuffix(path, "Reset") {
+				method, body = "POST", `{"ResetType":"On"}`
+			}
+			res := f.do(request{method: method, path: p, body: body, user: adminUser, pass: adminPass, headers: maas})
+			if res.status >= 300 {
+				t.Errorf("%s %s: status %d", method, p, res.status)
+			}
+		}
+	}
+	a := f.do(asAdmin("GET", "/redfish/v1/Systems", ""))
+	b := f.do(asAdmin("GET", "/redfish/v1/Systems/", ""))
+	if string(a.raw) != string(b.raw) {
+		t.Errorf("bodies differ with and without the slash")
+	}
+}
+
+func TestResponseHeaders(t *testing.T) {
+	f := newFixture(t, nil)
+	paths := map[string]string{
+		"/redfish/v1/":        "http://redfish.dmtf.org/schemas/v1/ServiceRoot.v1_20_0.json",
+		"/redfish/v1/Systems": "http://redfish.dmtf.org/schemas/v1/ComputerSystemCollection.json",
+		system0:               "http://redfish.dmtf.org/schemas/v1/ComputerSystem.v1_27_0.json",
+		cd0:                   "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
+		"/redfish/v1/odata":   "http://redfish.dmtf.org/schemas/v1/odata-v4.json",
+	}
+	for path, schema := range paths {
+		res := f.do(asAdmin("GET", path, ""))
+		checkCommonHeaders(t, res, "application/json; charset=utf-8")
+		if got, want := res.header.Get("Link"), "<"+schema+">; rel=describedby"; got != want {
+			t.Errorf("%s: Link = %q, want %q", path, got, want)
+		}
+		if res.header.Get("ETag") == "" {
+			t.Errorf("%s: no ETag", path)
+		}
+	}
+	res := f.do(asAdmin("GET", "/redfish/v1/Nowhere", ""))
+	if got := res.header.Get("Link"); got != "<http://redfish.dmtf.org/schemas/v1/redfish-error.v1_0_2.json>; rel=describedby" {
+		t.Errorf("error Link = %q", got)
+	}
+}
+
+// TestMetadata: $metadata references the DMTF CSDL file of every type the
+// service serves.
+func TestMetadata(t *testing.T) {
+	f := newFixture(t, nil)
+	res := f.do(request{method: "GET", path: "/redfish/v1/$metadata"})
+	checkCommonHeaders(t, res, "application/xml; charset=utf-8")
+	var doc struct {
+		References []struct {
+			URI      string `xml:"Uri,attr"`
+			Includes []struct {
+				Namespace string `xml:"Namespace,attr"`
+			} `xml:"Include"`
+		} `xml:"Reference"`
+		Container struct {
+			Extends string `xml:"Extends,attr"`
+		} `xml:"DataServices>Schema>EntityContainer"`
+	}
+	if err := xml.Unmarshal(res.raw, &doc); err != nil {
+		t.Fatalf("$metadata is not XML: %v\n%s", err, res.raw)
+	}
+	namespaces := map[string]string{}
+	for _, ref := range doc.References {
+		if !strings.HasPrefix(ref.URI, "http://redfish.dmtf.org/schemas/v1/") || !strings.HasSuffix(ref.URI, "_v1.xml") {
+			t.Errorf("reference %q is not a DMTF CSDL URI", ref.URI)
+		}
+		for _, inc := range ref.Includes {
+			namespaces[inc.Namespace] = ref.URI
+		}
+	}
+	// Every @odata.type the service shows must be declared.
+	for _, path := range []string{"/redfish/v1/", "/redfish/v1/Systems", system0, system0 + "/EthernetInterfaces/default", system0 + "/SimpleStorage/1",
+		manager0, cd0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
+		"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Roles/ReadOnly"} {
+		odataType, _ := f.do(asAdmin("GET", path, "")).json["@odata.type"].(string)
+		parts := strings.Split(strings.TrimPrefix(odataType, "#"), ".")
+		ns := strings.Join(parts[:len(parts)-1], ".")
+		if _, ok := namespaces[ns]; !ok {
+			t.Errorf("%s: namespace %s of %s is not in $metadata", path, ns, odataType)
+		}
+	}
+	if doc.Container.Extends != "ServiceRoot.v1_20_0.ServiceContainer" {
+		t.Errorf("EntityContainer Extends = %q", doc.Container.Extends)
+	}
+}
+
+func TestServiceDocument(t *testing.T) {
+	f := newFixture(t, nil)
+	res := f.do(request{method: "GET", path: "/redfish/v1/odata"})
+	values, _ := res.json["value"].([]any)
+	var urls []string
+	for _, v := range values {
+		urls = append(urls, v.(map[string]any)["url"].(string))
+	}
+	for _, want := range []string{"/redfish/v1/", "/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis"} {
+		if !slices.Contains(urls, want) {
+			t.Errorf("service document lacks %s: %v", want, urls)
+		}
+	}
+}
+
+func TestCollections(t *testing.T) {
+	f := newFixture(t, nil)
+	f.login(readerUser, readerPass)
+	tests := []struct {
+		path        string
+		wantMembers []string
+	}{
+		{"/redfish/v1/Systems", []string{"/redfish/v1/Systems/vm-0", "/redfish/v1/Systems/vm-1"}},
+		{"/redfish/v1/Managers", []string{"/redfish/v1/Managers/vm-0", "/redfish/v1/Managers/vm-1"}},
+		{"/redfish/v1/Chassis", []string{"/redfish/v1/Chassis/vm-0", "/redfish/v1/Chassis/vm-1"}},
+		{system0 + "/EthernetInterfaces", []string{system0 + "/EthernetInterfaces/default"}},
+		{system0 + "/SimpleStorage", []string{system0 + "/SimpleStorage/1"}},
+		{manager0 + "/VirtualMedia", []string{cd0}},
+		{"/redfish/v1/AccountService/Accounts", []string{"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Accounts/2", "/redfish/v1/AccountService/Accounts/3"}},
+		{"/redfish/v1/AccountService/Roles", []string{"/redfish/v1/AccountService/Roles/Administrator", "/redfish/v1/AccountService/Roles/Operator", "/redfish/v1/AccountService/Roles/ReadOnly"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			body := f.do(asAdmin("GET", tt.path, "")).json
+			var got []string
+			for _, m := range body["Members"].([]any) {
+				got = append(got, m.(map[string]any)["@odata.id"].(string))
+			}
+			if !slices.Equal(got, tt.wantMembers) {
+				t.Errorf("Members = %v, want %v", got, tt.wantMembers)
+			}
+			if body["Members@odata.count"] != float64(len(tt.wantMembers)) {
+				t.Errorf("Members@odata.count = %v, want %d", body["Members@odata.count"], len(tt.wantMembers))
+			}
+		})
+	}
+	sessions := f.do(asAdmin("GET", sessionsURI, "")).json
+	if sessions["Members@odata.count"] != float64(1) {
+		t.Errorf("sessions: %v", sessions)
+	}
+}
+
+// TestEveryLinkResolves crawls from the service root: every @odata.id in
+// any body answers 200 with a body whose @odata.id is that URI. (The
+// conformance crawler validates the same bodies against the DMTF schemas.)
+func TestEveryLinkResolves(t *testing.T) {
+	f := newFixture(t, nil)
+	f.login(adminUser, adminPass)
+	seen := map[string]bool{}
+	queue := []string{"/redfish/v1/"}
+	var collect func(v any)
+	collect = func(v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, child := range v {
+				if id, ok := child.(string); ok && k == "@odata.id" && !seen[id] {
+					seen[id] = true
+					queue = append(queue, id)
+				}
+				collect(child)
+			}
+		case []any:
+			for _, child := range v {
+				collect(child)
+			}
+		}
+	}
+	for len(queue) > 0 {
+		path := queue[0]
+		queue = queue[1:]
+		res := f.do(asAdmin("GET", path, ""))
+		if res.status != http.StatusOK {
+			t.Errorf("%s: status %d", path, res.status)
+			continue
+		}
+		if res.json["@odata.id"] != path {
+			t.Errorf("%s: @odata.id = %v", path, res.json["@odata.id"])
+		}
+		if _, ok := res.json["@odata.type"].(string); !ok {
+			t.Errorf("%s: no @odata.type", path)
+		}
+		collect(res.json)
+	}
+	if len(seen) < 30 {
+		t.Errorf("crawl reached only %d resources", len(seen))
+	}
+}

@@ -1,0 +1,185 @@
+package redfish
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/gorilla/mux"
+)
+
+// call is one authorised request as a handler sees it.
+type call struct {
+	r    *http.Request
+	vars map[string]string // path template variables
+	user principal
+	body []byte // the request body of POST and PATCH, already size-checked
+}
+
+func (c *call) ctx() context.Context { return c.r.Context() }
+
+// result is what a handler answers. A nil body with no status is 204.
+type result struct {
+	status int
+	body   any // marshalled to JSON
+	header http.Header
+	// etag, when set, replaces the ETag computed from the body.
+	etag string
+	// raw and contentType carry a non-JSON body ($metadata).
+	raw         []byte
+	contentType string
+}
+
+type handlerFunc func(c *call) (result, error)
+
+// route is one row of the route table: the only place that says which
+// method, path and privilege reach which handler.
+type route struct {
+	method    string
+	path      string
+	privilege privilege
+	handle    handlerFunc
+	// owner, when set, names the account that owns the addressed resource;
+	// that account may use the route without the privilege (ConfigureSelf).
+	owner func(c *call) string
+}
+
+func (s *Server) routes() []route {
+	const (
+		sys     = "/redfish/v1/Systems/{systemID}"
+		mgr     = "/redfish/v1/Managers/{managerID}"
+		media   = mgr + "/VirtualMedia/{mediaID}"
+		session = "/redfish/v1/SessionService/Sessions/{sessionID}"
+		account = "/redfish/v1/AccountService/Accounts/{accountID}"
+	)
+	return []route{
+		{http.MethodGet, "/redfish", privNoAuth, s.getVersions, nil},
+		{http.MethodGet, "/redfish/v1", privNoAuth, s.getServiceRoot, nil},
+		{http.MethodGet, "/redfish/v1/$metadata", privNoAuth, s.getMetadata, nil},
+		{http.MethodGet, "/redfish/v1/odata", privNoAuth, s.getServiceDocument, nil},
+
+		{http.MethodGet, "/redfish/v1/Systems", privLogin, s.getSystems, nil},
+		{http.MethodGet, sys, privLogin, s.getSystem, nil},
+		{http.MethodPatch, sys, privConfigureComponents, s.patchSystem, nil},
+		{http.MethodPost, sys + "/Actions/ComputerSystem.Reset", privConfigureComponents, s.resetSystem, nil},
+		{http.MethodGet, sys + "/EthernetInterfaces", privLogin, s.getEthernetInterfaces, nil},
+		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil},
+		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil},
+		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil},
+
+		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil},
+		{http.MethodGet, mgr, privLogin, s.getManager, nil},
+		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil},
+		{http.MethodGet, mgr + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil},
+		{http.MethodGet, media, privLogin, s.getVirtualMedia, nil},
+		{http.MethodPost, media + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil},
+		{http.MethodPost, media + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil},
+
+		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil},
+
+		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil},
+		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil},
+		{http.MethodPost, "/redfish/v1/SessionService/Sessions", privNoAuth, s.createSession, nil},
+		{http.MethodGet, session, privConfigureManager, s.getSession, s.sessionOwner},
+		{http.MethodDelete, session, privConfigureManager, s.deleteSession, s.sessionOwner},
+
+		{http.MethodGet, "/redfish/v1/AccountService", privLogin, s.getAccountService, nil},
+		{http.MethodGet, "/redfish/v1/AccountService/Accounts", privLogin, s.getAccounts, nil},
+		{http.MethodGet, account, privConfigureUsers, s.getAccount, s.accountOwner},
+		{http.MethodGet, "/redfish/v1/AccountService/Roles", privLogin, s.getRoles, nil},
+		{http.MethodGet, "/redfish/v1/AccountService/Roles/{roleID}", privLogin, s.getRole, nil},
+	}
+}
+
+// newRouter registers one mux route per path; the methods of that path are
+// dispatched here, so 405 and Allow come straight from the table.
+func (s *Server) newRouter() *mux.Router {
+	router := mux.NewRouter()
+	// Unclean paths get a 404, not a redirect that a BMC client would not
+	// follow.
+	router.SkipClean(true)
+	byPath := map[string][]route{}
+	var paths []string
+	for _, rt := range s.routes() {
+		if _, ok := byPath[rt.path]; !ok {
+			paths = append(paths, rt.path)
+		}
+		byPath[rt.path] = append(byPath[rt.path], rt)
+	}
+	for _, p := range paths {
+		router.Handle(p, s.endpoint(byPath[p]))
+	}
+	router.NotFoundHandler = http.HandlerFunc(s.notFound)
+	return router
+}
+
+func (s *Server) endpoint(routes []route) http.Handler {
+	allowed := make([]string, len(routes))
+	for i, rt := range routes {
+		allowed[i] = rt.method
+	}
+	allow := strings.Join(allowed, ", ")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := slices.IndexFunc(routes, func(rt route) bool { return rt.method == r.Method })
+		if i < 0 {
+			e := newError(http.StatusMethodNotAllowed, msgOperationNotAllowed)
+			e.header = http.Header{"Allow": {allow}}
+			s.writeError(w, r, e)
+			return
+		}
+		s.serveRoute(w, r, routes[i])
+	})
+}
+
+// notFound answers unknown URIs; callers must still authenticate, so the
+// answer does not reveal which URIs exist.
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.auth.authenticate(r); !ok {
+		s.writeError(w, r, s.unauthorized())
+		return
+	}
+	s.writeError(w, r, newError(http.StatusNotFound, msgResourceNotFound, "Resource", r.URL.Path))
+}
+
+func (s *Server) unauthorized() *apiError {
+	e := newError(http.StatusUnauthorized, msgNoValidSession)
+	e.header = http.Header{"WWW-Authenticate": {`Basic realm="virtmetal"`}}
+	return e
+}
+
+func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
+	c := &call{r: r, vars: mux.Vars(r)}
+	if rt.privilege != privNoAuth {
+		user, ok := s.auth.authenticate(r)
+		if !ok {
+			s.writeError(w, r, s.unauthorized())
+			return
+		}
+		c.user = user
+		if !user.has(rt.privilege) && (rt.owner == nil || rt.owner(c) != user.username) {
+			s.writeError(w, r, newError(http.StatusForbidden, msgInsufficientPrivilege))
+			return
+		}
+	}
+	if r.Method == http.MethodPost || r.Method == http.MethodPatch {
+		body, err := s.readBody(w, r)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		c.body = body
+	}
+	res, err := rt.handle(c)
+	if err != nil {
+		var apiErr *apiError
+		if !errors.As(err, &apiErr) {
+			apiErr = &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}, cause: err}
+		}
+		s.writeError(w, r, apiErr)
+		return
+	}
+	s.writeResult(w, r, res)
+}

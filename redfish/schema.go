@@ -1,0 +1,96 @@
+package redfish
+
+import "strings"
+
+// schemaBase is where DMTF publishes the schemas; clients resolve
+// @odata.type, Link headers and $metadata references against it.
+const schemaBase = "http://redfish.dmtf.org/schemas/v1/"
+
+// schemaType is one DMTF schema type the service serves. Every body, the
+// Link header and $metadata derive their type names from these values, so a
+// version bump happens in one place.
+type schemaType struct {
+	namespace string // "ComputerSystem" or "ComputerSystemCollection"
+	version   string // "v1_27_0"; empty for the unversioned collection schemas
+}
+
+// odataType is the value of @odata.type, e.g.
+// "#ComputerSystem.v1_27_0.ComputerSystem".
+func (t schemaType) odataType() string {
+	if t.version == "" {
+		return "#" + t.namespace + "." + t.namespace
+	}
+	return "#" + t.namespace + "." + t.version + "." + t.namespace
+}
+
+// versionedNamespace is the CSDL namespace that defines the type.
+func (t schemaType) versionedNamespace() string {
+	if t.version == "" {
+		return t.namespace
+	}
+	return t.namespace + "." + t.version
+}
+
+// csdlURI is the DMTF CSDL document that defines the namespace.
+func (t schemaType) csdlURI() string { return schemaBase + t.namespace + "_v1.xml" }
+
+// Versions chosen from the DMTF 2025.4 bundle: the newest minor version of
+// each schema, declared with its .0 errata.
+var (
+	typeServiceRoot        = schemaType{"ServiceRoot", "v1_20_0"}
+	typeSystemCollection   = schemaType{"ComputerSystemCollection", ""}
+	typeSystem             = schemaType{"ComputerSystem", "v1_27_0"}
+	typeEthernetCollection = schemaType{"EthernetInterfaceCollection", ""}
+	typeEthernetInterface  = schemaType{"EthernetInterface", "v1_12_0"}
+	typeSimpleStorageColl  = schemaType{"SimpleStorageCollection", ""}
+	typeSimpleStorage      = schemaType{"SimpleStorage", "v1_3_0"}
+	typeManagerCollection  = schemaType{"ManagerCollection", ""}
+	typeManager            = schemaType{"Manager", "v1_24_0"}
+	typeVirtualMediaColl   = schemaType{"VirtualMediaCollection", ""}
+	typeVirtualMedia       = schemaType{"VirtualMedia", "v1_6_0"}
+	typeChassisCollection  = schemaType{"ChassisCollection", ""}
+	typeChassis            = schemaType{"Chassis", "v1_28_0"}
+	typeSessionService     = schemaType{"SessionService", "v1_2_0"}
+	typeSessionCollection  = schemaType{"SessionCollection", ""}
+	typeSession            = schemaType{"Session", "v1_8_0"}
+	typeAccountService     = schemaType{"AccountService", "v1_18_0"}
+	typeAccountCollection  = schemaType{"ManagerAccountCollection", ""}
+	typeAccount            = schemaType{"ManagerAccount", "v1_14_0"}
+	typeRoleCollection     = schemaType{"RoleCollection", ""}
+	typeRole               = schemaType{"Role", "v1_3_0"}
+	typeResource           = schemaType{"Resource", "v1_23_0"}
+	typeMessage            = schemaType{"Message", "v1_3_0"}
+)
+
+// Schemas of the two bodies that carry no @odata.type.
+const (
+	errorSchemaURI           = schemaBase + "redfish-error.v1_0_2.json"
+	serviceDocumentSchemaURI = schemaBase + "odata-v4.json"
+)
+
+// servedTypes lists every type that appears in a body, for $metadata.
+var servedTypes = []schemaType{
+	typeServiceRoot,
+	typeSystemCollection, typeSystem,
+	typeEthernetCollection, typeEthernetInterface,
+	typeSimpleStorageColl, typeSimpleStorage,
+	typeManagerCollection, typeManager,
+	typeVirtualMediaColl, typeVirtualMedia,
+	typeChassisCollection, typeChassis,
+	typeSessionService, typeSessionCollection, typeSession,
+	typeAccountService, typeAccountCollection, typeAccount,
+	typeRoleCollection, typeRole,
+	typeResource, typeMessage,
+}
+
+// describedBy returns the JSON schema URI for an @odata.type value, for the
+// Link header: "#ComputerSystem.v1_27_0.ComputerSystem" gives
+// ".../ComputerSystem.v1_27_0.json" and a collection's unversioned type
+// gives ".../ComputerSystemCollection.json".
+func describedBy(odataType string) string {
+	parts := strings.Split(strings.TrimPrefix(odataType, "#"), ".")
+	if len(parts) < 2 {
+		return ""
+	}
+	return schemaBase + strings.Join(parts[:len(parts)-1], ".") + ".json"
+}

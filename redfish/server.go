@@ -1,0 +1,240 @@
+// Package redfish is a Redfish BMC service in front of a machine.Backend:
+// one ComputerSystem, Manager and Chassis per machine, sessions and HTTP
+// Basic authentication, the standard roles, and Base registry errors. It
+// speaks the machine contract only; it knows nothing about Kubernetes.
+package redfish
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/gorilla/mux"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Config configures a Server. Zero optional fields take the defaults below.
+type Config struct {
+	Backend machine.Backend
+	// Accounts are the users; at least one, usernames unique.
+	Accounts []Account
+	Logger   logr.Logger
+
+	// SessionTimeout is the idle time after which a session ends
+	// (default 30 minutes; Redfish allows 30 s to 24 h).
+	SessionTimeout time.Duration
+	// MaxSessions bounds the live sessions (default 64).
+	MaxSessions int
+	// MaxBodyBytes bounds request bodies (default 64 KiB).
+	MaxBodyBytes int64
+	// AccountLockoutThreshold is how many failed logins lock an account
+	// (default 5); negative disables lockout.
+	AccountLockoutThreshold int
+	// AccountLockoutDuration is how long a locked account stays locked
+	// (default 60 s).
+	AccountLockoutDuration time.Duration
+	// AccountLockoutCounterResetAfter is the quiet time after which failed
+	// logins are forgotten (default AccountLockoutDuration; at most that).
+	AccountLockoutCounterResetAfter time.Duration
+	// RetryAfter is what a 503 asks clients to wait (default 5 s).
+	RetryAfter time.Duration
+	// ServiceUUID is ServiceRoot.UUID (default random).
+	ServiceUUID string
+	// Now is the clock (default time.Now); tests inject one.
+	Now func() time.Time
+}
+
+const (
+	defaultSessionTimeout  = 30 * time.Minute
+	minSessionTimeout      = 30 * time.Second
+	maxSessionTimeout      = 24 * time.Hour
+	defaultMaxSessions     = 64
+	defaultMaxBodyBytes    = 64 << 10
+	defaultLockoutFailures = 5
+	defaultLockoutDuration = 60 * time.Second
+	defaultRetryAfter      = 5 * time.Second
+)
+
+// Server is the Redfish service; it implements http.Handler.
+type Server struct {
+	backend     machine.Backend
+	log         logr.Logger
+	auth        *authenticator
+	maxBody     int64
+	retryAfter  time.Duration
+	serviceUUID string
+	metadata    []byte
+	router      *mux.Router
+
+	// patchLocks serialises If-Match checks with the writes they guard, per
+	// machine.
+	patchLocksMu sync.Mutex
+	patchLocks   map[string]*sync.Mutex
+}
+
+var _ http.Handler = (*Server)(nil)
+
+var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// NewServer validates cfg and builds the service.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("redfish: Config.Backend is nil")
+	}
+	if len(cfg.Accounts) == 0 {
+		return nil, errors.New("redfish: Config.Accounts is empty; at least one account is needed")
+	}
+	seen := map[string]bool{}
+	for i, acc := range cfg.Accounts {
+		switch {
+		case acc.Username == "":
+			return nil, fmt.Errorf("redfish: account %d has an empty username", i+1)
+		case acc.Password == "":
+			return nil, fmt.Errorf("redfish: account %q has an empty password", acc.Username)
+		case !acc.Role.valid():
+			return nil, fmt.Errorf("redfish: account %q has unknown role %q (want one of %v)", acc.Username, acc.Role, roles)
+		case seen[acc.Username]:
+			return nil, fmt.Errorf("redfish: username %q appears twice", acc.Username)
+		}
+		seen[acc.Username] = true
+	}
+
+	switch {
+	case cfg.MaxSessions < 0:
+		return nil, fmt.Errorf("redfish: MaxSessions %d is negative", cfg.MaxSessions)
+	case cfg.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("redfish: MaxBodyBytes %d is negative", cfg.MaxBodyBytes)
+	case cfg.RetryAfter != 0 && cfg.RetryAfter < time.Second:
+		return nil, fmt.Errorf("redfish: RetryAfter %v is under the one second Retry-After can express", cfg.RetryAfter)
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	timeout := orDefault(cfg.SessionTimeout, defaultSessionTimeout)
+	if timeout < minSessionTimeout || timeout > maxSessionTimeout {
+		return nil, fmt.Errorf("redfish: SessionTimeout %v is outside [%v, %v]", timeout, minSessionTimeout, maxSessionTimeout)
+	}
+	lockout := lockoutPolicy{
+		threshold: orDefault(cfg.AccountLockoutThreshold, defaultLockoutFailures),
+		duration:  orDefault(cfg.AccountLockoutDuration, defaultLockoutDuration),
+	}
+	lockout.resetAfter = orDefault(cfg.AccountLockoutCounterResetAfter, lockout.duration)
+	if lockout.threshold < 0 {
+		lockout = lockoutPolicy{}
+	}
+	if lockout.resetAfter > lockout.duration {
+		return nil, fmt.Errorf("redfish: AccountLockoutCounterResetAfter %v exceeds AccountLockoutDuration %v", lockout.resetAfter, lockout.duration)
+	}
+	serviceUUID := cfg.ServiceUUID
+	if serviceUUID == "" {
+		serviceUUID = randomUUID()
+	}
+	if !uuidPattern.MatchString(serviceUUID) {
+		return nil, fmt.Errorf("redfish: ServiceUUID %q is not a UUID", serviceUUID)
+	}
+	metadata, err := metadataDocument()
+	if err != nil {
+		return nil, fmt.Errorf("redfish: building $metadata: %w", err)
+	}
+	log := cfg.Logger
+	if log.GetSink() == nil {
+		log = logr.Discard()
+	}
+
+	s := &Server{
+		backend:     cfg.Backend,
+		log:         log,
+		auth:        newAuthenticator(cfg.Accounts, now, timeout, orDefault(cfg.MaxSessions, defaultMaxSessions), lockout),
+		maxBody:     orDefault(cfg.MaxBodyBytes, defaultMaxBodyBytes),
+		retryAfter:  orDefault(cfg.RetryAfter, defaultRetryAfter),
+		serviceUUID: strings.ToLower(serviceUUID),
+		metadata:    metadata,
+		patchLocks:  map[string]*sync.Mutex{},
+	}
+	s.router = s.newRouter()
+	return s, nil
+}
+
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+func randomUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// patchLock returns the mutex that serialises writes to one machine.
+func (s *Server) patchLock(id string) *sync.Mutex {
+	s.patchLocksMu.Lock()
+	defer s.patchLocksMu.Unlock()
+	l, ok := s.patchLocks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		s.patchLocks[id] = l
+	}
+	return l
+}
+
+// ServeHTTP answers one request. It normalises the path (every URI works
+// with and without a trailing slash, as MaaS retries with one), recovers
+// from panics, and logs the outcome.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &recordingWriter{ResponseWriter: w}
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error(fmt.Errorf("panic: %v", p), "request handler panicked", "method", r.Method, "path", r.URL.Path)
+			if !rec.wroteHeader {
+				s.writeError(rec, r, &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}})
+			}
+		}
+		s.log.V(1).Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "duration", time.Since(start))
+	}()
+
+	if p := r.URL.Path; len(p) > 1 && strings.HasSuffix(p, "/") {
+		trimmed := *r.URL
+		trimmed.Path = strings.TrimRight(p, "/")
+		trimmed.RawPath = ""
+		r = r.Clone(r.Context())
+		r.URL = &trimmed
+	}
+	s.router.ServeHTTP(rec, r)
+}
+
+// recordingWriter remembers the status for logging and for the panic
+// handler, which must not write a second header.
+type recordingWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *recordingWriter) WriteHeader(status int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = status, true
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *recordingWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}

@@ -1,0 +1,469 @@
+package redfish
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+func systemPath(id string) string { return "/redfish/v1/Systems/" + url.PathEscape(id) }
+
+// machineFor resolves a path variable to a machine; an unknown ID is a 404
+// about resourceType.
+func (s *Server) machineFor(c *call, idVar, resourceType string) (machine.Machine, error) {
+	id := c.vars[idVar]
+	m, err := s.backend.Machine(c.ctx(), id)
+	if err != nil {
+		return nil, s.mapBackendError(err, operation{resourceType: resourceType, resourceID: id})
+	}
+	return m, nil
+}
+
+// machineIDs lists the paths of the backend's machines for a collection.
+func (s *Server) machineIDs(c *call, collectionType string, pathOf func(string) string) ([]string, error) {
+	ids, err := s.backend.Machines(c.ctx())
+	if err != nil {
+		return nil, s.mapBackendError(err, operation{resourceType: collectionType})
+	}
+	paths := make([]string, len(ids))
+	for i, id := range ids {
+		paths[i] = pathOf(id)
+	}
+	return paths, nil
+}
+
+func (s *Server) getSystems(c *call) (result, error) {
+	members, err := s.machineIDs(c, "ComputerSystemCollection", systemPath)
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: collection(typeSystemCollection, "/redfish/v1/Systems", "Computer System Collection", members)}, nil
+}
+
+func (s *Server) getSystem(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	body, _, err := s.systemBody(c.ctx(), m)
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: body, etag: systemETag(body)}, nil
+}
+
+// systemETag is the ComputerSystem's ETag in two parts, "<settings>-<power>":
+// the first hashes everything but PowerState, the second PowerState. The
+// whole tag changes whenever the body does (so If-None-Match stays exact),
+// while If-Match on PATCH compares the settings part only: MaaS reads the
+// ETag and PATCHes Boot right after a ForceOff, and a power transition that
+// ends in between must not fail its power-on with 412. PowerState is not
+// writable, so ignoring it loses no update.
+func systemETag(body map[string]any) string {
+	settings := maps.Clone(body)
+	delete(settings, "PowerState")
+	settingsData, _ := json.Marshal(settings) // maps of JSON values always marshal
+	powerSum := sha256.Sum256([]byte(fmt.Sprint(body["PowerState"])))
+	return strings.TrimSuffix(etagOf(settingsData), `"`) + "-" + hex.EncodeToString(powerSum[:4]) + `"`
+}
+
+// systemSettingsMatch is If-Match for a ComputerSystem PATCH: "*" or a tag
+// whose settings part equals the current one.
+func systemSettingsMatch(ifMatch, current string) bool {
+	settings, _, _ := strings.Cut(current, "-")
+	for _, candidate := range strings.Split(ifMatch, ",") {
+		candidate = strings.TrimSpace(candidate)
+		if part, _, _ := strings.Cut(candidate, "-"); candidate == "*" || part == settings {
+			return true
+		}
+	}
+	return false
+}
+
+func stringsOf[T ~string](values []T) []string {
+	out := make([]string, len(values))
+	for i, v := range values {
+		out[i] = string(v)
+	}
+	return out
+}
+
+// bootTargetsAllowed are the values PATCH accepts for
+// BootSourceOverrideTarget: None clears the override.
+func bootTargetsAllowed(caps machine.Capabilities) []string {
+	return append([]string{string(machine.BootNone)}, stringsOf(caps.BootTargets)...)
+}
+
+var bootEnabledAllowed = []string{string(machine.BootDisabled), string(machine.BootOnce), string(machine.BootContinuous)}
+
+// systemBody renders a ComputerSystem and returns the boot override it
+// shows, so PATCH merges with exactly what the client saw.
+func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]any, machine.BootOverride, error) {
+	id := m.ID()
+	op := operation{resourceType: "ComputerSystem", resourceID: id}
+	inv, err := m.Inventory(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
+	power, err := m.PowerState(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
+	boot, err := m.BootOverride(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
+	caps := m.Capabilities()
+	path := systemPath(id)
+
+	body := resource(typeSystem, path, id, inv.Name)
+	body["SystemType"] = "Virtual"
+	body["UUID"] = inv.UUID
+	body["SerialNumber"] = inv.SerialNumber
+	body["Manufacturer"] = inv.Manufacturer
+	body["Model"] = inv.Model
+	body["PowerState"] = string(power)
+	body["Status"] = statusOK()
+	body["Boot"] = map[string]any{
+		"BootSourceOverrideTarget":                          string(boot.Target),
+		"BootSourceOverrideEnabled":                         string(boot.Enabled),
+		"BootSourceOverrideMode":                            string(boot.Mode),
+		"BootSourceOverrideTarget@Redfish.AllowableValues":  bootTargetsAllowed(caps),
+		"BootSourceOverrideEnabled@Redfish.AllowableValues": bootEnabledAllowed,
+		"BootSourceOverrideMode@Redfish.AllowableValues":    stringsOf(caps.BootModes),
+	}
+	processors := map[string]any{"Count": inv.CPUs, "LogicalProcessorCount": inv.CPUs}
+	if inv.CPUModel != "" {
+		processors["Model"] = inv.CPUModel
+	}
+	body["ProcessorSummary"] = processors
+	body["MemorySummary"] = map[string]any{"TotalSystemMemoryGiB": float64(inv.MemoryMiB) / 1024}
+	body["EthernetInterfaces"] = link(path + "/EthernetInterfaces")
+	body["SimpleStorage"] = link(path + "/SimpleStorage")
+	body["Links"] = map[string]any{
+		"Chassis":   links(chassisPath(id)),
+		"ManagedBy": links(managerPath(id)),
+	}
+	body["Actions"] = map[string]any{
+		"#ComputerSystem.Reset": map[string]any{
+			"target":                            path + "/Actions/ComputerSystem.Reset",
+			"ResetType@Redfish.AllowableValues": stringsOf(caps.ResetTypes),
+		},
+	}
+	return body, boot, nil
+}
+
+// bootProperties are the writable members of Boot.
+const (
+	propTarget  = "BootSourceOverrideTarget"
+	propEnabled = "BootSourceOverrideEnabled"
+	propMode    = "BootSourceOverrideMode"
+)
+
+func (s *Server) patchSystem(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	patch, apiErr := decodeObject(c.body)
+	if apiErr != nil {
+		return result{}, apiErr
+	}
+	if len(patch) == 0 {
+		return result{}, newError(http.StatusBadRequest, msgEmptyJSON)
+	}
+
+	lock := s.patchLock(m.ID())
+	lock.Lock()
+	defer lock.Unlock()
+
+	current, boot, err := s.systemBody(c.ctx(), m)
+	if err != nil {
+		return result{}, err
+	}
+	if ifMatch := c.r.Header.Get("If-Match"); ifMatch != "" && !systemSettingsMatch(ifMatch, systemETag(current)) {
+		return result{}, newError(http.StatusPreconditionFailed, msgPreconditionFailed)
+	}
+	desired, apiErr := mergeBootPatch(patch, current, boot, m.Capabilities())
+	if apiErr != nil {
+		return result{}, apiErr
+	}
+	if desired != boot {
+		if err := m.SetBootOverride(c.ctx(), desired); err != nil {
+			return result{}, s.mapBackendError(err, operation{
+				resourceType: "ComputerSystem", resourceID: m.ID(),
+				parameter: "/Boot/" + propTarget, value: string(desired.Target),
+			})
+		}
+	}
+	updated, _, err := s.systemBody(c.ctx(), m)
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: updated, etag: systemETag(updated)}, nil
+}
+
+// mergeBootPatch validates a ComputerSystem PATCH body against the current
+// representation and returns the boot override it asks for. Every problem
+// is reported, not just the first.
+func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, *apiError) {
+	var problems []message
+	for _, key := range sortedKeys(patch) {
+		if key == "Boot" {
+			continue
+		}
+		problems = append(problems, readOnlyOrUnknown(current, key, "/"+key))
+	}
+
+	desired := boot
+	if raw, ok := patch["Boot"]; ok {
+		var bootPatch map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &bootPatch); err != nil || bootPatch == nil {
+			problems = append(problems, propertyError(msgPropertyValueTypeError, "/Boot", jsonText(raw), "/Boot"))
+			return desired, badRequest(problems...)
+		}
+		currentBoot, _ := current["Boot"].(map[string]any)
+		_, targetGiven := bootPatch[propTarget]
+		_, enabledGiven := bootPatch[propEnabled]
+		for _, key := range sortedKeys(bootPatch) {
+			raw, pointer := bootPatch[key], "/Boot/"+key
+			var allowed []string
+			switch key {
+			case propTarget:
+				allowed = bootTargetsAllowed(caps)
+			case propEnabled:
+				allowed = bootEnabledAllowed
+			case propMode:
+				allowed = stringsOf(caps.BootModes)
+			default:
+				problems = append(problems, readOnlyOrUnknown(currentBoot, key, pointer))
+				continue
+			}
+			value, ok := jsonString(raw)
+			switch {
+			case !ok:
+				problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+			case !slices.Contains(allowed, value):
+				problems = append(problems, propertyError(msgPropertyValueNotInList, pointer, value, pointer))
+			case key == propTarget:
+				desired.Target = machine.BootTarget(value)
+			case key == propEnabled:
+				desired.Enabled = machine.BootEnabled(value)
+			case key == propMode:
+				desired.Mode = machine.BootMode(value)
+			}
+		}
+		// A target set on a machine without an override would be dropped by
+		// Disabled; clients that name a device want to boot from it, so the
+		// override lasts one boot unless they say otherwise.
+		if targetGiven && !enabledGiven && desired.Enabled == machine.BootDisabled && desired.Target != machine.BootNone {
+			desired.Enabled = machine.BootOnce
+		}
+	}
+	if len(problems) > 0 {
+		return boot, badRequest(problems...)
+	}
+	return desired.Normalize(), nil
+}
+
+// readOnlyOrUnknown says why a property cannot be written: it is either
+// part of the representation (read-only) or not a property at all.
+func readOnlyOrUnknown(representation map[string]any, key, pointer string) message {
+	if _, ok := representation[key]; ok {
+		return propertyError(msgPropertyNotWritable, pointer, pointer)
+	}
+	return propertyError(msgPropertyUnknown, pointer, pointer)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// actionParams checks an action body: known parameters only, and the
+// required ones present. It returns the parameters or a 400 listing every
+// problem.
+func actionParams(body []byte, action string, known, required []string) (map[string]json.RawMessage, *apiError) {
+	params, apiErr := decodeObject(body)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	var problems []message
+	for _, key := range sortedKeys(params) {
+		if !slices.Contains(known, key) {
+			problems = append(problems, message{key: msgActionParameterUnknown, args: []string{action, key}})
+		}
+	}
+	for _, key := range required {
+		if _, ok := params[key]; !ok {
+			problems = append(problems, message{key: msgActionParameterMissing, args: []string{action, key}})
+		}
+	}
+	if len(problems) > 0 {
+		return nil, badRequest(problems...)
+	}
+	return params, nil
+}
+
+// enumParam reads a string action parameter that must be one of allowed.
+func enumParam(raw json.RawMessage, action, param string, allowed []string) (string, *apiError) {
+	value, ok := jsonString(raw)
+	if !ok {
+		return "", newError(http.StatusBadRequest, msgActionParameterValueTypeError, jsonText(raw), param, action)
+	}
+	if !slices.Contains(allowed, value) {
+		return "", newError(http.StatusBadRequest, msgActionParameterValueNotInList, value, param, action)
+	}
+	return value, nil
+}
+
+func (s *Server) resetSystem(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	params, apiErr := actionParams(c.body, "Reset", []string{"ResetType"}, []string{"ResetType"})
+	if apiErr != nil {
+		return result{}, apiErr
+	}
+	// If-Match is deliberately not checked on actions: gofish sends the
+	// system's last ETag with every POST, stale or not. The advertised
+	// list is checked here, before the backend sees the request.
+	value, apiErr := enumParam(params["ResetType"], "Reset", "ResetType", stringsOf(m.Capabilities().ResetTypes))
+	if apiErr != nil {
+		return result{}, apiErr
+	}
+	if err := m.Reset(c.ctx(), machine.ResetType(value)); err != nil {
+		return result{}, s.mapBackendError(err, operation{
+			resourceType: "ComputerSystem", resourceID: m.ID(),
+			action: "Reset", parameter: "ResetType", value: value,
+		})
+	}
+	return result{}, nil
+}
+
+func ethernetPath(systemID, nic string) string {
+	return systemPath(systemID) + "/EthernetInterfaces/" + url.PathEscape(nic)
+}
+
+func (s *Server) inventoryOf(c *call, m machine.Machine) (machine.Inventory, error) {
+	inv, err := m.Inventory(c.ctx())
+	if err != nil {
+		return machine.Inventory{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID()})
+	}
+	return inv, nil
+}
+
+func (s *Server) getEthernetInterfaces(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	inv, err := s.inventoryOf(c, m)
+	if err != nil {
+		return result{}, err
+	}
+	members := make([]string, len(inv.NICs))
+	for i, nic := range inv.NICs {
+		members[i] = ethernetPath(m.ID(), nic.Name)
+	}
+	return result{body: collection(typeEthernetCollection, systemPath(m.ID())+"/EthernetInterfaces", "Ethernet Interface Collection", members)}, nil
+}
+
+func (s *Server) getEthernetInterface(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	inv, err := s.inventoryOf(c, m)
+	if err != nil {
+		return result{}, err
+	}
+	name := c.vars["nicID"]
+	i := slices.IndexFunc(inv.NICs, func(n machine.NIC) bool { return n.Name == name })
+	if i < 0 {
+		return result{}, newError(http.StatusNotFound, msgResourceNotFound, "EthernetInterface", name)
+	}
+	nic := inv.NICs[i]
+	body := resource(typeEthernetInterface, ethernetPath(m.ID(), nic.Name), nic.Name, nic.Name)
+	body["MACAddress"] = nic.MAC
+	body["PermanentMACAddress"] = nic.MAC
+	body["InterfaceEnabled"] = true
+	body["Status"] = statusOK()
+	v4, v6 := []any{}, []any{}
+	for _, ip := range nic.IPs {
+		addr, err := netip.ParseAddr(ip)
+		if err != nil {
+			// Some backends report CIDR notation.
+			prefix, perr := netip.ParsePrefix(ip)
+			if perr != nil {
+				continue
+			}
+			addr = prefix.Addr()
+		}
+		if addr.Is4() {
+			v4 = append(v4, map[string]any{"Address": addr.String()})
+		} else {
+			v6 = append(v6, map[string]any{"Address": addr.String()})
+		}
+	}
+	body["IPv4Addresses"] = v4
+	body["IPv6Addresses"] = v6
+	return result{body: body}, nil
+}
+
+// simpleStorageID names the one storage controller each system shows.
+const simpleStorageID = "1"
+
+func (s *Server) getSimpleStorages(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	path := systemPath(m.ID()) + "/SimpleStorage"
+	return result{body: collection(typeSimpleStorageColl, path, "Simple Storage Collection", []string{path + "/" + simpleStorageID})}, nil
+}
+
+func (s *Server) getSimpleStorage(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	if id := c.vars["storageID"]; id != simpleStorageID {
+		return result{}, newError(http.StatusNotFound, msgResourceNotFound, "SimpleStorage", id)
+	}
+	inv, err := s.inventoryOf(c, m)
+	if err != nil {
+		return result{}, err
+	}
+	devices := []any{}
+	for _, d := range inv.Disks {
+		if d.Kind != machine.DiskKindDisk {
+			continue
+		}
+		device := map[string]any{"Name": d.Name, "Status": statusOK()}
+		if d.CapacityBytes > 0 {
+			device["CapacityBytes"] = d.CapacityBytes
+		}
+		devices = append(devices, device)
+	}
+	body := resource(typeSimpleStorage, systemPath(m.ID())+"/SimpleStorage/"+simpleStorageID, simpleStorageID, "Virtual disk controller")
+	body["Devices"] = devices
+	body["Status"] = statusOK()
+	return result{body: body}, nil
+}
