@@ -46,7 +46,9 @@ func loadCredentials(getenv func(string) string, dir string) (credentials, error
 		}
 		return credentials{username: user, password: pass, source: filepath.Join(dir, "password")}, nil
 	}
-	secret := make([]byte, 18)
+	// 12 random bytes are 16 characters: 96 bits, and still short enough
+	// for IPMI 1.5, whose passwords are at most 16 bytes.
+	secret := make([]byte, 12)
 	if _, err := rand.Read(secret); err != nil {
 		return credentials{}, fmt.Errorf("generating a password: %w", err)
 	}

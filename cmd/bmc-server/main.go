@@ -26,6 +26,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/virtmetal/virtmetal/internal/certs"
+	"github.com/virtmetal/virtmetal/ipmi"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
@@ -50,6 +51,7 @@ type options struct {
 	tlsCert        string
 	tlsKey         string
 	insecureHTTP   bool
+	ipmiListen     string
 	verbosity      int
 }
 
@@ -64,6 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate file (default: generated self-signed)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key file for --tls-cert")
 	fs.BoolVar(&o.insecureHTTP, "insecure-http", false, "serve plain HTTP instead of HTTPS")
+	fs.StringVar(&o.ipmiListen, "ipmi-listen", "", "UDP address to serve IPMI on, e.g. :623 (default: off); it serves the first machine")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity (1 logs every request)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -128,6 +131,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	if o.ipmiListen != "" {
+		addr, err := startIPMI(ctx, o.ipmiListen, backend, creds, log.WithName("ipmi"))
+		if err != nil {
+			listener.Close()
+			return err
+		}
+		fmt.Fprintf(stdout, "IPMI (lanplus and lan) at udp %s\n", addr)
+	}
 	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/\n", scheme, listener.Addr())
 	fmt.Fprintf(stdout, "Username: %s\n", creds.username)
 	if creds.generated {
@@ -153,6 +164,35 @@ func tlsConfig(o options) (*tls.Config, error) {
 		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// startIPMI serves the backend's first machine over IPMI until ctx ends. A
+// BMC's IPMI channel belongs to one machine; the memory backend's others are
+// reachable through Redfish only.
+func startIPMI(ctx context.Context, addr string, backend machine.Backend, creds credentials, log logr.Logger) (net.Addr, error) {
+	ids, err := backend.Machines(ctx)
+	if err != nil || len(ids) == 0 {
+		return nil, fmt.Errorf("IPMI: no machine to serve: %v", err)
+	}
+	m, err := backend.Machine(ctx, ids[0])
+	if err != nil {
+		return nil, fmt.Errorf("IPMI: %w", err)
+	}
+	srv, err := ipmi.NewServer(ipmi.Config{Machine: m, Username: creds.username, Password: creds.password, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("IPMI: %w", err)
+	}
+	go func() {
+		defer conn.Close()
+		if err := srv.Serve(ctx, conn); err != nil {
+			log.Error(err, "IPMI server stopped")
+		}
+	}()
+	return conn.LocalAddr(), nil
 }
 
 // serve runs srv until ctx ends, then drains in-flight requests.

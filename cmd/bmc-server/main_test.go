@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -68,8 +69,9 @@ func TestGeneratedCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := loadCredentials(noEnv, "")
-	if !a.generated || a.username != "admin" || len(a.password) < 20 {
-		t.Errorf("generated credentials %+v are too weak", a)
+	// 16 characters of base64 carry 96 random bits and fit IPMI 1.5.
+	if !a.generated || a.username != "admin" || len(a.password) != 16 {
+		t.Errorf("generated credentials %+v: want admin and a 16-character password", a)
 	}
 	if a.password == b.password {
 		t.Errorf("two generated passwords are equal")
@@ -183,5 +185,56 @@ func TestRunServesAndShutsDown(t *testing.T) {
 				t.Fatal("run did not return after the context ended")
 			}
 		})
+	}
+}
+
+// TestIPMIListen checks the wiring of --ipmi-listen: the IPMI server answers
+// on the printed address, and stops with the process.
+func TestIPMIListen(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	env := map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}
+	var stdout, stderr lockedBuffer
+	done := make(chan error, 1)
+	args := []string{"--listen", "127.0.0.1:0", "--insecure-http", "--ipmi-listen", "127.0.0.1:0"}
+	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr) }()
+
+	addrPattern := regexp.MustCompile(`IPMI \(lanplus and lan\) at udp (\S+)`)
+	var addr string
+	for deadline := time.Now().Add(5 * time.Second); addr == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if m := addrPattern.FindStringSubmatch(stdout.String()); m != nil {
+			addr = m[1]
+		}
+	}
+	if addr == "" {
+		t.Fatalf("no IPMI address printed; stdout %q stderr %q", stdout.String(), stderr.String())
+	}
+	conn, err := net.Dial("udp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// Get Channel Authentication Capabilities, outside a session, as every
+	// IPMI client sends first: RMCP header, IPMI 1.5 session header with
+	// auth type none, then the message (rsAddr, netFn/LUN, checksum, rqAddr,
+	// rqSeq, cmd 0x38, channel 0x0e with the v2.0 bit, privilege 4, checksum).
+	request := []byte{0x06, 0x00, 0xff, 0x07, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0x09,
+		0x20, 0x18, 0xc8, 0x81, 0x00, 0x38, 0x8e, 0x04, 0xb5}
+	if _, err := conn.Write(request); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	reply := make([]byte, 256)
+	n, err := conn.Read(reply)
+	if err != nil {
+		t.Fatalf("no IPMI answer: %v", err)
+	}
+	// The completion code follows the 14-byte headers and 6 message bytes.
+	if n < 21 || reply[19] != 0x38 || reply[20] != 0x00 {
+		t.Fatalf("answer % x is not a successful Get Channel Authentication Capabilities", reply[:n])
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run returned %v after shutdown", err)
 	}
 }

@@ -1,0 +1,104 @@
+package conformance_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-logr/logr"
+
+	"github.com/virtmetal/virtmetal/conformance/schemacheck"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/memory"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// TestRedfishSchemaConformance crawls every resource of a redfish.Server
+// over HTTPS with Basic auth and requires zero violations of the DMTF JSON
+// schemas, the response rules and the $metadata rules.
+func TestRedfishSchemaConformance(t *testing.T) {
+	bundle := schemacheck.RequireBundle(t)
+	validator, err := schemacheck.NewValidator(filepath.Join(bundle, "json-schema"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := memory.New(memory.Options{Machines: 2})
+	// vm-0 runs with a one-time PXE override and media inserted; vm-1 keeps
+	// the defaults (off, no override, empty drive): both shapes get crawled.
+	vm0 := backend.Get("vm-0")
+	if err := vm0.Reset(t.Context(), machine.ResetOn); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm0.SetBootOverride(t.Context(), machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
+		t.Fatal(err)
+	}
+	if err := vm0.InsertMedia(t.Context(), "http://127.0.0.1:8080/boot.iso"); err != nil {
+		t.Fatal(err)
+	}
+	server, err := redfish.NewServer(redfish.Config{
+		Backend:  backend,
+		Accounts: []redfish.Account{{Username: "admin", Password: "password", Role: redfish.RoleAdministrator}},
+		Logger:   logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	service := httptest.NewTLSServer(server)
+	defer service.Close()
+	createSession(t, service) // so that a Session resource exists to crawl
+
+	crawler := &schemacheck.Crawler{
+		Client:    service.Client(),
+		BaseURL:   service.URL,
+		Username:  "admin",
+		Password:  "password",
+		Validator: validator,
+	}
+	report, err := crawler.Crawl(t.Context())
+	if err != nil {
+		t.Fatalf("crawl: %v", err)
+	}
+	t.Logf("crawled %d resources, %d @odata.type values", len(report.Visited), len(report.ODataTypes))
+
+	// Guard against a crawl that "passes" because it found nothing.
+	for _, want := range []string{"/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis", "/redfish/v1/SessionService/Sessions", "/redfish/v1/AccountService"} {
+		if !visitedUnder(report.Visited, want) {
+			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)
+		}
+	}
+	for _, v := range report.Violations {
+		t.Errorf("%s", v)
+	}
+
+	metadataViolations, err := crawler.CheckMetadata(t.Context(), filepath.Join(bundle, "csdl"), report.ODataTypes)
+	if err != nil {
+		t.Fatalf("$metadata: %v", err)
+	}
+	for _, v := range metadataViolations {
+		t.Errorf("%s", v)
+	}
+}
+
+func createSession(t *testing.T, service *httptest.Server) {
+	t.Helper()
+	resp, err := service.Client().Post(service.URL+"/redfish/v1/SessionService/Sessions", "application/json",
+		strings.NewReader(`{"UserName": "admin", "Password": "password"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("creating a session: %s", resp.Status)
+	}
+}
+
+func visitedUnder(visited []string, prefix string) bool {
+	for _, path := range visited {
+		if strings.HasPrefix(path, prefix+"/") || path == prefix {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,133 @@
+package ipmi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Network functions and commands served (spec appendix G).
+const (
+	netFnChassis = 0x00
+	netFnApp     = 0x06
+
+	cmdGetDeviceID              = 0x01
+	cmdGetSelfTestResults       = 0x04
+	cmdGetSystemGUID            = 0x37
+	cmdGetChannelAuthCaps       = 0x38
+	cmdGetSessionChallenge      = 0x39
+	cmdActivateSession          = 0x3a
+	cmdSetSessionPrivilegeLevel = 0x3b
+	cmdCloseSession             = 0x3c
+	cmdGetSessionInfo           = 0x3d
+	cmdGetChannelCipherSuites   = 0x54
+
+	cmdGetChassisStatus     = 0x01
+	cmdChassisControl       = 0x02
+	cmdSetSystemBootOptions = 0x08
+	cmdGetSystemBootOptions = 0x09
+)
+
+// Generic completion codes (spec table 5-2).
+const (
+	ccOK                    = 0x00
+	ccNodeBusy              = 0xc0
+	ccInvalidCommand        = 0xc1
+	ccInvalidLUN            = 0xc2
+	ccRequestLength         = 0xc7
+	ccNotPresent            = 0xcb
+	ccInvalidField          = 0xcc
+	ccInsufficientPrivilege = 0xd4
+	ccInvalidState          = 0xd5
+	ccUnspecified           = 0xff
+)
+
+// completionCode maps a machine error to a completion code. It is the
+// only place where machine errors become IPMI codes.
+func completionCode(err error) byte {
+	switch {
+	case err == nil:
+		return ccOK
+	case errors.Is(err, machine.ErrUnavailable):
+		return ccNodeBusy
+	case errors.Is(err, machine.ErrNotSupported), errors.Is(err, machine.ErrInvalidArgument):
+		return ccInvalidField
+	case errors.Is(err, machine.ErrConflict):
+		return ccInvalidState
+	case errors.Is(err, machine.ErrNotFound):
+		return ccNotPresent
+	}
+	return ccUnspecified
+}
+
+// machineFailure logs a failed machine call and returns its completion code.
+func (s *Server) machineFailure(err error, operation string) (byte, []byte) {
+	cc := completionCode(err)
+	s.log.Error(err, "machine call failed", "operation", operation, "completionCode", cc)
+	return cc, nil
+}
+
+// request is one IPMI request being served.
+type request struct {
+	sess   *session // nil outside a session
+	msg    message
+	remote string
+	now    time.Time
+	// endSession is set by Close Session for the requesting session, which
+	// must still sign the reply.
+	endSession bool
+}
+
+type command struct {
+	// minPriv is the session privilege needed; zero means the command also
+	// runs outside a session.
+	minPriv privilege
+	run     func(s *Server, ctx context.Context, r *request) (cc byte, data []byte)
+}
+
+func commandKey(netFn, cmd byte) uint16 { return uint16(netFn)<<8 | uint16(cmd) }
+
+var commands = map[uint16]command{
+	commandKey(netFnApp, cmdGetDeviceID):              {privUser, (*Server).getDeviceID},
+	commandKey(netFnApp, cmdGetSelfTestResults):       {privUser, (*Server).getSelfTestResults},
+	commandKey(netFnApp, cmdGetSystemGUID):            {0, (*Server).getSystemGUID},
+	commandKey(netFnApp, cmdGetChannelAuthCaps):       {0, (*Server).getChannelAuthCaps},
+	commandKey(netFnApp, cmdGetSessionChallenge):      {0, (*Server).getSessionChallenge},
+	commandKey(netFnApp, cmdActivateSession):          {0, (*Server).activateOutOfHandshake},
+	commandKey(netFnApp, cmdSetSessionPrivilegeLevel): {privCallback, (*Server).setSessionPrivilege},
+	commandKey(netFnApp, cmdCloseSession):             {privCallback, (*Server).closeSession},
+	commandKey(netFnApp, cmdGetSessionInfo):           {privUser, (*Server).getSessionInfo},
+	commandKey(netFnApp, cmdGetChannelCipherSuites):   {0, (*Server).getChannelCipherSuites},
+
+	commandKey(netFnChassis, cmdGetChassisStatus):     {privUser, (*Server).getChassisStatus},
+	commandKey(netFnChassis, cmdChassisControl):       {privOperator, (*Server).chassisControl},
+	commandKey(netFnChassis, cmdSetSystemBootOptions): {privOperator, (*Server).setSystemBootOptions},
+	commandKey(netFnChassis, cmdGetSystemBootOptions): {privOperator, (*Server).getSystemBootOptions},
+}
+
+// dispatch runs r and returns the encoded response message and whether the
+// requesting session ends once the reply is sent.
+func (s *Server) dispatch(ctx context.Context, r *request) (reply []byte, endSession bool) {
+	cc, data := s.run(ctx, r)
+	if cc != ccOK {
+		data = nil
+		s.log.V(1).Info("request refused", "remote", r.remote, "netFn", r.msg.netFn, "command", r.msg.cmd, "completionCode", cc)
+	}
+	return r.msg.encodeResponse(cc, data), r.endSession
+}
+
+func (s *Server) run(ctx context.Context, r *request) (byte, []byte) {
+	if r.msg.rsLUN != 0 {
+		return ccInvalidLUN, nil
+	}
+	cmd, ok := commands[commandKey(r.msg.netFn, r.msg.cmd)]
+	if !ok {
+		return ccInvalidCommand, nil
+	}
+	if r.sess == nil && cmd.minPriv != 0 || r.sess != nil && r.sess.priv < cmd.minPriv {
+		return ccInsufficientPrivilege, nil
+	}
+	return cmd.run(s, ctx, r)
+}
