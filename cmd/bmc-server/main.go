@@ -1,6 +1,7 @@
 // Command bmc-server serves a Redfish BMC for a set of machines.
 //
 //	bmc-server --backend memory --listen 127.0.0.1:8443 --machines 2
+//	bmc-server --backend kubevirt --namespace NS --vm NAME --listen :8443 [--ipmi-listen :623]
 //
 // Credentials come from BMC_USERNAME/BMC_PASSWORD, or from the files
 // username and password in --credentials-dir (a mounted Secret); with
@@ -24,10 +25,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/virtmetal/virtmetal/internal/certs"
 	"github.com/virtmetal/virtmetal/ipmi"
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -47,6 +50,8 @@ type options struct {
 	backend        string
 	listen         string
 	machines       int
+	namespace      string
+	vm             string
 	credentialsDir string
 	tlsCert        string
 	tlsKey         string
@@ -59,9 +64,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bmc-server", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.backend, "backend", "memory", `machine backend: "memory"`)
+	fs.StringVar(&o.backend, "backend", "memory", `machine backend: "memory" or "kubevirt"`)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8443", "address to serve Redfish on")
 	fs.IntVar(&o.machines, "machines", 1, "number of machines (memory backend)")
+	fs.StringVar(&o.namespace, "namespace", "", "the VirtualMachine's namespace (kubevirt backend)")
+	fs.StringVar(&o.vm, "vm", "", "the VirtualMachine's name (kubevirt backend)")
 	fs.StringVar(&o.credentialsDir, "credentials-dir", "", "directory with files username and password")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate file (default: generated self-signed)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key file for --tls-cert")
@@ -76,6 +83,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case o.machines < 1:
 		return o, fmt.Errorf("--machines must be at least 1, got %d", o.machines)
+	case o.backend == "kubevirt" && (o.namespace == "" || o.vm == ""):
+		return o, errors.New("--backend kubevirt needs --namespace and --vm")
 	case (o.tlsCert == "") != (o.tlsKey == ""):
 		return o, errors.New("--tls-cert and --tls-key go together")
 	case o.insecureHTTP && o.tlsCert != "":
@@ -84,13 +93,30 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
-// newBackend is the one place that picks a backend.
-func newBackend(o options) (machine.Backend, error) {
+// newBackend is the one place that picks a backend. The kubevirt backend
+// runs its informers until ctx ends; until they have synced it reads from
+// the API server, and while that is unreachable Redfish answers 503.
+func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backend, error) {
 	switch o.backend {
 	case "memory":
 		return memory.New(memory.Options{Machines: o.machines}), nil
+	case "kubevirt":
+		cfg, err := config.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig: %w", err)
+		}
+		b, err := kubevirt.New(cfg, o.namespace, o.vm, kubevirt.Options{Logger: log.WithName("kubevirt")})
+		if err != nil {
+			return nil, err
+		}
+		go func() {
+			if err := b.Start(ctx); err != nil {
+				log.Error(err, "kubevirt backend stopped")
+			}
+		}()
+		return b, nil
 	}
-	return nil, fmt.Errorf("unknown --backend %q (supported: memory)", o.backend)
+	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", o.backend)
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -99,7 +125,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) }, funcr.Options{Verbosity: o.verbosity})
-	backend, err := newBackend(o)
+	backend, err := newBackend(ctx, o, log)
 	if err != nil {
 		return err
 	}

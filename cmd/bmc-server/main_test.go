@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/go-logr/logr"
 )
 
 func TestLoadCredentials(t *testing.T) {
@@ -88,6 +90,7 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--insecure-http", "--tls-cert", "c", "--tls-key", "k"}, "exclude"},
 		{[]string{"--password", "x"}, "not defined"},
 		{[]string{"extra"}, "unexpected"},
+		{[]string{"--backend", "kubevirt", "--vm", "node-1"}, "needs --namespace and --vm"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -97,7 +100,7 @@ func TestParseFlags(t *testing.T) {
 			}
 		})
 	}
-	if _, err := newBackend(options{backend: "vmware", machines: 1}); err == nil {
+	if _, err := newBackend(t.Context(), options{backend: "vmware", machines: 1}, logr.Discard()); err == nil {
 		t.Error("unknown backend: want an error")
 	}
 }

@@ -84,14 +84,16 @@ func TestFault(t *testing.T) {
 	ctx := t.Context()
 	m.SetFault(machine.ErrUnavailable)
 	calls := map[string]func() error{
-		"PowerState":      func() error { _, err := m.PowerState(ctx); return err },
-		"Reset":           func() error { return m.Reset(ctx, machine.ResetOn) },
-		"Inventory":       func() error { _, err := m.Inventory(ctx); return err },
-		"BootOverride":    func() error { _, err := m.BootOverride(ctx); return err },
-		"SetBootOverride": func() error { return m.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}) },
-		"VirtualMedia":    func() error { _, err := m.VirtualMedia(ctx); return err },
-		"InsertMedia":     func() error { return m.InsertMedia(ctx, "http://x/y.iso") },
-		"EjectMedia":      func() error { return m.EjectMedia(ctx) },
+		"PowerState":   func() error { _, err := m.PowerState(ctx); return err },
+		"Reset":        func() error { return m.Reset(ctx, machine.ResetOn) },
+		"Inventory":    func() error { _, err := m.Inventory(ctx); return err },
+		"BootOverride": func() error { _, err := m.BootOverride(ctx); return err },
+		"SetBootOverride": func() error {
+			return m.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI})
+		},
+		"VirtualMedia": func() error { _, err := m.VirtualMedia(ctx); return err },
+		"InsertMedia":  func() error { return m.InsertMedia(ctx, "http://x/y.iso") },
+		"EjectMedia":   func() error { return m.EjectMedia(ctx) },
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {

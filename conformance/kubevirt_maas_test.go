@@ -1,0 +1,200 @@
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// TestKubeVirtMaaSPowerSequence drives MaaS's Redfish power sequence through
+// the Redfish server on the KubeVirt backend, against a real API server and
+// a simulated virt-controller: the one-time PXE boot lands on the VM's
+// bootOrder, the VMI starts with the NIC first, and the VM's own order is
+// back afterwards.
+func TestKubeVirtMaaSPowerSequence(t *testing.T) {
+	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
+	env, err := kubetest.Start(kubetest.Options{})
+	if err != nil {
+		t.Fatalf("envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	sim, err := virtsim.New(env.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, StopDelay: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = sim.Start(ctx) }()
+
+	// A running VM that boots from its disk (bootOrder 1), as MaaS finds it.
+	const ns, name = "default", "node-1"
+	one := uint(1)
+	always := kubevirtv1.RunStrategyAlways
+	memory := resource.MustParse("2Gi")
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &always,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{
+					CPU:      &kubevirtv1.CPU{Cores: 2},
+					Memory:   &kubevirtv1.Memory{Guest: &memory},
+					Firmware: &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
+					Devices: kubevirtv1.Devices{
+						Disks: []kubevirtv1.Disk{{Name: "root", BootOrder: &one, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
+						Interfaces: []kubevirtv1.Interface{{
+							Name: "pxe", MacAddress: "02:00:00:00:01:01",
+							InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+						}},
+					},
+					Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
+				},
+				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+				Volumes:  []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("20Gi")}}}},
+			}},
+		},
+	}
+	if err := env.Client.Create(ctx, vm); err != nil {
+		t.Fatalf("creating VM: %v", err)
+	}
+	kvEventually(t, "the VM running", func() bool {
+		got := &kubevirtv1.VirtualMachine{}
+		return env.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
+	})
+
+	backend, err := kubevirt.New(env.Config, ns, name, kubevirt.Options{Logger: testr.New(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = backend.Start(ctx) }()
+	if !backend.WaitForCacheSync(ctx) {
+		t.Fatal("backend cache did not sync")
+	}
+	server, err := redfish.NewServer(redfish.Config{
+		Backend:  backend,
+		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
+		Logger:   testr.New(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(server)
+	t.Cleanup(ts.Close)
+
+	// Discovery: the collection names the VM, the system describes it.
+	status, _, body := kvRequest(t, ts, http.MethodGet, "/redfish/v1/Systems", nil, "")
+	members, _ := body["Members"].([]any)
+	if status != http.StatusOK || len(members) != 1 || members[0].(map[string]any)["@odata.id"] != "/redfish/v1/Systems/"+name {
+		t.Fatalf("GET Systems: %d %v", status, body)
+	}
+	system := "/redfish/v1/Systems/" + name
+	status, header, body := kvRequest(t, ts, http.MethodGet, system, nil, "")
+	etag := header.Get("ETag")
+	if status != http.StatusOK || body["PowerState"] != "On" || etag == "" {
+		t.Fatalf("GET system: %d ETag %q %v", status, etag, body)
+	}
+	if boot, _ := body["Boot"].(map[string]any); boot["BootSourceOverrideMode"] != "UEFI" {
+		t.Fatalf("Boot = %v, want mode UEFI (the VM's firmware)", body["Boot"])
+	}
+
+	// MaaS: one-time PXE, ForceOff, wait Off, On, wait On.
+	patch := map[string]any{"Boot": map[string]any{"BootSourceOverrideTarget": "Pxe", "BootSourceOverrideEnabled": "Once"}}
+	if status, _, body := kvRequest(t, ts, http.MethodPatch, system, patch, etag); status/100 != 2 {
+		t.Fatalf("PATCH Boot: %d %v", status, body)
+	}
+	reset := system + "/Actions/ComputerSystem.Reset"
+	if status, _, body := kvRequest(t, ts, http.MethodPost, reset, map[string]any{"ResetType": "ForceOff"}, ""); status/100 != 2 {
+		t.Fatalf("ForceOff: %d %v", status, body)
+	}
+	kvWaitPower(t, ts, system, "Off")
+	if status, _, body := kvRequest(t, ts, http.MethodPost, reset, map[string]any{"ResetType": "On"}, ""); status/100 != 2 {
+		t.Fatalf("On: %d %v", status, body)
+	}
+	kvWaitPower(t, ts, system, "On")
+
+	if boots := sim.Boots(ns, name); !slices.Equal(boots, []machine.BootTarget{machine.BootHdd, machine.BootPxe}) {
+		t.Fatalf("boots = %v, want [Hdd Pxe]: the first VMI from disk, the one after On from the NIC", boots)
+	}
+	kvEventually(t, "the VM's own boot order back", func() bool {
+		got := &kubevirtv1.VirtualMachine{}
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(vm), got); err != nil {
+			return false
+		}
+		devices := got.Spec.Template.Spec.Domain.Devices
+		return devices.Disks[0].BootOrder != nil && *devices.Disks[0].BootOrder == 1 && devices.Interfaces[0].BootOrder == nil
+	})
+	_, _, body = kvRequest(t, ts, http.MethodGet, system, nil, "")
+	if boot, _ := body["Boot"].(map[string]any); boot["BootSourceOverrideEnabled"] != "Disabled" {
+		t.Fatalf("Boot after the one-time boot = %v, want the override Disabled", body["Boot"])
+	}
+}
+
+func kvRequest(t *testing.T, ts *httptest.Server, method, path string, body any, ifMatch string) (int, http.Header, map[string]any) {
+	t.Helper()
+	var payload bytes.Buffer
+	if body != nil {
+		if err := json.NewEncoder(&payload).Encode(body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, ts.URL+path, &payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.SetBasicAuth(maasUser, maasPass)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if ifMatch != "" {
+		req.Header.Set("If-Match", ifMatch)
+	}
+	resp, err := ts.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var decoded map[string]any
+	if resp.StatusCode != http.StatusNoContent {
+		_ = json.NewDecoder(resp.Body).Decode(&decoded)
+	}
+	return resp.StatusCode, resp.Header, decoded
+}
+
+func kvWaitPower(t *testing.T, ts *httptest.Server, system, want string) {
+	t.Helper()
+	kvEventually(t, "PowerState "+want, func() bool {
+		status, _, body := kvRequest(t, ts, http.MethodGet, system, nil, "")
+		return status == http.StatusOK && body["PowerState"] == want
+	})
+}
+
+func kvEventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,83 @@
+package bmc_test
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+)
+
+func TestRBACObjects(t *testing.T) {
+	tests := []struct {
+		name    string
+		params  bmc.RBACParams
+		kinds   []string
+		account string
+		extra   string // a resource the Role (or ClusterRole) must name
+	}{
+		{"plain", bmc.RBACParams{Namespace: "lab", VMName: "node-1"}, []string{"ServiceAccount", "Role", "RoleBinding"}, "bmc-node-1", ""},
+		{"own account", bmc.RBACParams{Namespace: "lab", VMName: "node-1", ServiceAccount: "bmc"}, []string{"ServiceAccount", "Role", "RoleBinding"}, "bmc", ""},
+		{"namespaced instancetype", bmc.RBACParams{Namespace: "lab", VMName: "node-1", Instancetype: "large"},
+			[]string{"ServiceAccount", "Role", "RoleBinding"}, "bmc-node-1", "virtualmachineinstancetypes"},
+		{"cluster instancetype", bmc.RBACParams{Namespace: "lab", VMName: "node-1", ClusterInstancetype: "u1.large"},
+			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, "bmc-node-1", "virtualmachineclusterinstancetypes"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := bmc.RBACObjects(tc.params)
+			if err != nil {
+				t.Fatalf("RBACObjects: %v", err)
+			}
+			var kinds []string
+			for _, o := range objs {
+				kinds = append(kinds, o.GetKind())
+			}
+			if !slices.Equal(kinds, tc.kinds) {
+				t.Fatalf("kinds = %v, want %v", kinds, tc.kinds)
+			}
+			if objs[0].GetName() != tc.account {
+				t.Fatalf("ServiceAccount %q, want %q", objs[0].GetName(), tc.account)
+			}
+			rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
+			for _, r := range rules {
+				rule := r.(map[string]any)
+				resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
+				names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+				verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+				// Only create may go without resourceNames: Kubernetes cannot scope it.
+				if len(names) == 0 && !slices.Equal(verbs, []string{"create"}) {
+					t.Errorf("rule on %v without resourceNames grants %v", resources, verbs)
+				}
+				if slices.Contains(resources, "virtualmachines") && !slices.Equal(names, []string{tc.params.VMName}) {
+					t.Errorf("VM rule names %v", names)
+				}
+			}
+			if tc.extra != "" {
+				var all strings.Builder
+				for _, o := range objs {
+					data, _ := o.MarshalJSON()
+					all.Write(data)
+				}
+				if !strings.Contains(all.String(), tc.extra) {
+					t.Errorf("no rule for %s", tc.extra)
+				}
+			}
+		})
+	}
+}
+
+func TestRBACRejectsBadNames(t *testing.T) {
+	for _, p := range []bmc.RBACParams{
+		{Namespace: "lab", VMName: ""},
+		{Namespace: "", VMName: "vm"},
+		{Namespace: "lab", VMName: "vm\nkind: ClusterRole"},
+		{Namespace: "lab", VMName: "vm", Instancetype: "Bad Name"},
+	} {
+		if _, err := bmc.RenderRBAC(p); err == nil {
+			t.Errorf("RenderRBAC(%+v) accepted it", p)
+		}
+	}
+}

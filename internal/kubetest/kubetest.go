@@ -1,0 +1,170 @@
+// Package kubetest starts a real kube-apiserver and etcd (controller-runtime
+// envtest) with the KubeVirt and CDI CRDs installed, for the packages that
+// talk to Kubernetes. Share one Env per package from TestMain: it takes
+// seconds to start.
+//
+// The binaries come from KUBEBUILDER_ASSETS (hack/setup-envtest.sh fills
+// it). Under CI (CI=true) a missing KUBEBUILDER_ASSETS is an error; locally
+// the default cache folder of hack/setup-envtest.sh is tried instead.
+package kubetest
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/virtmetal/virtmetal/test/crds"
+)
+
+// KubernetesVersion is the kube-apiserver version the suites run against.
+const KubernetesVersion = "1.37.2"
+
+// DefaultAssetsDir is where hack/setup-envtest.sh puts the binaries when
+// given no destination.
+func DefaultAssetsDir() string {
+	cache := os.Getenv("XDG_CACHE_HOME")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(cache, "virtmetal", "envtest", KubernetesVersion)
+}
+
+// AssetsDir finds the kube-apiserver and etcd binaries.
+func AssetsDir() (string, error) {
+	dir := os.Getenv("KUBEBUILDER_ASSETS")
+	if dir == "" {
+		if os.Getenv("CI") == "true" {
+			return "", errors.New("KUBEBUILDER_ASSETS is not set: run hack/setup-envtest.sh and export its output")
+		}
+		dir = DefaultAssetsDir()
+	}
+	for _, bin := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, bin)); err != nil {
+			return "", fmt.Errorf("envtest binary %s missing in %s (run hack/setup-envtest.sh %s): %w", bin, dir, dir, err)
+		}
+	}
+	return dir, nil
+}
+
+// Scheme knows the core Kubernetes types, KubeVirt's VM, VMI and
+// instancetypes, and CDI's DataVolume.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err) // static registrations: cannot fail
+		}
+	}
+	return s
+}
+
+// Options chooses what the Env installs.
+type Options struct {
+	// WithoutCDI leaves out the DataVolume CRD, as on a cluster without CDI.
+	WithoutCDI bool
+}
+
+// Env is a running API server.
+type Env struct {
+	env *envtest.Environment
+	// Config authenticates as a cluster admin.
+	Config *rest.Config
+	// Client is an admin client with Scheme.
+	Client client.Client
+}
+
+// Start starts etcd and kube-apiserver and installs the CRDs.
+func Start(opts Options) (*Env, error) {
+	assets, err := AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	defs, err := CRDs(opts)
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDs:                  defs,
+		Scheme:                Scheme(),
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, fmt.Errorf("starting envtest from %s: %w", assets, err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		_ = env.Stop()
+		return nil, err
+	}
+	return &Env{env: env, Config: cfg, Client: c}, nil
+}
+
+// Stop stops the API server and etcd.
+func (e *Env) Stop() error { return e.env.Stop() }
+
+// ConfigFor returns a rest.Config that authenticates as the named user, in
+// the given groups, and nothing more: RBAC applies to it.
+func (e *Env) ConfigFor(user string, groups ...string) (*rest.Config, error) {
+	u, err := e.env.ControlPlane.AddUser(envtest.User{Name: user, Groups: groups}, e.Config)
+	if err != nil {
+		return nil, err
+	}
+	return u.Config(), nil
+}
+
+// AdminKubeConfig returns a kubeconfig file's content for a cluster admin,
+// for programs under test that load their configuration the usual way.
+func (e *Env) AdminKubeConfig() ([]byte, error) {
+	u, err := e.env.ControlPlane.AddUser(envtest.User{Name: "virtmetal-test-admin", Groups: []string{"system:masters"}}, e.Config)
+	if err != nil {
+		return nil, err
+	}
+	return u.KubeConfig()
+}
+
+// ServiceAccountUser is the user name Kubernetes gives a ServiceAccount.
+func ServiceAccountUser(namespace, name string) string {
+	return "system:serviceaccount:" + namespace + ":" + name
+}
+
+// CRDs decodes the generated CRDs in test/crds.
+func CRDs(opts Options) ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	files, err := fs.Glob(crds.FS, "*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	var out []*apiextensionsv1.CustomResourceDefinition
+	for _, name := range files {
+		if opts.WithoutCDI && strings.HasSuffix(name, ".cdi.kubevirt.io.yaml") {
+			continue
+		}
+		data, err := crds.FS.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(data, crd); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out = append(out, crd)
+	}
+	return out, nil
+}

@@ -1,0 +1,518 @@
+// Package kubevirt is the machine backend for one KubeVirt VirtualMachine:
+// a BMC's view of a VM. It translates power actions into the VM's
+// runStrategy and VMI deletions, boot overrides into the devices'
+// bootOrder, and virtual media into a CDI DataVolume attached as a CD-ROM.
+//
+// Reads come from an informer cache scoped by field selector to the one VM
+// and its VMI (so a Role with resourceNames suffices); writes go to the API
+// server and retry on conflict. Every piece of state (the boot override and
+// the order it replaced, the inserted image) lives on the VM as annotations,
+// so a restarted BMC carries on where the last one stopped.
+package kubevirt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Options configures a Backend.
+type Options struct {
+	// Logger receives the backend's logs; the zero value discards them.
+	Logger logr.Logger
+	// RequestTimeout bounds every API call, so an unreachable API server
+	// yields ErrUnavailable rather than a hung request. Zero means 10s.
+	RequestTimeout time.Duration
+	// MediaSize is the size of the DataVolume an inserted image is imported
+	// into. Zero means 8Gi.
+	MediaSize resource.Quantity
+	// MediaStorageClass is the DataVolume's storage class; empty means the
+	// cluster default.
+	MediaStorageClass string
+}
+
+// Backend serves one VirtualMachine as one machine whose ID is the VM name.
+type Backend struct {
+	namespace string
+	vmName    string
+	log       logr.Logger
+	timeout   time.Duration
+	mediaSize resource.Quantity
+	mediaSC   string
+
+	client client.Client // direct API access: writes and degraded reads
+
+	newCache func() (cache.Cache, error)
+	cacheMu  sync.Mutex
+	cache    cache.Cache // the VM and its VMI; nil until Start built it
+
+	// watchFailing is set while the API server cannot be reached; reads
+	// then go to the API server, whose answer tells a stale cache from an
+	// outage.
+	watchFailing atomic.Bool
+	// changed wakes the loop that consumes Once overrides.
+	changed chan struct{}
+
+	instancetypes instancetypeMemo
+}
+
+var _ machine.Backend = (*Backend)(nil)
+
+// Scheme has the types the backend reads and writes.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err) // static registrations: cannot fail
+		}
+	}
+	return s
+}
+
+// New creates the backend for the VM namespace/vmName. It does not contact
+// the API server; Start does.
+func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, error) {
+	if namespace == "" || vmName == "" {
+		return nil, errors.New("kubevirt backend: namespace and VM name are required")
+	}
+	b := &Backend{
+		namespace: namespace,
+		vmName:    vmName,
+		log:       opts.Logger.WithValues("namespace", namespace, "vm", vmName),
+		timeout:   opts.RequestTimeout,
+		mediaSize: opts.MediaSize,
+		mediaSC:   opts.MediaStorageClass,
+		changed:   make(chan struct{}, 1),
+	}
+	if b.timeout == 0 {
+		b.timeout = 10 * time.Second
+	}
+	if b.mediaSize.IsZero() {
+		b.mediaSize = resource.MustParse("8Gi")
+	}
+	scheme := Scheme()
+	// The reflector retries a refused watch quietly (no error handler call),
+	// so outages are seen at the transport: every request answers whether
+	// the API server is reachable.
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, b: b} })
+	httpClient, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubevirt backend: %w", err)
+	}
+	b.client, err = client.New(cfg, client.Options{Scheme: scheme, HTTPClient: httpClient})
+	if err != nil {
+		return nil, fmt.Errorf("kubevirt backend: %w", err)
+	}
+	b.newCache = func() (cache.Cache, error) {
+		onlyThisVM := cache.ByObject{Field: fields.OneTermEqualSelector("metadata.name", vmName)}
+		return cache.New(cfg, cache.Options{
+			HTTPClient:                  httpClient,
+			Scheme:                      scheme,
+			Mapper:                      b.client.RESTMapper(),
+			DefaultNamespaces:           map[string]cache.Config{namespace: {}},
+			ByObject:                    map[client.Object]cache.ByObject{&kubevirtv1.VirtualMachine{}: onlyThisVM, &kubevirtv1.VirtualMachineInstance{}: onlyThisVM},
+			ReaderFailOnMissingInformer: true,
+			DefaultWatchErrorHandler:    b.watchError,
+		})
+	}
+	return b, nil
+}
+
+// Start runs the informers and the Once-override bookkeeping until ctx
+// ends. It waits for the API server if it is not reachable yet.
+func (b *Backend) Start(ctx context.Context) error {
+	// Building the cache needs discovery: keep trying while the API server
+	// is away (reads go to it directly meanwhile, and fail ErrUnavailable).
+	var c cache.Cache
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		var err error
+		if c, err = b.newCache(); err != nil {
+			b.log.Error(err, "cannot set up the cache, retrying")
+		}
+		return err == nil, nil
+	})
+	if err != nil {
+		return nil // ctx ended
+	}
+	for _, obj := range []client.Object{&kubevirtv1.VirtualMachine{}, &kubevirtv1.VirtualMachineInstance{}} {
+		var informer cache.Informer
+		err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+			var err error
+			informer, err = c.GetInformer(ctx, obj, cache.BlockUntilSynced(false))
+			if err != nil {
+				b.log.Error(err, "cannot set up informer, retrying", "kind", fmt.Sprintf("%T", obj))
+			}
+			return err == nil, nil
+		})
+		if err != nil {
+			return nil // ctx ended
+		}
+		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { b.observed() },
+			UpdateFunc: func(any, any) { b.observed() },
+			DeleteFunc: func(any) { b.observed() },
+		}); err != nil {
+			return fmt.Errorf("kubevirt backend: %w", err)
+		}
+	}
+	b.cacheMu.Lock()
+	b.cache = c
+	b.cacheMu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.consumeOnceLoop(ctx)
+	}()
+	err = c.Start(ctx)
+	<-done
+	return err
+}
+
+// startedCache returns the cache once Start has built it, else nil.
+func (b *Backend) startedCache() cache.Cache {
+	b.cacheMu.Lock()
+	defer b.cacheMu.Unlock()
+	return b.cache
+}
+
+// WaitForCacheSync blocks until the cache has read the VM and VMI once (true)
+// or ctx ends (false).
+func (b *Backend) WaitForCacheSync(ctx context.Context) bool {
+	var c cache.Cache
+	err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		c = b.startedCache()
+		return c != nil, nil
+	})
+	return err == nil && c.WaitForCacheSync(ctx)
+}
+
+// observed runs for every informer event: the watch works, and the VM or
+// VMI may have changed.
+func (b *Backend) observed() {
+	b.reachable()
+	select {
+	case b.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (b *Backend) watchError(_ context.Context, _ *toolscache.Reflector, err error) {
+	b.unreachable(err)
+}
+
+func (b *Backend) unreachable(err error) {
+	if !b.watchFailing.Swap(true) {
+		b.log.Error(err, "API server unreachable; reading through to it until it answers again")
+	}
+}
+
+func (b *Backend) reachable() {
+	if b.watchFailing.Swap(false) {
+		b.log.Info("API server reachable again")
+	}
+}
+
+// reachability notes, for every request, whether the API server answered.
+type reachability struct {
+	next http.RoundTripper
+	b    *Backend
+}
+
+func (r *reachability) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.next.RoundTrip(req)
+	switch {
+	case err == nil:
+		r.b.reachable()
+	case req.Context().Err() == nil: // not the caller giving up
+		r.b.unreachable(err)
+	}
+	return resp, err
+}
+
+// Machines lists the one VM.
+func (b *Backend) Machines(context.Context) ([]string, error) {
+	return []string{b.vmName}, nil
+}
+
+// Machine returns the VM's machine, or ErrNotFound for any other ID or when
+// the VM does not exist.
+func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, error) {
+	if id != b.vmName {
+		return nil, machine.Errorf(machine.ErrNotFound, "machine %q (this BMC serves %q)", id, b.vmName)
+	}
+	vm, _, err := b.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalled()}, nil
+}
+
+// read returns the VM and its VMI (nil when there is none).
+func (b *Backend) read(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	var reader client.Reader = b.client
+	if c := b.startedCache(); c != nil && !b.watchFailing.Load() {
+		reader = c
+	}
+	return b.readFrom(ctx, reader)
+}
+
+// readLive reads from the API server, for read-modify-write.
+func (b *Backend) readLive(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
+	return b.readFrom(ctx, b.client)
+}
+
+func (b *Backend) readFrom(ctx context.Context, reader client.Reader) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
+	key := client.ObjectKey{Namespace: b.namespace, Name: b.vmName}
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := reader.Get(ctx, key, vm); err != nil {
+		return nil, nil, b.apiError(err, "reading the VirtualMachine")
+	}
+	if vm.Spec.Template == nil {
+		return nil, nil, fmt.Errorf("VirtualMachine %s/%s has no template", b.namespace, b.vmName)
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := reader.Get(ctx, key, vmi); apierrors.IsNotFound(err) {
+		vmi = nil
+	} else if err != nil {
+		return nil, nil, b.apiError(err, "reading the VirtualMachineInstance")
+	}
+	return vm, vmi, nil
+}
+
+// updateVM reads the VM and VMI from the API server, lets mutate change the
+// VM, and writes it back, retrying on conflict. Every update also records
+// a consumed Once override, so no write can resurrect one. mutate returns
+// false when it changed nothing.
+func (b *Backend) updateVM(ctx context.Context, mutate func(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (bool, error)) (vmi *kubevirtv1.VirtualMachineInstance, err error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var vm *kubevirtv1.VirtualMachine
+		var err error
+		vm, vmi, err = b.readLive(ctx)
+		if err != nil {
+			return err
+		}
+		consumed := consumeOnce(vm, vmi)
+		changed, err := mutate(vm, vmi)
+		if err != nil || !(changed || consumed) {
+			return err
+		}
+		if err := b.client.Update(ctx, vm); err != nil {
+			if apierrors.IsConflict(err) {
+				return err // retried
+			}
+			return b.apiError(err, "updating the VirtualMachine")
+		}
+		if consumed {
+			b.log.Info("Once boot override consumed; previous boot order restored", "vmi", vmi.UID)
+		}
+		b.awaitCache(ctx, vm.ResourceVersion)
+		return nil
+	})
+	if apierrors.IsConflict(err) {
+		return nil, machine.Errorf(machine.ErrUnavailable, "VirtualMachine %s/%s keeps changing: %v", b.namespace, b.vmName, err)
+	}
+	return vmi, err
+}
+
+// awaitCache waits briefly until the cache holds the VM version the backend
+// just wrote, so a read after a write sees it. Resource versions are etcd
+// revisions: a larger one is newer.
+func (b *Backend) awaitCache(ctx context.Context, written string) {
+	want, err := strconv.ParseUint(written, 10, 64)
+	c := b.startedCache()
+	if err != nil || c == nil || b.watchFailing.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, cacheLagLimit)
+	defer cancel()
+	_ = wait.PollUntilContextCancel(ctx, 2*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: b.namespace, Name: b.vmName}, vm); err != nil {
+			return false, nil
+		}
+		seen, err := strconv.ParseUint(vm.ResourceVersion, 10, 64)
+		return err != nil || seen >= want, nil
+	})
+}
+
+// cacheLagLimit bounds how long a write waits for its echo in the cache.
+const cacheLagLimit = 2 * time.Second
+
+// consumeOnceLoop restores the boot order as soon as a VMI has started with
+// a Once override, also when that happened while no BMC was running.
+func (b *Backend) consumeOnceLoop(ctx context.Context) {
+	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second, Steps: 100}
+	var retryAfter <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-b.changed:
+		case <-retryAfter:
+		}
+		retryAfter = nil
+		vm, vmi, err := b.read(ctx)
+		if err != nil || !onceConsumed(vm, vmi) {
+			continue
+		}
+		if _, err := b.updateVM(ctx, func(*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance) (bool, error) {
+			return false, nil // updateVM consumes the override itself
+		}); err != nil {
+			b.log.Error(err, "cannot restore the boot order after a Once override; will retry")
+			retryAfter = time.After(backoff.Step())
+			continue
+		}
+		backoff.Steps = 100
+		backoff.Duration = 100 * time.Millisecond
+	}
+}
+
+// deleteVMI deletes the VMI with that UID (never a newer one), with the
+// given grace period (nil: the object's own).
+func (b *Backend) deleteVMI(ctx context.Context, uid types.UID, grace *int64) error {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	vmi.Namespace, vmi.Name = b.namespace, b.vmName
+	opts := []client.DeleteOption{client.Preconditions{UID: &uid}}
+	if grace != nil {
+		opts = append(opts, client.GracePeriodSeconds(*grace))
+	}
+	err := b.client.Delete(ctx, vmi, opts...)
+	// Gone, or already replaced by a newer VMI: either way that one stopped.
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		return nil
+	}
+	return b.apiError(err, "deleting the VirtualMachineInstance")
+}
+
+// cdiInstalled reports whether the API server serves CDI's DataVolume.
+func (b *Backend) cdiInstalled() bool {
+	_, err := b.client.RESTMapper().RESTMapping(cdiv1beta1.SchemeGroupVersion.WithKind("DataVolume").GroupKind(), cdiv1beta1.SchemeGroupVersion.Version)
+	if err != nil && !meta.IsNoMatchError(err) {
+		// Unknown (API server away): claim support; InsertMedia checks again.
+		b.log.V(1).Info("cannot tell whether CDI is installed", "error", err.Error())
+		return true
+	}
+	return err == nil
+}
+
+// apiError maps an API error onto the machine sentinels: a missing object
+// is ErrNotFound; failures retrying may cure (connection, timeout, 5xx,
+// throttling) are ErrUnavailable; refusals stay plain errors.
+func (b *Backend) apiError(err error, doing string) error {
+	switch {
+	case err == nil:
+		return nil
+	case isMachineError(err):
+		return err
+	case apierrors.IsNotFound(err):
+		return machine.Errorf(machine.ErrNotFound, "%s %s/%s: %v", doing, b.namespace, b.vmName, err)
+	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err), apierrors.IsInvalid(err), apierrors.IsBadRequest(err), meta.IsNoMatchError(err):
+		return fmt.Errorf("%s %s/%s: %w", doing, b.namespace, b.vmName, err)
+	default:
+		return machine.Errorf(machine.ErrUnavailable, "%s %s/%s: %v", doing, b.namespace, b.vmName, err)
+	}
+}
+
+func isMachineError(err error) bool {
+	for _, s := range []error{machine.ErrNotFound, machine.ErrNotSupported, machine.ErrInvalidArgument, machine.ErrConflict, machine.ErrUnavailable} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// instancetypeMemo remembers instancetypes briefly: Inventory reads them on
+// every call, and they rarely change (KubeVirt pins a running VM's
+// instancetype by revision anyway).
+type instancetypeMemo struct {
+	mu      sync.Mutex
+	entries map[string]instancetypeEntry
+}
+
+type instancetypeEntry struct {
+	spec    instancetypev1beta1.VirtualMachineInstancetypeSpec
+	fetched time.Time
+}
+
+const instancetypeMemoTTL = time.Minute
+
+func (b *Backend) instancetype(ctx context.Context, matcher *kubevirtv1.InstancetypeMatcher) (*instancetypev1beta1.VirtualMachineInstancetypeSpec, error) {
+	if matcher == nil || matcher.Name == "" {
+		return nil, nil
+	}
+	cluster := matcher.Kind == "" || matcher.Kind == "VirtualMachineClusterInstancetype" || matcher.Kind == "virtualmachineclusterinstancetype"
+	key := matcher.Kind + "/" + matcher.Name
+	b.instancetypes.mu.Lock()
+	e, ok := b.instancetypes.entries[key]
+	b.instancetypes.mu.Unlock()
+	if ok && time.Since(e.fetched) < instancetypeMemoTTL {
+		return &e.spec, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	var spec instancetypev1beta1.VirtualMachineInstancetypeSpec
+	if cluster {
+		it := &instancetypev1beta1.VirtualMachineClusterInstancetype{}
+		if err := b.client.Get(ctx, client.ObjectKey{Name: matcher.Name}, it); err != nil {
+			return nil, b.instancetypeError(err, "VirtualMachineClusterInstancetype", matcher.Name)
+		}
+		spec = it.Spec
+	} else {
+		it := &instancetypev1beta1.VirtualMachineInstancetype{}
+		if err := b.client.Get(ctx, client.ObjectKey{Namespace: b.namespace, Name: matcher.Name}, it); err != nil {
+			return nil, b.instancetypeError(err, "VirtualMachineInstancetype", matcher.Name)
+		}
+		spec = it.Spec
+	}
+	b.instancetypes.mu.Lock()
+	if b.instancetypes.entries == nil {
+		b.instancetypes.entries = map[string]instancetypeEntry{}
+	}
+	b.instancetypes.entries[key] = instancetypeEntry{spec: spec, fetched: time.Now()}
+	b.instancetypes.mu.Unlock()
+	return &spec, nil
+}
+
+// instancetypeError keeps a missing instancetype from reading as a missing
+// machine: the VM exists, its description is broken.
+func (b *Backend) instancetypeError(err error, kind, name string) error {
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%s %q named by VirtualMachine %s/%s: %w", kind, name, b.namespace, b.vmName, err)
+	}
+	return b.apiError(err, "reading "+kind+" "+name+" of")
+}

@@ -1,0 +1,72 @@
+package kubevirt_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/go-logr/logr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+)
+
+func benchMachine(b *testing.B) (machine.Machine, string) {
+	ns := newNamespace(b)
+	newVM(b, ns, "vm", nil)
+	backend := startBackend(b, env.Config, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
+	m, err := backend.Machine(context.Background(), "vm")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m, ns
+}
+
+// BenchmarkPowerState reads power from the informer cache.
+func BenchmarkPowerState(b *testing.B) {
+	m, _ := benchMachine(b)
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := m.PowerState(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkInventory reads the inventory from the informer cache.
+func BenchmarkInventory(b *testing.B) {
+	m, _ := benchMachine(b)
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := m.Inventory(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReset alternates On and ForceOff and measures until the API
+// server's VM carries the new runStrategy.
+func BenchmarkReset(b *testing.B) {
+	m, ns := benchMachine(b)
+	ctx := context.Background()
+	steps := []struct {
+		reset machine.ResetType
+		want  kubevirtv1.VirtualMachineRunStrategy
+	}{{machine.ResetOn, kubevirtv1.RunStrategyAlways}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
+	i := 0
+	for b.Loop() {
+		step := steps[i%2]
+		i++
+		if err := m.Reset(ctx, step.reset); err != nil {
+			b.Fatal(err)
+		}
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
+			b.Fatal(err)
+		}
+		if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != step.want {
+			b.Fatalf("after %s the API server has runStrategy %v", step.reset, vm.Spec.RunStrategy)
+		}
+	}
+}

@@ -1,0 +1,158 @@
+package kubevirt
+
+import (
+	"context"
+	"net"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Inventory describes the VM from its spec, its instancetype and the VMI's
+// status (MACs KubeVirt assigned, IPs).
+func (m *Machine) Inventory(ctx context.Context) (machine.Inventory, error) {
+	vm, vmi, err := m.b.read(ctx)
+	if err != nil {
+		return machine.Inventory{}, err
+	}
+	it, err := m.b.instancetype(ctx, vm.Spec.Instancetype)
+	if err != nil {
+		return machine.Inventory{}, err
+	}
+	spec := &vm.Spec.Template.Spec
+	inv := machine.Inventory{
+		Name:         vm.Name,
+		Manufacturer: "KubeVirt",
+		Model:        "VirtualMachine",
+		CPUs:         cpuCount(spec, it),
+		MemoryMiB:    memoryMiB(spec, it),
+		NICs:         nics(spec, vmi),
+		Disks:        disks(vm),
+	}
+	if fw := spec.Domain.Firmware; fw != nil {
+		inv.UUID = strings.ToLower(string(fw.UUID))
+		inv.SerialNumber = fw.Serial
+	}
+	if inv.UUID == "" && vmi != nil && vmi.Spec.Domain.Firmware != nil {
+		inv.UUID = strings.ToLower(string(vmi.Spec.Domain.Firmware.UUID))
+	}
+	if inv.UUID == "" {
+		// virt-controller writes firmware.uuid into every VM it syncs.
+		return machine.Inventory{}, machine.Errorf(machine.ErrUnavailable, "VirtualMachine %s/%s has no firmware UUID yet", vm.Namespace, vm.Name)
+	}
+	if cpu := spec.Domain.CPU; cpu != nil {
+		inv.CPUModel = cpu.Model
+	}
+	return inv, nil
+}
+
+func cpuCount(spec *kubevirtv1.VirtualMachineInstanceSpec, it *instancetypev1beta1.VirtualMachineInstancetypeSpec) int {
+	if it != nil && it.CPU.Guest > 0 {
+		return int(it.CPU.Guest)
+	}
+	if cpu := spec.Domain.CPU; cpu != nil && cpu.Sockets+cpu.Cores+cpu.Threads > 0 {
+		return int(max(cpu.Sockets, 1) * max(cpu.Cores, 1) * max(cpu.Threads, 1))
+	}
+	if q, ok := spec.Domain.Resources.Requests[corev1.ResourceCPU]; ok {
+		return int(max(q.MilliValue()+999, 1000) / 1000) // whole CPUs, rounded up
+	}
+	return 1
+}
+
+func memoryMiB(spec *kubevirtv1.VirtualMachineInstanceSpec, it *instancetypev1beta1.VirtualMachineInstancetypeSpec) int64 {
+	var q *resource.Quantity
+	switch {
+	case spec.Domain.Memory != nil && spec.Domain.Memory.Guest != nil:
+		q = spec.Domain.Memory.Guest
+	case it != nil && !it.Memory.Guest.IsZero():
+		q = &it.Memory.Guest
+	default:
+		if r, ok := spec.Domain.Resources.Requests[corev1.ResourceMemory]; ok {
+			q = &r
+		} else if r, ok := spec.Domain.Resources.Limits[corev1.ResourceMemory]; ok {
+			q = &r
+		}
+	}
+	if q == nil {
+		return 0
+	}
+	return q.Value() >> 20
+}
+
+// nics lists the interfaces with the MAC from the spec, else the one the
+// VMI reports, and the VMI's IPs.
+func nics(spec *kubevirtv1.VirtualMachineInstanceSpec, vmi *kubevirtv1.VirtualMachineInstance) []machine.NIC {
+	status := map[string]kubevirtv1.VirtualMachineInstanceNetworkInterface{}
+	if vmi != nil {
+		for _, s := range vmi.Status.Interfaces {
+			status[s.Name] = s
+		}
+	}
+	var out []machine.NIC
+	for _, iface := range spec.Domain.Devices.Interfaces {
+		s := status[iface.Name]
+		mac := iface.MacAddress
+		if mac == "" {
+			mac = s.MAC
+		}
+		ips := s.IPs
+		if len(ips) == 0 && s.IP != "" {
+			ips = []string{s.IP}
+		}
+		out = append(out, machine.NIC{Name: iface.Name, MAC: normalizeMAC(mac), IPs: ips})
+	}
+	return out
+}
+
+func normalizeMAC(mac string) string {
+	if hw, err := net.ParseMAC(mac); err == nil {
+		return hw.String()
+	}
+	return strings.ToLower(mac)
+}
+
+// disks lists disks and CD-ROMs with the capacity the spec states (a
+// DataVolume template's request or an emptyDisk's capacity), else 0.
+func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
+	spec := &vm.Spec.Template.Spec
+	capacity := map[string]int64{}
+	templates := map[string]int64{}
+	for _, t := range vm.Spec.DataVolumeTemplates {
+		switch {
+		case t.Spec.Storage != nil:
+			templates[t.Name] = storageRequest(t.Spec.Storage.Resources.Requests)
+		case t.Spec.PVC != nil:
+			templates[t.Name] = storageRequest(t.Spec.PVC.Resources.Requests)
+		}
+	}
+	for _, v := range spec.Volumes {
+		switch {
+		case v.DataVolume != nil:
+			capacity[v.Name] = templates[v.DataVolume.Name]
+		case v.EmptyDisk != nil:
+			capacity[v.Name] = v.EmptyDisk.Capacity.Value()
+		}
+	}
+	var out []machine.Disk
+	for _, d := range spec.Domain.Devices.Disks {
+		kind := machine.DiskKindDisk
+		if d.CDRom != nil {
+			kind = machine.DiskKindCdrom
+		}
+		out = append(out, machine.Disk{Name: d.Name, Kind: kind, CapacityBytes: capacity[d.Name]})
+	}
+	return out
+}
+
+func storageRequest(requests corev1.ResourceList) int64 {
+	q, ok := requests[corev1.ResourceStorage]
+	if !ok {
+		return 0
+	}
+	return q.Value()
+}

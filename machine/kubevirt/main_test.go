@@ -1,0 +1,176 @@
+package kubevirt_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+)
+
+// One API server and one simulated virt-controller for the package.
+var (
+	env *kubetest.Env
+	sim *virtsim.Simulator
+)
+
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+func runMain(m *testing.M) int {
+	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
+	var err error
+	env, err = kubetest.Start(kubetest.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envtest:", err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+	sim, err = virtsim.New(env.Config, virtsim.Options{StartDelay: 50 * time.Millisecond, StopDelay: 100 * time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "virtsim:", err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		if err := sim.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "virtsim:", err)
+		}
+	}()
+	return m.Run()
+}
+
+var namespaces atomic.Int64
+
+// newNamespace creates a fresh namespace (envtest cannot delete them).
+func newNamespace(t testing.TB) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("kv-%d", namespaces.Add(1))}}
+	if err := env.Client.Create(context.Background(), ns); err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	return ns.Name
+}
+
+const testUUID = "5AD0B6E3-6A5D-4C7E-9F1B-3C2D1E0F9A8B"
+
+// newVM creates a powered-off VM with a disk, a CD-ROM-less layout, one NIC
+// with a fixed MAC, EFI firmware and 2 cores / 1Gi; change adjusts it.
+func newVM(t testing.TB, namespace, name string, change func(vm *kubevirtv1.VirtualMachine)) *kubevirtv1.VirtualMachine {
+	t.Helper()
+	vm := newVMObject(namespace, name)
+	if change != nil {
+		change(vm)
+	}
+	if err := env.Client.Create(context.Background(), vm); err != nil {
+		t.Fatalf("creating VM: %v", err)
+	}
+	return vm
+}
+
+// newVMObject is the VM newVM creates, not yet created.
+func newVMObject(namespace, name string) *kubevirtv1.VirtualMachine {
+	halted := kubevirtv1.RunStrategyHalted
+	memory := resource.MustParse("1Gi")
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &halted,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Domain: kubevirtv1.DomainSpec{
+						CPU:    &kubevirtv1.CPU{Cores: 2},
+						Memory: &kubevirtv1.Memory{Guest: &memory},
+						Firmware: &kubevirtv1.Firmware{
+							UUID:       testUUID,
+							Serial:     "serial-" + name,
+							Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}},
+						},
+						Devices: kubevirtv1.Devices{
+							Disks: []kubevirtv1.Disk{{
+								Name:       "root",
+								DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}},
+							}},
+							Interfaces: []kubevirtv1.Interface{{
+								Name:                   "default",
+								MacAddress:             "02:AB:CD:00:00:01",
+								InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+							}},
+						},
+					},
+					Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+					Volumes: []kubevirtv1.Volume{{
+						Name:         "root",
+						VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/fedora:latest"}},
+					}},
+				},
+			},
+		},
+	}
+}
+
+// startBackend runs a backend for the VM until the test ends.
+func startBackend(t testing.TB, cfg *rest.Config, namespace, name string, opts kubevirt.Options) *kubevirt.Backend {
+	t.Helper()
+	if opts.Logger.GetSink() == nil {
+		if tt, ok := t.(*testing.T); ok {
+			opts.Logger = testr.New(tt)
+		}
+	}
+	b, err := kubevirt.New(cfg, namespace, name, opts)
+	if err != nil {
+		t.Fatalf("kubevirt.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := b.Start(ctx); err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	syncCtx, syncCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer syncCancel()
+	if !b.WaitForCacheSync(syncCtx) {
+		t.Fatalf("backend cache did not sync")
+	}
+	return b
+}
+
+// getVM reads the VM as an admin.
+func getVM(t testing.TB, namespace, name string) *kubevirtv1.VirtualMachine {
+	t.Helper()
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: namespace, Name: name}, vm); err != nil {
+		t.Fatalf("get VM: %v", err)
+	}
+	return vm
+}
+
+// eventually polls cond every 10ms for up to 20s.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,171 @@
+package kubevirt
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+const (
+	// mediaDevice names the CD-ROM disk and its volume on the VM.
+	mediaDevice = "virtmetal-media"
+	// mediaAnnotation holds the URL of the inserted image.
+	mediaAnnotation = "virtmetal.io/media-image"
+)
+
+// mediaDataVolume names the DataVolume the image is imported into.
+func (b *Backend) mediaDataVolume() string { return b.vmName + "-" + mediaDevice }
+
+// VirtualMedia reports the CD-ROM the backend attached, if any.
+func (m *Machine) VirtualMedia(ctx context.Context) (machine.VirtualMedia, error) {
+	vm, _, err := m.b.read(ctx)
+	if err != nil {
+		return machine.VirtualMedia{}, err
+	}
+	if !hasMedia(vm) {
+		return machine.VirtualMedia{WriteProtected: true}, nil
+	}
+	return machine.VirtualMedia{Inserted: true, Image: vm.Annotations[mediaAnnotation], WriteProtected: true}, nil
+}
+
+// InsertMedia imports the image into a CDI DataVolume (CDI fetches it over
+// http(s) and unpacks iso, qcow2, raw, gz and xz) and attaches it to the VM
+// as a CD-ROM. A running VM sees the drive on its next boot, or at once
+// where KubeVirt's declarative volume hotplug is enabled.
+func (m *Machine) InsertMedia(ctx context.Context, image string) error {
+	if err := machine.CheckImageURL(image); err != nil {
+		return err
+	}
+	if !m.b.cdiInstalled() {
+		return machine.Errorf(machine.ErrNotSupported, "virtual media needs CDI: the DataVolume API (cdi.kubevirt.io/v1beta1) is not installed")
+	}
+	vm, _, err := m.b.readLive(ctx)
+	if err != nil {
+		return err
+	}
+	if hasMedia(vm) {
+		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", vm.Annotations[mediaAnnotation])
+	}
+	if err := m.b.createMediaDataVolume(ctx, vm, image); err != nil {
+		return err
+	}
+	_, err = m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, _ *kubevirtv1.VirtualMachineInstance) (bool, error) {
+		if hasMedia(vm) {
+			return false, machine.Errorf(machine.ErrConflict, "media %q is already inserted", vm.Annotations[mediaAnnotation])
+		}
+		spec := &vm.Spec.Template.Spec
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{
+			Name:       mediaDevice,
+			DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}},
+		})
+		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{
+			Name:         mediaDevice,
+			VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: m.b.mediaDataVolume()}},
+		})
+		setAnnotation(vm, mediaAnnotation, image)
+		return true, nil
+	})
+	return err
+}
+
+// EjectMedia detaches the CD-ROM and deletes its DataVolume.
+func (m *Machine) EjectMedia(ctx context.Context) error {
+	_, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, _ *kubevirtv1.VirtualMachineInstance) (bool, error) {
+		if !hasMedia(vm) {
+			return false, nil
+		}
+		spec := &vm.Spec.Template.Spec
+		spec.Domain.Devices.Disks = withoutDisk(spec.Domain.Devices.Disks, mediaDevice)
+		spec.Volumes = withoutVolume(spec.Volumes, mediaDevice)
+		delete(vm.Annotations, mediaAnnotation)
+		return true, nil
+	})
+	if err != nil {
+		return err
+	}
+	return m.b.deleteMediaDataVolume(ctx)
+}
+
+// createMediaDataVolume creates the DataVolume, replacing one a failed
+// insert may have left behind. The VM owns it, so deleting the VM deletes it.
+func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.VirtualMachine, image string) error {
+	if err := b.deleteMediaDataVolume(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	dv := &cdiv1beta1.DataVolume{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      b.mediaDataVolume(),
+			Namespace: b.namespace,
+			Labels:    map[string]string{"app.kubernetes.io/managed-by": "virtmetal"},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID,
+			}},
+		},
+		Spec: cdiv1beta1.DataVolumeSpec{
+			Source: &cdiv1beta1.DataVolumeSource{HTTP: &cdiv1beta1.DataVolumeSourceHTTP{URL: image}},
+			Storage: &cdiv1beta1.StorageSpec{
+				AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				Resources: corev1.VolumeResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceStorage: b.mediaSize},
+				},
+			},
+		},
+	}
+	if b.mediaSC != "" {
+		dv.Spec.Storage.StorageClassName = &b.mediaSC
+	}
+	if err := b.client.Create(ctx, dv); err != nil {
+		return b.apiError(err, "creating DataVolume "+dv.Name+" for")
+	}
+	return nil
+}
+
+func (b *Backend) deleteMediaDataVolume(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	dv := &cdiv1beta1.DataVolume{}
+	dv.Namespace, dv.Name = b.namespace, b.mediaDataVolume()
+	err := b.client.Delete(ctx, dv, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return b.apiError(err, "deleting DataVolume "+dv.Name+" of")
+}
+
+func hasMedia(vm *kubevirtv1.VirtualMachine) bool {
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		if v.Name == mediaDevice {
+			return true
+		}
+	}
+	return false
+}
+
+func withoutDisk(disks []kubevirtv1.Disk, name string) []kubevirtv1.Disk {
+	out := disks[:0]
+	for _, d := range disks {
+		if d.Name != name {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func withoutVolume(volumes []kubevirtv1.Volume, name string) []kubevirtv1.Volume {
+	out := volumes[:0]
+	for _, v := range volumes {
+		if v.Name != name {
+			out = append(out, v)
+		}
+	}
+	return out
+}
