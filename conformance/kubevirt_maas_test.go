@@ -149,7 +149,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	}
 }
 
-func kvRequest(t *testing.T, ts *httptest.Server, method, path string, body any, ifMatch string) (int, http.Header, map[string]any) {
+func kvRequest(t testing.TB, ts *httptest.Server, method, path string, body any, ifMatch string) (int, http.Header, map[string]any) {
 	t.Helper()
 	var payload bytes.Buffer
 	if body != nil {

@@ -1,0 +1,104 @@
+package conformance_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// BenchmarkKubeVirtRedfish measures Redfish on the KubeVirt backend against
+// a real API server: a status poll (served from the informer cache) and a
+// power action, timed until the API server's VM shows the new runStrategy.
+func BenchmarkKubeVirtRedfish(b *testing.B) {
+	ctrl.SetLogger(logr.Discard())
+	env, err := kubetest.Start(kubetest.Options{})
+	if err != nil {
+		b.Fatalf("envtest: %v", err)
+	}
+	b.Cleanup(func() { _ = env.Stop() })
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+
+	const ns, name = "default", "bench"
+	halted := kubevirtv1.RunStrategyHalted
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &halted,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{
+					Firmware: &kubevirtv1.Firmware{UUID: "8d1f3c52-4a6b-4e0f-9b7a-2c5d8e1f0a34", Serial: name + "." + ns},
+					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
+						Name: "pxe", MacAddress: "02:00:00:00:02:01",
+						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+					}}},
+				},
+				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+			}},
+		},
+	}
+	if err := env.Client.Create(ctx, vm); err != nil {
+		b.Fatalf("creating VM: %v", err)
+	}
+	backend, err := kubevirt.New(env.Config, ns, name, kubevirt.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() { _ = backend.Start(ctx) }()
+	if !backend.WaitForCacheSync(ctx) {
+		b.Fatal("backend cache did not sync")
+	}
+	server, err := redfish.NewServer(redfish.Config{
+		Backend:  backend,
+		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
+		Logger:   logr.Discard(),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(server)
+	b.Cleanup(ts.Close)
+	system := "/redfish/v1/Systems/" + name
+
+	b.Run("GetSystem", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if status, _, _ := kvRequest(b, ts, http.MethodGet, system, nil, ""); status != http.StatusOK {
+				b.Fatalf("GET system: %d", status)
+			}
+		}
+	})
+	b.Run("ResetUntilRunStrategy", func(b *testing.B) {
+		steps := []struct {
+			reset string
+			want  kubevirtv1.VirtualMachineRunStrategy
+		}{{"On", kubevirtv1.RunStrategyAlways}, {"ForceOff", kubevirtv1.RunStrategyHalted}}
+		i := 0
+		for b.Loop() {
+			step := steps[i%len(steps)]
+			i++
+			body := map[string]any{"ResetType": step.reset}
+			if status, _, _ := kvRequest(b, ts, http.MethodPost, system+"/Actions/ComputerSystem.Reset", body, ""); status/100 != 2 {
+				b.Fatalf("Reset %s: %d", step.reset, status)
+			}
+			got := &kubevirtv1.VirtualMachine{}
+			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
+				b.Fatal(err)
+			}
+			if got.Spec.RunStrategy == nil || *got.Spec.RunStrategy != step.want {
+				b.Fatalf("after %s the API server has runStrategy %v, want %s", step.reset, got.Spec.RunStrategy, step.want)
+			}
+		}
+	})
+}
