@@ -1,0 +1,172 @@
+// Command reconciler keeps the MaaS machines of virtmetal VMs in shape: BMC
+// credentials from each VM's Secret, hostname, resource pool, commissioning
+// of New machines, and their MaaS state reported on the VM (see package maas).
+//
+//	reconciler --maas-url http://maas:5240/MAAS --domain bmc.example.org --once
+//
+// The MaaS API key comes from --maas-api-key-file (a mounted Secret) or the
+// MAAS_API_KEY environment variable, never from the command line. Without
+// --once it runs every --interval until SIGTERM; --once runs one cycle and
+// exits non-zero if anything failed (for a CronJob). --dry-run prints what
+// would change and changes nothing in MaaS or Kubernetes.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/config"
+
+	"github.com/virtmetal/virtmetal/maas"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr, kubeCluster); err != nil {
+		fmt.Fprintln(os.Stderr, "reconciler:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	maasURL        string
+	maasAPIKeyFile string
+	domain         string
+	interval       time.Duration
+	maxBackoff     time.Duration
+	once           bool
+	dryRun         bool
+	verbosity      int
+}
+
+func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("reconciler", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.maasURL, "maas-url", getenv("MAAS_URL"), "MaaS URL, e.g. http://maas:5240/MAAS (env MAAS_URL)")
+	fs.StringVar(&o.maasAPIKeyFile, "maas-api-key-file", getenv("MAAS_API_KEY_FILE"), "file holding the MaaS API key (env MAAS_API_KEY_FILE; else env MAAS_API_KEY holds the key)")
+	fs.StringVar(&o.domain, "domain", getenv("VIRTMETAL_BMC_DOMAIN"), "DNS domain of the BMCs, <vm>.<namespace>.<domain> (env VIRTMETAL_BMC_DOMAIN)")
+	fs.DurationVar(&o.interval, "interval", time.Minute, "time between cycles")
+	fs.DurationVar(&o.maxBackoff, "max-backoff", 10*time.Minute, "longest wait after repeated failed cycles")
+	fs.BoolVar(&o.once, "once", false, "run one cycle and exit, non-zero on any failure")
+	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would change; change nothing")
+	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	case o.maasURL == "":
+		return o, errors.New("--maas-url (or MAAS_URL) is required")
+	case !validDomain(o.domain):
+		return o, fmt.Errorf("--domain (or VIRTMETAL_BMC_DOMAIN) must be a DNS name, got %q", o.domain)
+	case o.interval <= 0:
+		return o, fmt.Errorf("--interval must be positive, got %v", o.interval)
+	}
+	return o, nil
+}
+
+func validDomain(domain string) bool {
+	if domain == "" || len(domain) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(domain, ".") {
+		if !maas.IsDNSLabel(label) {
+			return false
+		}
+	}
+	return true
+}
+
+// loadAPIKey reads the key from the file, else from MAAS_API_KEY. Errors
+// name the source, never the key.
+func loadAPIKey(o options, getenv func(string) string) (maas.APIKey, error) {
+	if o.maasAPIKeyFile != "" {
+		data, err := os.ReadFile(o.maasAPIKeyFile)
+		if err != nil {
+			return maas.APIKey{}, fmt.Errorf("reading MaaS API key: %w", err)
+		}
+		key, err := maas.ParseAPIKey(string(data))
+		if err != nil {
+			return maas.APIKey{}, fmt.Errorf("%s: %w", o.maasAPIKeyFile, err)
+		}
+		return key, nil
+	}
+	if value := getenv("MAAS_API_KEY"); value != "" {
+		key, err := maas.ParseAPIKey(value)
+		if err != nil {
+			return maas.APIKey{}, fmt.Errorf("MAAS_API_KEY: %w", err)
+		}
+		return key, nil
+	}
+	return maas.APIKey{}, errors.New("no MaaS API key: set --maas-api-key-file or MAAS_API_KEY")
+}
+
+// kubeCluster connects to the cluster the usual way (in-cluster config,
+// KUBECONFIG or ~/.kube/config).
+func kubeCluster() (maas.Cluster, error) {
+	cfg, err := config.GetConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes config: %w", err)
+	}
+	scheme := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	if err := kubevirtv1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return maas.KubeCluster{Client: c}, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, newCluster func() (maas.Cluster, error)) error {
+	o, err := parseFlags(args, getenv, stderr)
+	if err != nil {
+		return err
+	}
+	key, err := loadAPIKey(o, getenv)
+	if err != nil {
+		return err
+	}
+	maasClient, err := maas.NewClient(o.maasURL, key, nil)
+	if err != nil {
+		return err
+	}
+	cluster, err := newCluster()
+	if err != nil {
+		return err
+	}
+	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) }, funcr.Options{Verbosity: o.verbosity})
+	r := &maas.Reconciler{
+		MaaS:    maasClient,
+		Cluster: cluster,
+		Domain:  o.domain,
+		DryRun:  o.dryRun,
+		Out:     stdout,
+		Log:     log.WithName("maas"),
+	}
+	if o.once {
+		_, err := r.Reconcile(ctx)
+		return err
+	}
+	return r.Run(ctx, o.interval, o.maxBackoff)
+}

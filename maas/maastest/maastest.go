@@ -1,0 +1,748 @@
+// Package maastest simulates the part of the MaaS REST API 2.0 that virtmetal
+// uses, statefully and with MaaS's own rules, so the maas package can be
+// tested against it with its real client:
+//
+//   - every request must carry a valid OAuth 1.0 PLAINTEXT header for the
+//     server's API key with a fresh nonce and an integer timestamp (else 401;
+//     a non-integer timestamp is 400, as in MaaS);
+//   - hostnames are unique DNS names (400 otherwise), pool names are unique
+//     (400), PUT merges power_parameters_<key> fields into the machine's
+//     power parameters, and pool= must name an existing pool (400);
+//   - op=commission is refused with 400 unless the machine is New, Ready,
+//     Failed commissioning or Broken; Step moves Commissioning machines to
+//     Ready;
+//   - GET machines/ carries no power parameters; op=power_parameters gives
+//     them per machine or in bulk, keyed by system_id.
+//
+// Faults (5xx, 409, malformed JSON, dropped connections) can be injected for
+// the next N requests or for matching requests, and every request is
+// recorded so tests can count what a client did.
+package maastest
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// MaaS machine status codes and the names MaaS shows for them.
+const (
+	StatusNew                 = 0
+	StatusCommissioning       = 1
+	StatusFailedCommissioning = 2
+	StatusReady               = 4
+	StatusDeployed            = 6
+	StatusBroken              = 8
+	StatusTesting             = 21
+	StatusFailedTesting       = 22
+)
+
+var statusNames = map[int]string{
+	StatusNew:                 "New",
+	StatusCommissioning:       "Commissioning",
+	StatusFailedCommissioning: "Failed commissioning",
+	StatusReady:               "Ready",
+	StatusDeployed:            "Deployed",
+	StatusBroken:              "Broken",
+	StatusTesting:             "Testing",
+	StatusFailedTesting:       "Failed testing",
+}
+
+// commissionable are the statuses MaaS's Commission action accepts.
+var commissionable = []int{StatusNew, StatusFailedCommissioning, StatusReady, StatusBroken}
+
+// powerTypes are the power drivers the simulated rack controller offers.
+var powerTypes = []string{"redfish", "ipmi", "manual", "virsh", "lxd", "webhook"}
+
+// DefaultPool is the pool every MaaS has, id 0.
+const DefaultPool = "default"
+
+// APIKey is the key the server accepts; tests may use another one to see 401.
+const APIKey = "consumerkey:tokenkey:tokensecret"
+
+// Machine is a simulated machine.
+type Machine struct {
+	SystemID        string
+	Hostname        string
+	Status          int
+	PowerType       string
+	PowerParameters map[string]string
+	Pool            string // DefaultPool when empty
+	// BMCConfig is what the machine's bmc-config commissioning scripts
+	// report. Commissioning without skip_bmc_config replaces the power
+	// parameters with it when it completes, as MaaS does with the
+	// BMC_CONFIG_PATH YAML.
+	BMCConfig map[string]string
+}
+
+type machineState struct {
+	Machine
+	skipBMCConfig bool
+}
+
+// Request is one request the server received.
+type Request struct {
+	Method string
+	Path   string // under /MAAS/api/2.0/, e.g. "machines/abc/"
+	Op     string
+	// Form holds the submitted form fields (values of power_pass included,
+	// so tests can check them).
+	Form map[string]string
+	// StatusCode is what the server answered; 0 when the connection was
+	// dropped before an answer.
+	StatusCode int
+	// Applied says the simulator carried the request out, whether or not
+	// its answer reached the client.
+	Applied bool
+}
+
+// Fault is a failure the server can be told to produce.
+type Fault int
+
+const (
+	// FaultServerError answers 503 without handling the request.
+	FaultServerError Fault = iota + 1
+	// FaultConflict answers 409 without handling the request.
+	FaultConflict
+	// FaultMalformedJSON answers 200 with a cut-off JSON body, unhandled.
+	FaultMalformedJSON
+	// FaultDropConnection closes the connection before handling.
+	FaultDropConnection
+	// FaultDropResponse handles the request, then closes the connection
+	// without answering: the change is made but the client cannot know.
+	FaultDropResponse
+)
+
+// Match selects requests; empty fields match anything.
+type Match struct {
+	Method, Path, Op string
+}
+
+func (m Match) matches(method, path, op string) bool {
+	return (m.Method == "" || m.Method == method) && (m.Path == "" || m.Path == path) && (m.Op == "" || m.Op == op)
+}
+
+type faultRule struct {
+	match     Match
+	remaining int // < 0: until ClearFaults
+	fault     Fault
+}
+
+// Server is a simulated MaaS region API on a loopback httptest server.
+type Server struct {
+	t   testing.TB
+	srv *httptest.Server
+
+	mu         sync.Mutex
+	machines   map[string]*machineState
+	devices    []string // hostnames of non-machine nodes
+	pools      []poolState
+	nextPoolID int
+	nonces     map[string]bool
+	requests   []Request
+	faults     []*faultRule
+}
+
+type poolState struct {
+	ID          int    `json:"id"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	ResourceURI string `json:"resource_uri"`
+}
+
+// New starts a simulator with only the default pool; it stops when the test
+// ends.
+func New(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{
+		t:          t,
+		machines:   map[string]*machineState{},
+		nonces:     map[string]bool{},
+		nextPoolID: 1,
+	}
+	s.pools = []poolState{newPool(0, DefaultPool, "Default pool")}
+	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func newPool(id int, name, description string) poolState {
+	return poolState{ID: id, Name: name, Description: description, ResourceURI: fmt.Sprintf("/MAAS/api/2.0/resourcepool/%d/", id)}
+}
+
+// URL is the MaaS base URL, ending in /MAAS.
+func (s *Server) URL() string { return s.srv.URL + "/MAAS" }
+
+// WithMachine adds a machine. An empty SystemID gets one; an empty Pool is
+// DefaultPool. It fails the test on a duplicate system_id or hostname.
+func (s *Server) WithMachine(m Machine) *Server {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.SystemID == "" {
+		m.SystemID = fmt.Sprintf("m%05d", len(s.machines)+1)
+	}
+	if m.Pool == "" {
+		m.Pool = DefaultPool
+	}
+	if _, dup := s.machines[m.SystemID]; dup {
+		s.t.Fatalf("maastest: duplicate system_id %q", m.SystemID)
+	}
+	if m.Hostname != "" && s.hostnameHolder(m.Hostname) != "" {
+		s.t.Fatalf("maastest: duplicate hostname %q", m.Hostname)
+	}
+	if s.pool(m.Pool) == nil {
+		s.t.Fatalf("maastest: machine %s in unknown pool %q", m.SystemID, m.Pool)
+	}
+	m.PowerParameters = maps.Clone(m.PowerParameters)
+	if m.PowerParameters == nil {
+		m.PowerParameters = map[string]string{}
+	}
+	m.BMCConfig = maps.Clone(m.BMCConfig)
+	s.machines[m.SystemID] = &machineState{Machine: m}
+	return s
+}
+
+// WithDevice adds a node that is not a machine (a device or controller):
+// GET machines/ does not list it, but its hostname is taken all the same.
+func (s *Server) WithDevice(hostname string) *Server {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.hostnameHolder(hostname) != "" {
+		s.t.Fatalf("maastest: duplicate hostname %q", hostname)
+	}
+	s.devices = append(s.devices, hostname)
+	return s
+}
+
+// WithPool adds a resource pool.
+func (s *Server) WithPool(name string) *Server {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pool(name) != nil {
+		s.t.Fatalf("maastest: duplicate pool %q", name)
+	}
+	s.pools = append(s.pools, newPool(s.nextPoolID, name, ""))
+	s.nextPoolID++
+	return s
+}
+
+// FailNext makes the next n requests fail with fault.
+func (s *Server) FailNext(n int, fault Fault) *Server {
+	return s.FailMatching(Match{}, n, fault)
+}
+
+// FailMatching makes the next n requests that match fail with fault; n < 0
+// fails every matching request until ClearFaults.
+func (s *Server) FailMatching(match Match, n int, fault Fault) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = append(s.faults, &faultRule{match: match, remaining: n, fault: fault})
+	return s
+}
+
+// ClearFaults removes all pending faults.
+func (s *Server) ClearFaults() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = nil
+}
+
+// Step completes every commissioning: Commissioning machines become Ready,
+// taking their BMCConfig as power parameters unless skip_bmc_config was set.
+func (s *Server) Step() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.machines {
+		if m.Status != StatusCommissioning {
+			continue
+		}
+		if !m.skipBMCConfig && m.BMCConfig != nil {
+			m.PowerType = m.BMCConfig["power_type"]
+			m.PowerParameters = maps.Clone(m.BMCConfig)
+			delete(m.PowerParameters, "power_type")
+		}
+		m.Status = StatusReady
+	}
+}
+
+// Machine returns a copy of a machine's state; ok is false when unknown.
+func (s *Server) Machine(systemID string) (m Machine, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	state, ok := s.machines[systemID]
+	if !ok {
+		return Machine{}, false
+	}
+	m = state.Machine
+	m.PowerParameters = maps.Clone(m.PowerParameters)
+	m.BMCConfig = maps.Clone(m.BMCConfig)
+	return m, true
+}
+
+// Pools returns the pool names in creation order.
+func (s *Server) Pools() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, len(s.pools))
+	for i, p := range s.pools {
+		names[i] = p.Name
+	}
+	return names
+}
+
+// Requests returns the requests received so far.
+func (s *Server) Requests() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.requests)
+}
+
+// Count is how many received requests match.
+func (s *Server) Count(match Match) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.requests {
+		if match.matches(r.Method, r.Path, r.Op) {
+			n++
+		}
+	}
+	return n
+}
+
+// ResetRequests forgets the recorded requests.
+func (s *Server) ResetRequests() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = nil
+}
+
+// reply is a handler's answer: a status and a JSON value or a plain text.
+type reply struct {
+	status  int
+	json    any
+	text    string
+	applied bool
+}
+
+func jsonReply(v any) reply { return reply{status: http.StatusOK, json: v} }
+
+func textError(status int, text string) reply { return reply{status: status, text: text} }
+
+// formError is MaaS's answer to an invalid form: 400 with field → messages.
+func formError(field, message string) reply {
+	return reply{status: http.StatusBadRequest, json: map[string][]string{field: {message}}}
+}
+
+const apiPrefix = "/MAAS/api/2.0/"
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	path, underAPI := strings.CutPrefix(r.URL.Path, apiPrefix)
+	if err := parseForm(r); err != nil {
+		s.write(w, r, path, "", textError(http.StatusBadRequest, "malformed form: "+err.Error()))
+		return
+	}
+	op := r.URL.Query().Get("op")
+	if op == "" {
+		op = r.PostForm.Get("op")
+	}
+	if !underAPI {
+		s.write(w, r, path, op, textError(http.StatusNotFound, "Not Found"))
+		return
+	}
+	if rep, ok := s.authenticate(r); !ok {
+		s.write(w, r, path, op, rep)
+		return
+	}
+
+	s.mu.Lock()
+	fault := s.takeFault(r.Method, path, op)
+	s.mu.Unlock()
+	switch fault {
+	case FaultServerError:
+		s.write(w, r, path, op, textError(http.StatusServiceUnavailable, "Service Unavailable"))
+		return
+	case FaultConflict:
+		s.write(w, r, path, op, textError(http.StatusConflict, "conflict injected by maastest"))
+		return
+	case FaultMalformedJSON:
+		s.record(r, path, op, http.StatusOK, false)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`[{"system_id": "`))
+		return
+	case FaultDropConnection:
+		s.record(r, path, op, 0, false)
+		drop(w)
+		return
+	}
+
+	s.mu.Lock()
+	rep := s.route(r, path, op)
+	s.mu.Unlock()
+	rep.applied = rep.status >= 200 && rep.status <= 299
+	if fault == FaultDropResponse {
+		s.record(r, path, op, 0, rep.applied)
+		drop(w)
+		return
+	}
+	s.write(w, r, path, op, rep)
+}
+
+// parseForm reads a multipart or urlencoded body, as MaaS accepts both.
+func parseForm(r *http.Request) error {
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "multipart/form-data") {
+		return r.ParseMultipartForm(1 << 20)
+	}
+	return r.ParseForm()
+}
+
+func drop(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	_ = conn.Close()
+}
+
+func (s *Server) takeFault(method, path, op string) Fault {
+	for i, rule := range s.faults {
+		if !rule.match.matches(method, path, op) {
+			continue
+		}
+		if rule.remaining > 0 {
+			rule.remaining--
+			if rule.remaining == 0 {
+				s.faults = slices.Delete(s.faults, i, i+1)
+			}
+		}
+		return rule.fault
+	}
+	return 0
+}
+
+func (s *Server) record(r *http.Request, path, op string, status int, applied bool) {
+	form := map[string]string{}
+	for key, values := range r.PostForm {
+		form[key] = values[0]
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests = append(s.requests, Request{Method: r.Method, Path: path, Op: op, Form: form, StatusCode: status, Applied: applied})
+}
+
+func (s *Server) write(w http.ResponseWriter, r *http.Request, path, op string, rep reply) {
+	s.record(r, path, op, rep.status, rep.applied)
+	if rep.json != nil {
+		body, err := json.Marshal(rep.json)
+		if err != nil {
+			s.t.Errorf("maastest: encoding reply: %v", err)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(rep.status)
+		_, _ = w.Write(body)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(rep.status)
+	_, _ = w.Write([]byte(rep.text))
+}
+
+// authenticate checks the OAuth 1.0 PLAINTEXT header as MaaS (piston) does.
+func (s *Server) authenticate(r *http.Request) (reply, bool) {
+	unauthorized := func(why string) (reply, bool) {
+		return textError(http.StatusUnauthorized, "Authorization Error: "+why), false
+	}
+	header, ok := strings.CutPrefix(r.Header.Get("Authorization"), "OAuth ")
+	if !ok {
+		return unauthorized("missing starting 'OAuth' from 'Authentication' header")
+	}
+	params := parseOAuthHeader(header)
+	for _, name := range []string{"oauth_consumer_key", "oauth_token", "oauth_signature", "oauth_signature_method", "oauth_timestamp", "oauth_nonce"} {
+		if params[name] == "" {
+			return unauthorized(name + " is missing")
+		}
+	}
+	if _, err := strconv.ParseInt(params["oauth_timestamp"], 10, 64); err != nil {
+		return textError(http.StatusBadRequest, "Bad Request: oauth_timestamp has an unexpected type"), false
+	}
+	if v := params["oauth_version"]; v != "" && v != "1.0" {
+		return unauthorized("OAuth version " + v + " not supported")
+	}
+	if params["oauth_signature_method"] != "PLAINTEXT" {
+		return unauthorized("Signature method " + params["oauth_signature_method"] + " not supported")
+	}
+	key := strings.SplitN(APIKey, ":", 3)
+	if params["oauth_consumer_key"] != key[0] || params["oauth_token"] != key[1] {
+		return unauthorized("Invalid API key.")
+	}
+	if params["oauth_signature"] != "&"+key[2] {
+		return unauthorized("Invalid signature.")
+	}
+	nonce := params["oauth_consumer_key"] + ":" + params["oauth_token"] + ":" + params["oauth_nonce"]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.nonces[nonce] {
+		return unauthorized("Nonce already used: " + params["oauth_nonce"])
+	}
+	s.nonces[nonce] = true
+	return reply{}, true
+}
+
+var oauthParam = regexp.MustCompile(`^\s*([a-z_]+)="([^"]*)"\s*$`)
+
+// parseOAuthHeader reads `k="v", ...` pairs, percent-decoding the values.
+func parseOAuthHeader(header string) map[string]string {
+	params := map[string]string{}
+	for part := range strings.SplitSeq(header, ",") {
+		m := oauthParam.FindStringSubmatch(part)
+		if m == nil {
+			continue
+		}
+		value, err := percentDecode(m[2])
+		if err != nil {
+			continue
+		}
+		params[m[1]] = value
+	}
+	return params
+}
+
+func percentDecode(s string) (string, error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '%' {
+			b.WriteByte(s[i])
+			continue
+		}
+		if i+2 >= len(s) {
+			return "", fmt.Errorf("bad escape in %q", s)
+		}
+		v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", err
+		}
+		b.WriteByte(byte(v))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+var (
+	machinePath = regexp.MustCompile(`^machines/([^/]+)/$`)
+	poolPath    = regexp.MustCompile(`^resourcepool/([0-9]+)/$`)
+)
+
+// route dispatches like MaaS's OperationsHandler: by path, method and op.
+// s.mu is held.
+func (s *Server) route(r *http.Request, path, op string) reply {
+	unrecognised := textError(http.StatusBadRequest, fmt.Sprintf("Unrecognised signature: method=%s op=%s", r.Method, opOrNone(op)))
+	switch {
+	case path == "machines/":
+		switch {
+		case r.Method == http.MethodGet && op == "":
+			return jsonReply(s.machineList())
+		case r.Method == http.MethodGet && op == "power_parameters":
+			return jsonReply(s.bulkPowerParameters(r.URL.Query()["id"]))
+		}
+		return unrecognised
+	case machinePath.MatchString(path):
+		m, ok := s.machines[machinePath.FindStringSubmatch(path)[1]]
+		if !ok {
+			return textError(http.StatusNotFound, "No Machine matches the given query.")
+		}
+		switch {
+		case r.Method == http.MethodGet && op == "":
+			return jsonReply(s.machineJSON(m))
+		case r.Method == http.MethodGet && op == "power_parameters":
+			return jsonReply(maps.Clone(m.PowerParameters))
+		case r.Method == http.MethodPut && op == "":
+			return s.updateMachine(m, r)
+		case r.Method == http.MethodPost && op == "commission":
+			return s.commission(m, r)
+		}
+		return unrecognised
+	case path == "resourcepools/":
+		switch {
+		case r.Method == http.MethodGet && op == "":
+			return jsonReply(slices.Clone(s.pools))
+		case r.Method == http.MethodPost && op == "":
+			return s.createPool(r)
+		}
+		return unrecognised
+	case poolPath.MatchString(path):
+		id, _ := strconv.Atoi(poolPath.FindStringSubmatch(path)[1])
+		for _, p := range s.pools {
+			if p.ID == id && r.Method == http.MethodGet && op == "" {
+				return jsonReply(p)
+			}
+			if p.ID == id {
+				return unrecognised
+			}
+		}
+		return textError(http.StatusNotFound, "No ResourcePool matches the given query.")
+	}
+	return textError(http.StatusNotFound, "Not Found")
+}
+
+func opOrNone(op string) string {
+	if op == "" {
+		return "None"
+	}
+	return op
+}
+
+func (s *Server) sortedMachines() []*machineState {
+	return slices.SortedFunc(maps.Values(s.machines), func(a, b *machineState) int { return cmp.Compare(a.SystemID, b.SystemID) })
+}
+
+func (s *Server) machineList() []map[string]any {
+	list := []map[string]any{}
+	for _, m := range s.sortedMachines() {
+		list = append(list, s.machineJSON(m))
+	}
+	return list
+}
+
+// machineJSON renders a machine with the fields MaaS's machine handler
+// shows that matter here; like MaaS, no power parameters.
+func (s *Server) machineJSON(m *machineState) map[string]any {
+	return map[string]any{
+		"system_id":    m.SystemID,
+		"hostname":     m.Hostname,
+		"fqdn":         m.Hostname + ".maas",
+		"status":       m.Status,
+		"status_name":  statusName(m.Status),
+		"power_type":   m.PowerType,
+		"pool":         *s.pool(m.Pool),
+		"resource_uri": "/MAAS/api/2.0/machines/" + m.SystemID + "/",
+	}
+}
+
+func statusName(status int) string {
+	if name, ok := statusNames[status]; ok {
+		return name
+	}
+	return "Status " + strconv.Itoa(status)
+}
+
+func (s *Server) bulkPowerParameters(ids []string) map[string]map[string]string {
+	params := map[string]map[string]string{}
+	for _, m := range s.machines {
+		if len(ids) == 0 || slices.Contains(ids, m.SystemID) {
+			params[m.SystemID] = maps.Clone(m.PowerParameters)
+		}
+	}
+	return params
+}
+
+func (s *Server) pool(name string) *poolState {
+	for i := range s.pools {
+		if s.pools[i].Name == name {
+			return &s.pools[i]
+		}
+	}
+	return nil
+}
+
+// hostnameHolder is the system_id of the machine with that hostname, "device"
+// for a device, "" when free. Hostnames are unique across all nodes.
+func (s *Server) hostnameHolder(hostname string) string {
+	for _, m := range s.machines {
+		if m.Hostname == hostname {
+			return m.SystemID
+		}
+	}
+	if slices.Contains(s.devices, hostname) {
+		return "device"
+	}
+	return ""
+}
+
+var hostLabel = regexp.MustCompile(`^[a-zA-Z0-9]([-a-zA-Z0-9]{0,61}[a-zA-Z0-9])?$`)
+
+// validHostname applies MaaS's rule: a DNS name of labels of at most 63
+// letters, digits and inner hyphens, 255 in all.
+func validHostname(hostname string) bool {
+	if len(hostname) > 255 {
+		return false
+	}
+	for label := range strings.SplitSeq(hostname, ".") {
+		if !hostLabel.MatchString(label) {
+			return false
+		}
+	}
+	return true
+}
+
+// updateMachine validates the whole form first and changes nothing unless
+// all of it is valid, as a Django form does.
+func (s *Server) updateMachine(m *machineState, r *http.Request) reply {
+	form := r.PostForm
+	hostname := form.Get("hostname")
+	if form.Has("hostname") {
+		if !validHostname(hostname) {
+			return formError("hostname", fmt.Sprintf("Label contains disallowed characters: %q.", hostname))
+		}
+		if holder := s.hostnameHolder(hostname); holder != "" && holder != m.SystemID {
+			return formError("hostname", "Node with this Hostname already exists.")
+		}
+	}
+	if form.Has("pool") && s.pool(form.Get("pool")) == nil {
+		return formError("pool", "Select a valid choice. That choice is not one of the available choices.")
+	}
+	if form.Has("power_type") && !slices.Contains(powerTypes, form.Get("power_type")) {
+		return formError("power_type", fmt.Sprintf("Select a valid choice. %s is not one of the available choices.", form.Get("power_type")))
+	}
+
+	if form.Has("hostname") {
+		m.Hostname = hostname
+	}
+	if form.Has("pool") {
+		m.Pool = form.Get("pool")
+	}
+	if form.Has("power_type") {
+		m.PowerType = form.Get("power_type")
+	}
+	for key, values := range form {
+		if param, ok := strings.CutPrefix(key, "power_parameters_"); ok && param != "skip_check" {
+			m.PowerParameters[param] = values[0]
+		}
+	}
+	return jsonReply(s.machineJSON(m))
+}
+
+func (s *Server) commission(m *machineState, r *http.Request) reply {
+	if !slices.Contains(commissionable, m.Status) {
+		return formError("__all__", "Commission is not available because of the current state of the node.")
+	}
+	skip := r.PostForm.Get("skip_bmc_config")
+	m.skipBMCConfig = skip == "1" || strings.EqualFold(skip, "true")
+	m.Status = StatusCommissioning
+	return jsonReply(s.machineJSON(m))
+}
+
+func (s *Server) createPool(r *http.Request) reply {
+	name := r.PostForm.Get("name")
+	if name == "" {
+		return formError("name", "This field is required.")
+	}
+	if s.pool(name) != nil {
+		return formError("name", "Resource pool with this Name already exists.")
+	}
+	p := newPool(s.nextPoolID, name, r.PostForm.Get("description"))
+	s.nextPoolID++
+	s.pools = append(s.pools, p)
+	return jsonReply(p)
+}

@@ -1,0 +1,373 @@
+package maastest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/maas/maastest"
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+func newClient(t *testing.T, s *maastest.Server) *maas.Client {
+	t.Helper()
+	key, err := maas.ParseAPIKey(maastest.APIKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := maas.NewClient(s.URL(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// rawGet sends GET machines/ with the given Authorization header.
+func rawGet(t *testing.T, s *maastest.Server, authorization string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func oauthHeader(fields map[string]string) string {
+	parts := []string{}
+	for _, k := range []string{"oauth_version", "oauth_signature_method", "oauth_consumer_key", "oauth_token", "oauth_signature", "oauth_nonce", "oauth_timestamp"} {
+		if v, ok := fields[k]; ok {
+			parts = append(parts, fmt.Sprintf(`%s="%s"`, k, v))
+		}
+	}
+	return "OAuth " + strings.Join(parts, ", ")
+}
+
+func validOAuth(nonce string) map[string]string {
+	return map[string]string{
+		"oauth_version":          "1.0",
+		"oauth_signature_method": "PLAINTEXT",
+		"oauth_consumer_key":     "consumerkey",
+		"oauth_token":            "tokenkey",
+		"oauth_signature":        "&tokensecret",
+		"oauth_nonce":            nonce,
+		"oauth_timestamp":        fmt.Sprint(time.Now().Unix()),
+	}
+}
+
+func TestOAuth(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(map[string]string)
+		header string // used instead of the fields when set
+		want   int
+	}{
+		{name: "valid", change: func(map[string]string) {}, want: http.StatusOK},
+		{name: "percent-encoded signature", change: func(f map[string]string) { f["oauth_signature"] = "%26tokensecret" }, want: http.StatusOK},
+		{name: "no header", header: "-", want: http.StatusUnauthorized},
+		{name: "not OAuth", header: "Basic dXNlcjpwYXNz", want: http.StatusUnauthorized},
+		{name: "unknown consumer", change: func(f map[string]string) { f["oauth_consumer_key"] = "other" }, want: http.StatusUnauthorized},
+		{name: "unknown token", change: func(f map[string]string) { f["oauth_token"] = "other" }, want: http.StatusUnauthorized},
+		{name: "wrong secret", change: func(f map[string]string) { f["oauth_signature"] = "&wrong" }, want: http.StatusUnauthorized},
+		{name: "HMAC method", change: func(f map[string]string) { f["oauth_signature_method"] = "HMAC-SHA1" }, want: http.StatusUnauthorized},
+		{name: "no nonce", change: func(f map[string]string) { delete(f, "oauth_nonce") }, want: http.StatusUnauthorized},
+		{name: "no timestamp", change: func(f map[string]string) { delete(f, "oauth_timestamp") }, want: http.StatusUnauthorized},
+		{name: "non-integer timestamp", change: func(f map[string]string) { f["oauth_timestamp"] = "soon" }, want: http.StatusBadRequest},
+		{name: "wrong version", change: func(f map[string]string) { f["oauth_version"] = "2.0" }, want: http.StatusUnauthorized},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := maastest.New(t)
+			header := tt.header
+			if header == "" {
+				fields := validOAuth(fmt.Sprintf("nonce-%d", i))
+				tt.change(fields)
+				header = oauthHeader(fields)
+			}
+			if header == "-" {
+				header = ""
+			}
+			got, body := rawGet(t, s, header)
+			if got != tt.want {
+				t.Fatalf("status = %d (%s), want %d", got, body, tt.want)
+			}
+			if got := s.Count(maastest.Match{Path: "machines/"}); got != 1 {
+				t.Errorf("recorded %d requests, want 1", got)
+			}
+		})
+	}
+}
+
+func TestOAuthRejectsReusedNonce(t *testing.T) {
+	s := maastest.New(t)
+	header := oauthHeader(validOAuth("same"))
+	if got, body := rawGet(t, s, header); got != http.StatusOK {
+		t.Fatalf("first use: %d %s", got, body)
+	}
+	if got, _ := rawGet(t, s, header); got != http.StatusUnauthorized {
+		t.Fatalf("replayed nonce: status %d, want 401", got)
+	}
+}
+
+func TestMachinesAndPowerParameters(t *testing.T) {
+	s := maastest.New(t).
+		WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "p"}}).
+		WithMachine(maastest.Machine{SystemID: "b", Hostname: "beta", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
+	c := newClient(t, s)
+	ctx := context.Background()
+
+	machines, err := c.Machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(machines) != 2 || machines[0].SystemID != "a" || machines[0].Hostname != "alpha" ||
+		machines[0].StatusName != "New" || machines[0].Pool.Name != maastest.DefaultPool || machines[0].PowerType != "redfish" {
+		t.Fatalf("machines = %+v", machines)
+	}
+	params, err := c.PowerParameters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(params) != 2 || params["a"].String("power_pass") != "p" || params["b"].String("power_address") != "10.0.0.1" {
+		t.Fatalf("bulk power parameters = %v", params)
+	}
+	if n := s.Count(maastest.Match{Method: http.MethodGet, Path: "machines/", Op: "power_parameters"}); n != 1 {
+		t.Errorf("bulk requests = %d, want 1", n)
+	}
+}
+
+func TestUpdateMachine(t *testing.T) {
+	tests := []struct {
+		name    string
+		update  maas.MachineUpdate
+		wantErr error
+		check   func(t *testing.T, m maastest.Machine)
+	}{
+		{
+			name:   "hostname, pool and merged power parameters",
+			update: maas.MachineUpdate{Hostname: "new-name", Pool: "tenant", PowerType: "redfish", PowerParameters: map[string]string{"power_pass": "secret"}},
+			check: func(t *testing.T, m maastest.Machine) {
+				if m.Hostname != "new-name" || m.Pool != "tenant" || m.PowerParameters["power_pass"] != "secret" || m.PowerParameters["power_address"] != "https://x" {
+					t.Errorf("machine = %+v", m)
+				}
+			},
+		},
+		{name: "duplicate hostname", update: maas.MachineUpdate{Hostname: "taken", Pool: "tenant"}, wantErr: machine.ErrInvalidArgument},
+		{name: "invalid hostname", update: maas.MachineUpdate{Hostname: "bad_name"}, wantErr: machine.ErrInvalidArgument},
+		{name: "label too long", update: maas.MachineUpdate{Hostname: strings.Repeat("a", 64)}, wantErr: machine.ErrInvalidArgument},
+		{name: "unknown pool", update: maas.MachineUpdate{Hostname: "new-name", Pool: "nope"}, wantErr: machine.ErrInvalidArgument},
+		{name: "unknown power type", update: maas.MachineUpdate{PowerType: "telepathy"}, wantErr: machine.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := maastest.New(t).WithPool("tenant").
+				WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x"}}).
+				WithMachine(maastest.Machine{SystemID: "b", Hostname: "taken"})
+			_, err := newClient(t, s).UpdateMachine(context.Background(), "a", tt.update)
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			m, _ := s.Machine("a")
+			if tt.wantErr != nil {
+				// A refused form changes nothing.
+				if m.Hostname != "alpha" || m.Pool != maastest.DefaultPool || len(m.PowerParameters) != 1 {
+					t.Errorf("refused update changed the machine: %+v", m)
+				}
+				return
+			}
+			tt.check(t, m)
+		})
+	}
+}
+
+func TestUpdateUnknownMachine(t *testing.T) {
+	s := maastest.New(t)
+	_, err := newClient(t, s).UpdateMachine(context.Background(), "nope", maas.MachineUpdate{Hostname: "x"})
+	if !errors.Is(err, machine.ErrNotFound) {
+		t.Fatalf("err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestCommission(t *testing.T) {
+	tests := []struct {
+		status  int
+		wantErr error
+	}{
+		{maastest.StatusNew, nil},
+		{maastest.StatusReady, nil},
+		{maastest.StatusFailedCommissioning, nil},
+		{maastest.StatusBroken, nil},
+		{maastest.StatusCommissioning, machine.ErrInvalidArgument},
+		{maastest.StatusDeployed, machine.ErrInvalidArgument},
+		{maastest.StatusTesting, machine.ErrInvalidArgument},
+		{maastest.StatusFailedTesting, machine.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint("status ", tt.status), func(t *testing.T) {
+			s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a", Status: tt.status})
+			m, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{})
+			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			got, _ := s.Machine("a")
+			if tt.wantErr != nil {
+				if got.Status != tt.status {
+					t.Errorf("refused commission moved status to %d", got.Status)
+				}
+				return
+			}
+			if m.Status != maastest.StatusCommissioning || got.Status != maastest.StatusCommissioning {
+				t.Fatalf("status after commission: reply %d, server %d", m.Status, got.Status)
+			}
+			s.Step()
+			if got, _ := s.Machine("a"); got.Status != maastest.StatusReady {
+				t.Errorf("status after Step = %d, want Ready", got.Status)
+			}
+		})
+	}
+}
+
+func TestStepAppliesBMCConfigUnlessSkipped(t *testing.T) {
+	for _, skip := range []bool{false, true} {
+		t.Run(fmt.Sprint("skip=", skip), func(t *testing.T) {
+			s := maastest.New(t).WithMachine(maastest.Machine{
+				SystemID: "a", Hostname: "a", PowerType: "redfish",
+				PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "real"},
+				BMCConfig:       map[string]string{"power_type": "redfish", "power_address": "https://x", "power_pass": ""},
+			})
+			if _, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{SkipBMCConfig: skip}); err != nil {
+				t.Fatal(err)
+			}
+			s.Step()
+			m, _ := s.Machine("a")
+			want := ""
+			if skip {
+				want = "real"
+			}
+			if m.PowerParameters["power_pass"] != want {
+				t.Errorf("power_pass = %q, want %q", m.PowerParameters["power_pass"], want)
+			}
+		})
+	}
+}
+
+func TestPools(t *testing.T) {
+	s := maastest.New(t).WithPool("existing")
+	c := newClient(t, s)
+	ctx := context.Background()
+	if _, err := c.CreatePool(ctx, "existing", ""); !errors.Is(err, machine.ErrInvalidArgument) {
+		t.Fatalf("duplicate pool: err = %v, want ErrInvalidArgument", err)
+	}
+	created, err := c.CreatePool(ctx, "fresh", "d")
+	if err != nil || created.Name != "fresh" || created.ID == 0 {
+		t.Fatalf("create: %+v, %v", created, err)
+	}
+	pools, err := c.Pools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range pools {
+		names = append(names, p.Name)
+	}
+	if strings.Join(names, ",") != "default,existing,fresh" {
+		t.Fatalf("pools = %v", names)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	tests := []struct {
+		name    string
+		fault   maastest.Fault
+		wantErr error
+		status  int
+	}{
+		{"server error", maastest.FaultServerError, machine.ErrUnavailable, http.StatusServiceUnavailable},
+		{"conflict", maastest.FaultConflict, machine.ErrConflict, http.StatusConflict},
+		{"malformed JSON", maastest.FaultMalformedJSON, machine.ErrUnavailable, http.StatusOK},
+		{"dropped connection", maastest.FaultDropConnection, machine.ErrUnavailable, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
+			c := newClient(t, s)
+			// A POST is never retried by net/http, so one fault is one failure.
+			s.FailNext(1, tt.fault)
+			_, err := c.Commission(context.Background(), "a", maas.CommissionOptions{})
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if m, _ := s.Machine("a"); m.Status != maastest.StatusNew {
+				t.Errorf("faulted request was applied: status %d", m.Status)
+			}
+			reqs := s.Requests()
+			if len(reqs) != 1 || reqs[0].StatusCode != tt.status {
+				t.Errorf("requests = %+v, want one with status %d", reqs, tt.status)
+			}
+			if _, err := c.Commission(context.Background(), "a", maas.CommissionOptions{}); err != nil {
+				t.Errorf("fault outlived its count: %v", err)
+			}
+		})
+	}
+}
+
+func TestFaultDropResponseAppliesTheChange(t *testing.T) {
+	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
+	s.FailNext(1, maastest.FaultDropResponse)
+	_, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{})
+	if !errors.Is(err, machine.ErrUnavailable) {
+		t.Fatalf("err = %v, want ErrUnavailable", err)
+	}
+	if m, _ := s.Machine("a"); m.Status != maastest.StatusCommissioning {
+		t.Fatalf("status = %d, want Commissioning", m.Status)
+	}
+}
+
+func TestFailMatchingUntilCleared(t *testing.T) {
+	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
+	c := newClient(t, s)
+	ctx := context.Background()
+	s.FailMatching(maastest.Match{Path: "resourcepools/"}, -1, maastest.FaultServerError)
+	for range 3 {
+		if _, err := c.Pools(ctx); !errors.Is(err, machine.ErrUnavailable) {
+			t.Fatalf("pools: err = %v, want ErrUnavailable", err)
+		}
+	}
+	if _, err := c.Machines(ctx); err != nil {
+		t.Fatalf("unmatched path failed: %v", err)
+	}
+	s.ClearFaults()
+	if _, err := c.Pools(ctx); err != nil {
+		t.Fatalf("after ClearFaults: %v", err)
+	}
+}
+
+func TestUnrecognisedOperation(t *testing.T) {
+	s := maastest.New(t)
+	req, _ := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/?"+url.Values{"op": {"nonsense"}}.Encode(), nil)
+	req.Header.Set("Authorization", oauthHeader(validOAuth("n1")))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "Unrecognised signature: method=GET op=nonsense") {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+}

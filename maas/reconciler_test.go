@@ -1,0 +1,546 @@
+package maas_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/maas/maastest"
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+var (
+	vmA = maas.VMRef{Namespace: "tenant-a", Name: "vm-0"}
+	vmB = maas.VMRef{Namespace: "tenant-b", Name: "vm-0"} // same VM name, other namespace
+)
+
+func reconcile(t *testing.T, r *maas.Reconciler) maas.CycleResult {
+	t.Helper()
+	result, err := r.Reconcile(context.Background())
+	if err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	return result
+}
+
+func TestNewMachineLifecycle(t *testing.T) {
+	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	cluster := newFakeCluster().withVM(vmA, "s3cret")
+	r := newReconciler(t, s, cluster)
+
+	result := reconcile(t, r)
+	if result.Machines != 1 || result.Managed != 1 {
+		t.Fatalf("result = %+v", result)
+	}
+	m, _ := s.Machine("m1")
+	if m.PowerParameters[maas.PowerUser] != "admin" || m.PowerParameters[maas.PowerPass] != "s3cret" {
+		t.Errorf("credentials not set: %v", m.PowerParameters)
+	}
+	if m.Hostname != "vm-0-tenant-a" || m.Pool != "tenant-a" || m.Status != maastest.StatusCommissioning {
+		t.Errorf("machine = hostname %q pool %q status %d", m.Hostname, m.Pool, m.Status)
+	}
+	if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a"}) {
+		t.Errorf("pools = %v", got)
+	}
+	var commission maastest.Request
+	for _, req := range s.Requests() {
+		if req.Op == "commission" {
+			commission = req
+		}
+	}
+	if commission.Form["skip_bmc_config"] != "1" {
+		t.Errorf("commission form = %v, want skip_bmc_config=1 so the password survives", commission.Form)
+	}
+	if a := cluster.annotations(vmA); a[maas.AnnotationSystemID] != "m1" || a[maas.AnnotationStatus] != "Commissioning" {
+		t.Errorf("annotations = %v", a)
+	}
+
+	s.Step()
+	s.ResetRequests()
+	reconcile(t, r)
+	if a := cluster.annotations(vmA); a[maas.AnnotationStatus] != "Ready" {
+		t.Errorf("status annotation after commissioning = %q, want Ready", a[maas.AnnotationStatus])
+	}
+	if m, _ := s.Machine("m1"); m.PowerParameters[maas.PowerPass] != "s3cret" {
+		t.Errorf("password lost by commissioning: %v", m.PowerParameters)
+	}
+	if writes(s) != 0 || commissions(s, "m1") != 0 {
+		t.Errorf("a Ready machine was changed: %+v", s.Requests())
+	}
+
+	// Converged: a cycle costs the two list requests and nothing else.
+	s.ResetRequests()
+	cluster.reportCalls = 0
+	reconcile(t, r)
+	if got := len(s.Requests()); got != 2 {
+		t.Errorf("idle cycle made %d requests, want 2: %+v", got, s.Requests())
+	}
+	if cluster.reportCalls != 0 {
+		t.Errorf("idle cycle reported %d times to Kubernetes, want 0", cluster.reportCalls)
+	}
+}
+
+func TestRules(t *testing.T) {
+	withHostname := func(m maastest.Machine, hostname, pool string) maastest.Machine {
+		m.Hostname, m.Pool = hostname, pool
+		return m
+	}
+	withPassword := func(m maastest.Machine, password string) maastest.Machine {
+		m.PowerParameters[maas.PowerUser] = "admin"
+		m.PowerParameters[maas.PowerPass] = password
+		return m
+	}
+	dotted := maas.VMRef{Namespace: "ns", Name: "web.prod"}
+	type want struct {
+		hostname, pool, password string
+		status                   int
+	}
+	tests := []struct {
+		name     string
+		machines []maastest.Machine
+		pools    []string
+		devices  []string
+		vms      map[maas.VMRef]string // VM → Secret password ("" = no Secret)
+		want     map[string]want       // system_id → final state
+		writes   int                   // MaaS write requests in the cycle
+	}{
+		{
+			name:     "New machine gets everything",
+			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			vms:      map[maas.VMRef]string{vmA: "pw"},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusCommissioning}},
+			writes:   4, // pool, credentials, hostname+pool, commission
+		},
+		{
+			name:     "existing pool is reused",
+			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			pools:    []string{"tenant-a"},
+			vms:      map[maas.VMRef]string{vmA: "pw"},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusCommissioning}},
+			writes:   3,
+		},
+		{
+			name:     "same VM name in two namespaces",
+			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew), ours("m2", vmB, maastest.StatusNew)},
+			vms:      map[maas.VMRef]string{vmA: "pa", vmB: "pb"},
+			want: map[string]want{
+				"m1": {"vm-0-tenant-a", "tenant-a", "pa", maastest.StatusCommissioning},
+				"m2": {"vm-0-tenant-b", "tenant-b", "pb", maastest.StatusCommissioning},
+			},
+			writes: 8,
+		},
+		{
+			name:     "dotted VM name",
+			machines: []maastest.Machine{ours("m1", dotted, maastest.StatusNew)},
+			vms:      map[maas.VMRef]string{dotted: "pw"},
+			want:     map[string]want{"m1": {"web-prod-ns", "ns", "pw", maastest.StatusCommissioning}},
+			writes:   4,
+		},
+		{
+			name: "hostname held by another machine falls back to the hashed name",
+			machines: []maastest.Machine{
+				ours("m1", vmA, maastest.StatusNew),
+				{SystemID: "other", Hostname: "vm-0-tenant-a", PowerType: "ipmi"},
+			},
+			vms:    map[maas.VMRef]string{vmA: "pw"},
+			want:   map[string]want{"m1": {maas.HashedHostname(vmA), "tenant-a", "pw", maastest.StatusCommissioning}},
+			writes: 4,
+		},
+		{
+			name:     "hostname held by a device, which the machine list does not show",
+			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			devices:  []string{"vm-0-tenant-a"},
+			vms:      map[maas.VMRef]string{vmA: "pw"},
+			want:     map[string]want{"m1": {maas.HashedHostname(vmA), "tenant-a", "pw", maastest.StatusCommissioning}},
+			writes:   5, // the refused PUT included
+		},
+		{
+			name:     "New machine without Secret is named and pooled but not commissioned",
+			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			vms:      map[maas.VMRef]string{vmA: ""},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "", maastest.StatusNew}},
+			writes:   2,
+		},
+		{
+			name:     "converged New machine is only commissioned",
+			machines: []maastest.Machine{withPassword(withHostname(ours("m1", vmA, maastest.StatusNew), "vm-0-tenant-a", "tenant-a"), "pw")},
+			pools:    []string{"tenant-a"},
+			vms:      map[maas.VMRef]string{vmA: "pw"},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusCommissioning}},
+			writes:   1,
+		},
+		{
+			name:     "Ready machine keeps operator's name and pool, gets credentials",
+			machines: []maastest.Machine{withHostname(ours("m1", vmA, maastest.StatusReady), "renamed", maastest.DefaultPool)},
+			vms:      map[maas.VMRef]string{vmA: "pw"},
+			want:     map[string]want{"m1": {"renamed", maastest.DefaultPool, "pw", maastest.StatusReady}},
+			writes:   1,
+		},
+		{
+			name:     "Deployed machine gets rotated password only",
+			machines: []maastest.Machine{withPassword(withHostname(ours("m1", vmA, maastest.StatusDeployed), "x", maastest.DefaultPool), "old")},
+			vms:      map[maas.VMRef]string{vmA: "new"},
+			want:     map[string]want{"m1": {"x", maastest.DefaultPool, "new", maastest.StatusDeployed}},
+			writes:   1,
+		},
+		{
+			name: "Commissioning, Failed, Broken and Testing machines are not commissioned or renamed",
+			machines: []maastest.Machine{
+				withPassword(ours("c", vmA, maastest.StatusCommissioning), "pw"),
+				withPassword(ours("f", vmB, maastest.StatusFailedCommissioning), "pw"),
+				withPassword(ours("b", maas.VMRef{Namespace: "n", Name: "b"}, maastest.StatusBroken), "pw"),
+				withPassword(ours("t", maas.VMRef{Namespace: "n", Name: "t"}, maastest.StatusFailedTesting), "pw"),
+			},
+			vms: map[maas.VMRef]string{vmA: "pw", vmB: "pw", {Namespace: "n", Name: "b"}: "pw", {Namespace: "n", Name: "t"}: "pw"},
+			want: map[string]want{
+				"c": {"enlisted-c", maastest.DefaultPool, "pw", maastest.StatusCommissioning},
+				"f": {"enlisted-f", maastest.DefaultPool, "pw", maastest.StatusFailedCommissioning},
+				"b": {"enlisted-b", maastest.DefaultPool, "pw", maastest.StatusBroken},
+				"t": {"enlisted-t", maastest.DefaultPool, "pw", maastest.StatusFailedTesting},
+			},
+			writes: 0,
+		},
+		{
+			name: "physical machine and another tool's Redfish machine are left alone",
+			machines: []maastest.Machine{
+				{SystemID: "phys", Hostname: "rack1-node4", PowerType: "ipmi", PowerParameters: map[string]string{maas.PowerAddress: "10.0.0.4", maas.PowerUser: "root"}},
+				{SystemID: "other", Hostname: "other", PowerType: "redfish", PowerParameters: map[string]string{maas.PowerAddress: "https://vm-0.tenant-a.bmc.other.org"}},
+				{SystemID: "ipmi-ours", Hostname: "odd", PowerType: "ipmi", PowerParameters: map[string]string{maas.PowerAddress: maas.BMCAddress(vmA, testDomain)}},
+			},
+			vms: map[maas.VMRef]string{vmA: "pw"},
+			want: map[string]want{
+				"phys":      {"rack1-node4", maastest.DefaultPool, "", maastest.StatusNew},
+				"other":     {"other", maastest.DefaultPool, "", maastest.StatusNew},
+				"ipmi-ours": {"odd", maastest.DefaultPool, "", maastest.StatusNew},
+			},
+			writes: 0,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := maastest.New(t)
+			for _, p := range tt.pools {
+				s.WithPool(p)
+			}
+			for _, m := range tt.machines {
+				s.WithMachine(m)
+			}
+			for _, d := range tt.devices {
+				s.WithDevice(d)
+			}
+			cluster := newFakeCluster()
+			for vm, password := range tt.vms {
+				cluster.withVM(vm, password)
+			}
+			r := newReconciler(t, s, cluster)
+			reconcile(t, r)
+			if got := writes(s); got != tt.writes {
+				t.Errorf("writes = %d, want %d: %+v", got, tt.writes, s.Requests())
+			}
+			for id, w := range tt.want {
+				m, _ := s.Machine(id)
+				got := want{m.Hostname, m.Pool, m.PowerParameters[maas.PowerPass], m.Status}
+				if got != w {
+					t.Errorf("%s = %+v, want %+v", id, got, w)
+				}
+			}
+			seen := map[string]bool{}
+			for _, p := range s.Pools() {
+				if seen[p] {
+					t.Errorf("duplicate pool %q: %v", p, s.Pools())
+				}
+				seen[p] = true
+			}
+			// A second cycle changes nothing more in MaaS.
+			s.ResetRequests()
+			reconcile(t, r)
+			if got := writes(s); got != 0 {
+				t.Errorf("second cycle wrote %d times: %+v", got, s.Requests())
+			}
+		})
+	}
+}
+
+func TestRotation(t *testing.T) {
+	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	cluster := newFakeCluster().withVM(vmA, "first")
+	r := newReconciler(t, s, cluster)
+	reconcile(t, r)
+	s.Step()
+
+	for _, password := range []string{"second", "third"} {
+		cluster.setPassword(vmA, password)
+		s.ResetRequests()
+		reconcile(t, r)
+		puts := s.Count(maastest.Match{Method: http.MethodPut})
+		if puts != 1 || writes(s) != 1 {
+			t.Fatalf("rotation to %q: %d PUTs, %d writes, want 1: %+v", password, puts, writes(s), s.Requests())
+		}
+		if m, _ := s.Machine("m1"); m.PowerParameters[maas.PowerPass] != password || m.Status != maastest.StatusReady {
+			t.Fatalf("after rotation: %v status %d", m.PowerParameters, m.Status)
+		}
+	}
+	s.ResetRequests()
+	reconcile(t, r)
+	if writes(s) != 0 {
+		t.Fatalf("unchanged Secret cost %d writes", writes(s))
+	}
+}
+
+// TestOutages injects a failure into the first cycle, then lets a second,
+// clean cycle run: the second converges with one pool and one commission.
+func TestOutages(t *testing.T) {
+	tests := []struct {
+		name    string
+		match   maastest.Match
+		fault   maastest.Fault
+		wantErr error
+	}{
+		{"machine list 503", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultServerError, machine.ErrUnavailable},
+		{"machine list connection drop", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultDropConnection, machine.ErrUnavailable},
+		{"bulk power parameters malformed", maastest.Match{Op: "power_parameters"}, maastest.FaultMalformedJSON, machine.ErrUnavailable},
+		{"pool list 503", maastest.Match{Method: "GET", Path: "resourcepools/"}, maastest.FaultServerError, machine.ErrUnavailable},
+		{"pool creation 503", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultServerError, machine.ErrUnavailable},
+		{"pool creation 409", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultConflict, machine.ErrInvalidArgument},
+		{"pool created but answer lost", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultDropResponse, machine.ErrUnavailable},
+		{"machine update 503", maastest.Match{Method: "PUT"}, maastest.FaultServerError, machine.ErrUnavailable},
+		{"machine update 409", maastest.Match{Method: "PUT"}, maastest.FaultConflict, machine.ErrConflict},
+		{"commission 409", maastest.Match{Op: "commission"}, maastest.FaultConflict, machine.ErrConflict},
+		{"commission malformed reply", maastest.Match{Op: "commission"}, maastest.FaultMalformedJSON, machine.ErrUnavailable},
+		{"commissioned but answer lost", maastest.Match{Op: "commission"}, maastest.FaultDropResponse, machine.ErrUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := maastest.New(t).
+				WithMachine(ours("m1", vmA, maastest.StatusNew)).
+				WithMachine(ours("m2", vmB, maastest.StatusNew))
+			cluster := newFakeCluster().withVM(vmA, "pa").withVM(vmB, "pb")
+			r := newReconciler(t, s, cluster)
+
+			s.FailMatching(tt.match, -1, tt.fault)
+			_, err := r.Reconcile(context.Background())
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("faulted cycle: err = %v, want %v", err, tt.wantErr)
+			}
+			s.ClearFaults()
+			if _, err := r.Reconcile(context.Background()); err != nil {
+				t.Fatalf("clean cycle: %v", err)
+			}
+			s.ResetRequests()
+			if _, err := r.Reconcile(context.Background()); err != nil || writes(s) != 0 {
+				t.Fatalf("third cycle: err %v, writes %d", err, writes(s))
+			}
+
+			if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a", "tenant-b"}) {
+				t.Errorf("pools = %v, want each namespace once", got)
+			}
+			for id, vm := range map[string]maas.VMRef{"m1": vmA, "m2": vmB} {
+				m, _ := s.Machine(id)
+				if m.Status != maastest.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.Pool != vm.Namespace {
+					t.Errorf("%s = status %d hostname %q pool %q", id, m.Status, m.Hostname, m.Pool)
+				}
+				if a := cluster.annotations(vm); a[maas.AnnotationStatus] != "Commissioning" {
+					t.Errorf("%s annotations = %v", id, a)
+				}
+			}
+		})
+	}
+}
+
+// TestOutagesNeverCommissionTwice counts, over several cycles, the
+// commissions MaaS carried out when the first commission request failed.
+func TestOutagesNeverCommissionTwice(t *testing.T) {
+	for _, fault := range []maastest.Fault{maastest.FaultDropResponse, maastest.FaultConflict, maastest.FaultServerError} {
+		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+		r := newReconciler(t, s, newFakeCluster().withVM(vmA, "pw"))
+		s.FailMatching(maastest.Match{Op: "commission"}, 1, fault)
+		for range 3 {
+			_, _ = r.Reconcile(context.Background())
+		}
+		if got := commissions(s, "m1"); got != 1 {
+			t.Errorf("fault %d: MaaS carried out %d commissions, want 1", fault, got)
+		}
+	}
+}
+
+func TestPoolCreatedConcurrently(t *testing.T) {
+	// Someone else creates the pool between our list and our create: MaaS
+	// refuses the duplicate and the machine still moves into the pool.
+	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	r := newReconciler(t, s, newFakeCluster().withVM(vmA, "pw"))
+	r.MaaS = newRacingClient(t, s, func() { s.WithPool("tenant-a") })
+	if _, err := r.Reconcile(context.Background()); err != nil {
+		t.Fatalf("Reconcile: %v", err)
+	}
+	if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a"}) {
+		t.Errorf("pools = %v", got)
+	}
+	if m, _ := s.Machine("m1"); m.Pool != "tenant-a" || m.Status != maastest.StatusCommissioning {
+		t.Errorf("machine = %+v", m)
+	}
+}
+
+// newRacingClient is a client that runs race just before it sends the first
+// pool creation.
+func newRacingClient(t *testing.T, s *maastest.Server, race func()) *maas.Client {
+	key, _ := maas.ParseAPIKey(maastest.APIKey)
+	raced := false
+	transport := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		if req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/resourcepools/") && !raced {
+			raced = true
+			race()
+		}
+		return http.DefaultTransport.RoundTrip(req)
+	})
+	c, err := maas.NewClient(s.URL(), key, &http.Client{Transport: transport})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
+
+func TestClusterFailures(t *testing.T) {
+	t.Run("credentials unavailable: machine untouched, error, report still made", func(t *testing.T) {
+		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+		cluster := newFakeCluster().withVM(vmA, "pw")
+		cluster.credentialsErr = machine.ErrUnavailable
+		r := newReconciler(t, s, cluster)
+		if _, err := r.Reconcile(context.Background()); !errors.Is(err, machine.ErrUnavailable) {
+			t.Fatalf("err = %v", err)
+		}
+		if n := s.Count(maastest.Match{Method: http.MethodPut}) + s.Count(maastest.Match{Op: "commission"}); n != 0 {
+			t.Errorf("changed the machine without credentials: %+v", s.Requests())
+		}
+		if a := cluster.annotations(vmA); a[maas.AnnotationSystemID] != "m1" || a[maas.AnnotationStatus] != "New" {
+			t.Errorf("annotations = %v", a)
+		}
+		cluster.credentialsErr = nil
+		reconcile(t, r)
+		if m, _ := s.Machine("m1"); m.Status != maastest.StatusCommissioning {
+			t.Errorf("status after recovery = %d", m.Status)
+		}
+	})
+	t.Run("report fails, is retried next cycle", func(t *testing.T) {
+		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+		cluster := newFakeCluster().withVM(vmA, "pw")
+		cluster.reportErr = machine.ErrUnavailable
+		r := newReconciler(t, s, cluster)
+		if _, err := r.Reconcile(context.Background()); !errors.Is(err, machine.ErrUnavailable) {
+			t.Fatalf("err = %v", err)
+		}
+		cluster.reportErr = nil
+		reconcile(t, r)
+		if a := cluster.annotations(vmA); a[maas.AnnotationStatus] != "Commissioning" {
+			t.Errorf("annotations = %v", a)
+		}
+	})
+	t.Run("VM gone: machine left, no error", func(t *testing.T) {
+		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusReady))
+		cluster := newFakeCluster()
+		r := newReconciler(t, s, cluster)
+		reconcile(t, r)
+		if writes(s) != 0 {
+			t.Errorf("orphan machine was changed: %+v", s.Requests())
+		}
+	})
+}
+
+func TestDryRun(t *testing.T) {
+	s := maastest.New(t).
+		WithMachine(ours("m1", vmA, maastest.StatusNew)).
+		WithMachine(withPasswordOnly(ours("m2", vmB, maastest.StatusDeployed), "old"))
+	cluster := newFakeCluster().withVM(vmA, "topsecret-a").withVM(vmB, "topsecret-b")
+	var out bytes.Buffer
+	r := newReconciler(t, s, cluster)
+	r.DryRun, r.Out = true, &out
+
+	result := reconcile(t, r)
+	if writes(s) != 0 || cluster.reportCalls != 0 {
+		t.Fatalf("dry run wrote: %d MaaS writes, %d reports", writes(s), cluster.reportCalls)
+	}
+	printed := out.String()
+	for _, want := range []string{
+		"would create pool: tenant-a",
+		"would set power credentials m1 (vm tenant-a/vm-0)",
+		"would set hostname and pool m1",
+		"would commission m1",
+		"would annotate VM m1",
+		"would set power credentials m2 (vm tenant-b/vm-0)",
+	} {
+		if !strings.Contains(printed, want) {
+			t.Errorf("dry-run output lacks %q:\n%s", want, printed)
+		}
+	}
+	if strings.Contains(printed, "topsecret") {
+		t.Errorf("dry-run output shows a password:\n%s", printed)
+	}
+	if strings.Contains(printed, "commission m2") || strings.Contains(printed, "hostname and pool m2") {
+		t.Errorf("dry run plans to commission or rename a Deployed machine:\n%s", printed)
+	}
+	if got := strings.Count(printed, "\n"); got != len(result.Changes) {
+		t.Errorf("printed %d lines for %d changes", got, len(result.Changes))
+	}
+}
+
+func withPasswordOnly(m maastest.Machine, password string) maastest.Machine {
+	m.PowerParameters[maas.PowerUser] = "admin"
+	m.PowerParameters[maas.PowerPass] = password
+	return m
+}
+
+func TestRetryDelay(t *testing.T) {
+	tests := []struct {
+		interval, maxBackoff time.Duration
+		failures             int
+		want                 time.Duration
+	}{
+		{time.Minute, 10 * time.Minute, 0, time.Minute},
+		{time.Minute, 10 * time.Minute, 1, time.Minute},
+		{time.Minute, 10 * time.Minute, 2, 2 * time.Minute},
+		{time.Minute, 10 * time.Minute, 4, 8 * time.Minute},
+		{time.Minute, 10 * time.Minute, 5, 10 * time.Minute},
+		{time.Minute, 10 * time.Minute, 1000, 10 * time.Minute},
+		{time.Hour, time.Minute, 3, time.Hour}, // never below the interval
+	}
+	for _, tt := range tests {
+		if got := maas.RetryDelay(tt.interval, tt.maxBackoff, tt.failures); got != tt.want {
+			t.Errorf("RetryDelay(%v, %v, %d) = %v, want %v", tt.interval, tt.maxBackoff, tt.failures, got, tt.want)
+		}
+	}
+}
+
+func TestRunRecoversFromOutage(t *testing.T) {
+	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	s.FailMatching(maastest.Match{Method: "GET", Path: "machines/", Op: ""}, 3, maastest.FaultServerError)
+	r := newReconciler(t, s, newFakeCluster().withVM(vmA, "pw"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error)
+	go func() { done <- r.Run(ctx, time.Millisecond, 4*time.Millisecond) }()
+	for {
+		if m, _ := s.Machine("m1"); m.Status == maastest.StatusCommissioning {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("machine never commissioned")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if got := commissions(s, "m1"); got != 1 {
+		t.Errorf("commissions = %d", got)
+	}
+}
