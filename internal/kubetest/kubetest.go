@@ -17,16 +17,12 @@ import (
 	"strings"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	kubevirtv1 "kubevirt.io/api/core/v1"
-	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
-	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/test/crds"
 )
 
@@ -61,20 +57,6 @@ func AssetsDir() (string, error) {
 	return dir, nil
 }
 
-// Scheme knows the core Kubernetes types, KubeVirt's VM, VMI and
-// instancetypes, and CDI's DataVolume.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			panic(err) // static registrations: cannot fail
-		}
-	}
-	return s
-}
-
 // Options chooses what the Env installs.
 type Options struct {
 	// WithoutCDI leaves out the DataVolume CRD, as on a cluster without CDI.
@@ -103,7 +85,7 @@ func Start(opts Options) (*Env, error) {
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDs:                  defs,
-		Scheme:                Scheme(),
+		Scheme:                kubevirt.Scheme(),
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -2,6 +2,7 @@ package kubevirt
 
 import (
 	"context"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -82,8 +83,8 @@ func (m *Machine) EjectMedia(ctx context.Context) error {
 			return false, nil
 		}
 		spec := &vm.Spec.Template.Spec
-		spec.Domain.Devices.Disks = withoutDisk(spec.Domain.Devices.Disks, mediaDevice)
-		spec.Volumes = withoutVolume(spec.Volumes, mediaDevice)
+		spec.Domain.Devices.Disks = slices.DeleteFunc(spec.Domain.Devices.Disks, func(d kubevirtv1.Disk) bool { return d.Name == mediaDevice })
+		spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v kubevirtv1.Volume) bool { return v.Name == mediaDevice })
 		delete(vm.Annotations, mediaAnnotation)
 		return true, nil
 	})
@@ -148,24 +149,4 @@ func hasMedia(vm *kubevirtv1.VirtualMachine) bool {
 		}
 	}
 	return false
-}
-
-func withoutDisk(disks []kubevirtv1.Disk, name string) []kubevirtv1.Disk {
-	out := disks[:0]
-	for _, d := range disks {
-		if d.Name != name {
-			out = append(out, d)
-		}
-	}
-	return out
-}
-
-func withoutVolume(volumes []kubevirtv1.Volume, name string) []kubevirtv1.Volume {
-	out := volumes[:0]
-	for _, v := range volumes {
-		if v.Name != name {
-			out = append(out, v)
-		}
-	}
-	return out
 }
