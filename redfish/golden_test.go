@@ -30,8 +30,13 @@ func TestGoldenBodies(t *testing.T) {
 		{"simple_storage", nil, get(system0 + "/SimpleStorage/1"), 200},
 		{"manager", nil, get(manager0), 200},
 		{"virtual_media", func(f *fixture) {
-			f.do(asAdmin("POST", insert0, `{"Image":"`+image+`"}`))
-		}, get(cd0), 200},
+			f.do(asAdmin("POST", mgrInsert0, `{"Image":"`+image+`"}`))
+		}, get(mgrCD0), 200},
+		{"system_virtual_media_collection", nil, get(system0 + "/VirtualMedia"), 200},
+		{"system_virtual_media", func(f *fixture) {
+			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
+		}, get(sysCD0), 200},
+		{"system_virtual_media_empty", nil, get(sysCD0), 200},
 		{"chassis", nil, get("/redfish/v1/Chassis/vm-0"), 200},
 		{"session_service", nil, get("/redfish/v1/SessionService"), 200},
 		{"account_service", nil, get("/redfish/v1/AccountService"), 200},

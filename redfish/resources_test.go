@@ -3,6 +3,7 @@ package redfish_test
 import (
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -189,29 +190,152 @@ func TestManagerReset(t *testing.T) {
 	}
 }
 
+// TestVirtualMedia: the CD under the system and the CD under the manager
+// are one drive; each body names its own path, both show the same state.
 func TestVirtualMedia(t *testing.T) {
+	tests := []struct {
+		name            string
+		writeCD, readCD string // the drive the actions go to and the one read back
+	}{
+		{"system path alone", sysCD0, sysCD0},
+		{"manager path alone", mgrCD0, mgrCD0},
+		{"insert via system, read via manager", sysCD0, mgrCD0},
+		{"insert via manager, read via system", mgrCD0, sysCD0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			insert, eject := tt.writeCD+"/Actions/VirtualMedia.InsertMedia", tt.writeCD+"/Actions/VirtualMedia.EjectMedia"
+			res := f.do(asAdmin("POST", insert, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
+			if res.status != http.StatusNoContent {
+				t.Fatalf("insert: %d %s", res.status, res.raw)
+			}
+			cd := f.do(asAdmin("GET", tt.readCD, "")).json
+			if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
+				t.Errorf("after insert: %v", cd)
+			}
+			if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
+				t.Errorf("backend media = %+v", got)
+			}
+			wantIDs := map[string]any{
+				"@odata.id":          tt.readCD,
+				"InsertMedia target": tt.readCD + "/Actions/VirtualMedia.InsertMedia",
+				"EjectMedia target":  tt.readCD + "/Actions/VirtualMedia.EjectMedia",
+			}
+			gotIDs := map[string]any{
+				"@odata.id":          cd["@odata.id"],
+				"InsertMedia target": lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "target"),
+				"EjectMedia target":  lookup(cd, "Actions", "#VirtualMedia.EjectMedia", "target"),
+			}
+			if !maps.Equal(gotIDs, wantIDs) {
+				t.Errorf("the body read from %s points at %v, want %v", tt.readCD, gotIDs, wantIDs)
+			}
+			if res := f.do(asAdmin("POST", eject, `{}`)); res.status != http.StatusNoContent {
+				t.Fatalf("eject: %d %s", res.status, res.raw)
+			}
+			cd = f.do(asAdmin("GET", tt.readCD, "")).json
+			if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
+				t.Errorf("after eject: %v", cd)
+			}
+			// Ejecting an empty drive is fine.
+			if res := f.do(asAdmin("POST", eject, "")); res.status != http.StatusNoContent {
+				t.Errorf("second eject: %d", res.status)
+			}
+		})
+	}
+}
+
+// TestVirtualMediaETagSharedByBothPaths: the drive's ETag follows its
+// state, not the path it is read from, so a tag read from one path
+// validates against the other.
+func TestVirtualMediaETagSharedByBothPaths(t *testing.T) {
 	f := newFixture(t, nil)
-	res := f.do(asAdmin("POST", insert0, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
-	if res.status != http.StatusNoContent {
+	etags := func() (system, manager string) {
+		t.Helper()
+		return f.do(asAdmin("GET", sysCD0, "")).header.Get("ETag"), f.do(asAdmin("GET", mgrCD0, "")).header.Get("ETag")
+	}
+	ifNoneMatch := func(path, etag string) int {
+		return f.do(request{method: "GET", path: path, user: adminUser, pass: adminPass, headers: map[string]string{"If-None-Match": etag}}).status
+	}
+	emptySystem, emptyManager := etags()
+	if emptySystem == "" || emptySystem != emptyManager {
+		t.Fatalf("empty drive: ETag %q under the system, %q under the manager; want one non-empty tag", emptySystem, emptyManager)
+	}
+	if status := ifNoneMatch(mgrCD0, emptySystem); status != http.StatusNotModified {
+		t.Errorf("If-None-Match with the system path's tag on the manager path: %d, want 304", status)
+	}
+	if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`)); res.status != http.StatusNoContent {
 		t.Fatalf("insert: %d %s", res.status, res.raw)
 	}
-	cd := f.do(asAdmin("GET", cd0, "")).json
-	if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
-		t.Errorf("after insert: %v", cd)
+	fullSystem, fullManager := etags()
+	if fullSystem == emptySystem || fullSystem != fullManager {
+		t.Errorf("after insert: ETag %q under the system, %q under the manager (was %q); want one new tag", fullSystem, fullManager, emptySystem)
 	}
-	if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
-		t.Errorf("backend media = %+v", got)
+	for _, path := range []string{sysCD0, mgrCD0} {
+		if status := ifNoneMatch(path, emptySystem); status != http.StatusOK {
+			t.Errorf("%s: If-None-Match with the pre-insert tag: %d, want 200", path, status)
+		}
 	}
-	if res := f.do(asAdmin("POST", eject0, `{}`)); res.status != http.StatusNoContent {
-		t.Fatalf("eject: %d %s", res.status, res.raw)
+}
+
+// TestVirtualMediaErrorsAgree: a bad request gets the same error through
+// either path.
+func TestVirtualMediaErrorsAgree(t *testing.T) {
+	occupied := func(f *fixture) {
+		if err := f.backend.Get("vm-0").InsertMedia(f.t.Context(), image); err != nil {
+			f.t.Fatal(err)
+		}
 	}
-	cd = f.do(asAdmin("GET", cd0, "")).json
-	if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
-		t.Errorf("after eject: %v", cd)
+	unavailable := func(f *fixture) {
+		f.backend.Get("vm-0").SetFault(machine.Errorf(machine.ErrUnavailable, "API server down"))
 	}
-	// Ejecting an empty drive is fine.
-	if res := f.do(asAdmin("POST", eject0, "")); res.status != http.StatusNoContent {
-		t.Errorf("second eject: %d", res.status)
+	tests := []struct {
+		name       string
+		setup      func(*fixture)
+		method     string
+		suffix     string // appended to the VirtualMedia collection path
+		body       string
+		wantStatus int
+		wantID     string
+	}{
+		{name: "unknown media", method: "GET", suffix: "/Floppy", wantStatus: 404, wantID: "ResourceNotFound"},
+		{name: "insert into unknown media", method: "POST", suffix: "/Floppy/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `"}`, wantStatus: 404, wantID: "ResourceNotFound"},
+		{name: "DELETE the drive", method: "DELETE", suffix: "/Cd", wantStatus: 405, wantID: "OperationNotAllowed"},
+		{name: "GET an action", method: "GET", suffix: "/Cd/Actions/VirtualMedia.EjectMedia", wantStatus: 405, wantID: "OperationNotAllowed"},
+		{name: "insert without image", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{}`, wantStatus: 400, wantID: "ActionParameterMissing"},
+		{name: "insert unsupported parameter", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `","UserName":"x"}`, wantStatus: 400, wantID: "ActionParameterNotSupported"},
+		{name: "insert non-http image", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"ftp://images.example/boot.iso"}`, wantStatus: 400, wantID: "ActionParameterValueFormatError"},
+		{name: "insert into occupied drive", setup: occupied, method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `"}`, wantStatus: 409, wantID: "ResourceInUse"},
+		{name: "eject with parameter", method: "POST", suffix: "/Cd/Actions/VirtualMedia.EjectMedia", body: `{"Now":true}`, wantStatus: 400, wantID: "ActionParameterUnknown"},
+		{name: "backend unavailable", setup: unavailable, method: "GET", suffix: "/Cd", wantStatus: 503, wantID: "ServiceTemporarilyUnavailable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			answers := map[string]response{}
+			for _, collection := range []string{system0 + "/VirtualMedia", manager0 + "/VirtualMedia"} {
+				f := newFixture(t, nil)
+				if tt.setup != nil {
+					tt.setup(f)
+				}
+				res := f.do(asAdmin(tt.method, collection+tt.suffix, tt.body))
+				if res.status != tt.wantStatus {
+					t.Fatalf("%s %s: status %d, want %d: %s", tt.method, collection+tt.suffix, res.status, tt.wantStatus, res.raw)
+				}
+				if ids := messageIDs(t, res); !slices.Equal(ids, []string{"Base.1.19." + tt.wantID}) {
+					t.Errorf("%s: MessageIds = %v, want [Base.1.19.%s]", collection, ids, tt.wantID)
+				}
+				answers[collection] = res
+			}
+			bySystem, byManager := answers[system0+"/VirtualMedia"], answers[manager0+"/VirtualMedia"]
+			if string(bySystem.raw) != string(byManager.raw) {
+				t.Errorf("error bodies differ:\nsystem:  %s\nmanager: %s", bySystem.raw, byManager.raw)
+			}
+			for _, header := range []string{"Allow", "Retry-After"} {
+				if bySystem.header.Get(header) != byManager.header.Get(header) {
+					t.Errorf("%s differs: %q under the system, %q under the manager", header, bySystem.header.Get(header), byManager.header.Get(header))
+				}
+			}
+		})
 	}
 }
 
@@ -221,12 +345,23 @@ func TestNoVirtualMediaWithoutCapability(t *testing.T) {
 		caps.VirtualMedia = false
 		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), caps: &caps}
 	})
-	if _, linked := f.do(asAdmin("GET", manager0, "")).json["VirtualMedia"]; linked {
-		t.Errorf("Manager links VirtualMedia the machine does not have")
+	for _, path := range []string{system0, manager0} {
+		if _, linked := f.do(asAdmin("GET", path, "")).json["VirtualMedia"]; linked {
+			t.Errorf("%s links VirtualMedia the machine does not have", path)
+		}
 	}
-	for _, req := range []request{asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", cd0, ""), asAdmin("POST", insert0, `{"Image":"`+image+`"}`)} {
+	for _, req := range []request{
+		asAdmin("GET", system0+"/VirtualMedia", ""), asAdmin("GET", sysCD0, ""), asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), asAdmin("POST", sysEject0, ""),
+		asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", mgrCD0, ""), asAdmin("POST", mgrInsert0, `{"Image":"`+image+`"}`), asAdmin("POST", mgrEject0, ""),
+	} {
 		if res := f.do(req); res.status != http.StatusNotFound {
 			t.Errorf("%s %s: %d, want 404", req.method, req.path, res.status)
+		}
+	}
+	// vm-1 keeps the capability, so both links are there.
+	for _, path := range []string{"/redfish/v1/Systems/vm-1", "/redfish/v1/Managers/vm-1"} {
+		if got := lookup(f.do(asAdmin("GET", path, "")).json, "VirtualMedia", "@odata.id"); got != path+"/VirtualMedia" {
+			t.Errorf("%s: VirtualMedia link = %v, want %s/VirtualMedia", path, got, path)
 		}
 	}
 }
@@ -255,7 +390,7 @@ func TestEthernetInterfaceAddresses(t *testing.T) {
 func TestTrailingSlashAndMaaSHeaders(t *testing.T) {
 	f := newFixture(t, nil)
 	maas := map[string]string{"Content-Type": "application/json; charset=utf-8", "Accept": "application/json", "User-Agent": "MAAS"}
-	for _, path := range []string{"/redfish/v1/Systems", system0, reset0, manager0 + "/VirtualMedia", "/redfish/v1/AccountService/Roles/Operator"} {
+	for _, path := range []string{"/redfish/v1/Systems", system0, reset0, system0 + "/VirtualMedia", manager0 + "/VirtualMedia", "/redfish/v1/AccountService/Roles/Operator"} {
 		for _, p := range []string{path, path + "/"} {
 			method := "GET"
 			body := ""
@@ -281,7 +416,8 @@ func TestResponseHeaders(t *testing.T) {
 		"/redfish/v1/":        "http://redfish.dmtf.org/schemas/v1/ServiceRoot.v1_20_0.json",
 		"/redfish/v1/Systems": "http://redfish.dmtf.org/schemas/v1/ComputerSystemCollection.json",
 		system0:               "http://redfish.dmtf.org/schemas/v1/ComputerSystem.v1_27_0.json",
-		cd0:                   "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
+		sysCD0:                "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
+		mgrCD0:                "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
 		"/redfish/v1/odata":   "http://redfish.dmtf.org/schemas/v1/odata-v4.json",
 	}
 	for path, schema := range paths {
@@ -331,7 +467,7 @@ func TestMetadata(t *testing.T) {
 	}
 	// Every @odata.type the service shows must be declared.
 	for _, path := range []string{"/redfish/v1/", "/redfish/v1/Systems", system0, system0 + "/EthernetInterfaces/default", system0 + "/SimpleStorage/1",
-		manager0, cd0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
+		sysCD0, manager0, mgrCD0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
 		"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Roles/ReadOnly"} {
 		odataType, _ := f.do(asAdmin("GET", path, "")).json["@odata.type"].(string)
 		parts := strings.Split(strings.TrimPrefix(odataType, "#"), ".")
@@ -372,7 +508,8 @@ func TestCollections(t *testing.T) {
 		{"/redfish/v1/Chassis", []string{"/redfish/v1/Chassis/vm-0", "/redfish/v1/Chassis/vm-1"}},
 		{system0 + "/EthernetInterfaces", []string{system0 + "/EthernetInterfaces/default"}},
 		{system0 + "/SimpleStorage", []string{system0 + "/SimpleStorage/1"}},
-		{manager0 + "/VirtualMedia", []string{cd0}},
+		{system0 + "/VirtualMedia", []string{sysCD0}},
+		{manager0 + "/VirtualMedia", []string{mgrCD0}},
 		{"/redfish/v1/AccountService/Accounts", []string{"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Accounts/2", "/redfish/v1/AccountService/Accounts/3"}},
 		{"/redfish/v1/AccountService/Roles", []string{"/redfish/v1/AccountService/Roles/Administrator", "/redfish/v1/AccountService/Roles/Operator", "/redfish/v1/AccountService/Roles/ReadOnly"}},
 	}

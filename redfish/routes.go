@@ -50,7 +50,8 @@ func (s *Server) routes() []route {
 	const (
 		sys     = "/redfish/v1/Systems/{systemID}"
 		mgr     = "/redfish/v1/Managers/{managerID}"
-		media   = mgr + "/VirtualMedia/{mediaID}"
+		sysCD   = sys + "/VirtualMedia/{mediaID}"
+		mgrCD   = mgr + "/VirtualMedia/{mediaID}"
 		session = "/redfish/v1/SessionService/Sessions/{sessionID}"
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
 	)
@@ -68,14 +69,19 @@ func (s *Server) routes() []route {
 		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil},
 		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil},
 		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil},
+		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection(systemMedia), nil},
+		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia(systemMedia), nil},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia(systemMedia), nil},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia(systemMedia), nil},
 
 		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil},
 		{http.MethodGet, mgr, privLogin, s.getManager, nil},
 		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil},
-		{http.MethodGet, mgr + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil},
-		{http.MethodGet, media, privLogin, s.getVirtualMedia, nil},
-		{http.MethodPost, media + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil},
-		{http.MethodPost, media + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil},
+		// The deprecated location of the same drive, for older clients.
+		{http.MethodGet, mgr + "/VirtualMedia", privLogin, s.getVirtualMediaCollection(managerMedia), nil},
+		{http.MethodGet, mgrCD, privLogin, s.getVirtualMedia(managerMedia), nil},
+		{http.MethodPost, mgrCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia(managerMedia), nil},
+		{http.MethodPost, mgrCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia(managerMedia), nil},
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil},

@@ -151,6 +151,9 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	body["MemorySummary"] = map[string]any{"TotalSystemMemoryGiB": float64(inv.MemoryMiB) / 1024}
 	body["EthernetInterfaces"] = link(path + "/EthernetInterfaces")
 	body["SimpleStorage"] = link(path + "/SimpleStorage")
+	if caps.VirtualMedia {
+		body["VirtualMedia"] = link(systemMedia.collectionPath(id))
+	}
 	body["Links"] = map[string]any{
 		"Chassis":   links(chassisPath(id)),
 		"ManagedBy": links(managerPath(id)),
