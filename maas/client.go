@@ -12,12 +12,25 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/virtmetal/virtmetal/machine"
 )
 
-// ErrUnauthorized: MaaS rejected the API key (HTTP 401 or 403).
-var ErrUnauthorized = errors.New("maas rejected the API key")
+// Sentinel errors of this package. MaaS's HTTP statuses become these in
+// APIError.Unwrap; the Kubernetes side (KubeCluster) uses them too.
+var (
+	// ErrUnauthorized: MaaS rejected the API key (HTTP 401 or 403).
+	ErrUnauthorized = errors.New("maas rejected the API key")
+	// ErrInvalidArgument: a request or a configuration value is not
+	// acceptable (MaaS answers 400).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrNotFound: the object does not exist (MaaS answers 404, or the VM or
+	// its BMC Secret is missing).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the object's state forbids the request (MaaS answers 409).
+	ErrConflict = errors.New("conflicts with current state")
+	// ErrUnavailable: MaaS or Kubernetes is unreachable, failing (5xx) or
+	// answering nonsense; the next cycle retries.
+	ErrUnavailable = errors.New("unavailable")
+)
 
 // StatusNew is MaaS's status code (maasserver NODE_STATUS) of an enlisted,
 // never commissioned machine: the only status the reconciler commissions.
@@ -45,7 +58,7 @@ type APIKey struct {
 func ParseAPIKey(s string) (APIKey, error) {
 	parts := strings.Split(strings.TrimSpace(s), ":")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return APIKey{}, fmt.Errorf("maas API key must have the form consumer:token:secret: %w", machine.ErrInvalidArgument)
+		return APIKey{}, fmt.Errorf("maas API key must have the form consumer:token:secret: %w", ErrInvalidArgument)
 	}
 	return APIKey{Consumer: parts[0], Token: parts[1], Secret: parts[2]}, nil
 }
@@ -136,7 +149,7 @@ type Client struct {
 func NewClient(baseURL string, key APIKey, httpClient *http.Client) (*Client, error) {
 	u, err := url.Parse(strings.TrimSpace(baseURL))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("maas URL %q must be an absolute http(s) URL: %w", baseURL, machine.ErrInvalidArgument)
+		return nil, fmt.Errorf("maas URL %q must be an absolute http(s) URL: %w", baseURL, ErrInvalidArgument)
 	}
 	path := strings.TrimSuffix(u.Path, "/")
 	if !strings.HasSuffix(path, "/api/2.0") {
@@ -174,7 +187,7 @@ func (c *Client) Pools(ctx context.Context) ([]Pool, error) {
 }
 
 // CreatePool creates a resource pool (POST resourcepools/). MaaS refuses a
-// name that exists already with 400 (machine.ErrInvalidArgument).
+// name that exists already with 400 (ErrInvalidArgument).
 func (c *Client) CreatePool(ctx context.Context, name, description string) (Pool, error) {
 	var pool Pool
 	form := url.Values{"name": {name}, "description": {description}}
@@ -231,15 +244,15 @@ func (e *APIError) Error() string {
 func (e *APIError) Unwrap() error {
 	switch {
 	case e.StatusCode == http.StatusBadRequest:
-		return machine.ErrInvalidArgument
+		return ErrInvalidArgument
 	case e.StatusCode == http.StatusUnauthorized || e.StatusCode == http.StatusForbidden:
 		return ErrUnauthorized
 	case e.StatusCode == http.StatusNotFound:
-		return machine.ErrNotFound
+		return ErrNotFound
 	case e.StatusCode == http.StatusConflict:
-		return machine.ErrConflict
+		return ErrConflict
 	default:
-		return machine.ErrUnavailable
+		return ErrUnavailable
 	}
 }
 
@@ -278,7 +291,7 @@ func (c *Client) do(ctx context.Context, method, path string, query, form url.Va
 		if ctx.Err() != nil {
 			return fmt.Errorf("maas %s %s: %w", method, path, ctx.Err())
 		}
-		return fmt.Errorf("maas %s %s: %w: %w", method, path, machine.ErrUnavailable, err)
+		return fmt.Errorf("maas %s %s: %w: %w", method, path, ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 
@@ -289,7 +302,7 @@ func (c *Client) do(ctx context.Context, method, path string, query, form url.Va
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxReplyBody)).Decode(out); err != nil {
 		// A reply MaaS did not mean (a proxy's page, a cut connection) is an
 		// outage, not a fact about the machines.
-		return fmt.Errorf("maas %s %s: malformed reply: %w: %w", method, path, machine.ErrUnavailable, err)
+		return fmt.Errorf("maas %s %s: malformed reply: %w: %w", method, path, ErrUnavailable, err)
 	}
 	return nil
 }

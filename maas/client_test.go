@@ -11,7 +11,6 @@ import (
 
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 func TestParseAPIKey(t *testing.T) {
@@ -33,7 +32,7 @@ func TestParseAPIKey(t *testing.T) {
 			if (err == nil) != tt.ok || got != tt.want {
 				t.Fatalf("ParseAPIKey(%q) = %v, %v", tt.in, got, err)
 			}
-			if err != nil && (!errors.Is(err, machine.ErrInvalidArgument) || (strings.Contains(tt.in, "s") && strings.Contains(err.Error(), tt.in))) {
+			if err != nil && (!errors.Is(err, maas.ErrInvalidArgument) || (strings.Contains(tt.in, "s") && strings.Contains(err.Error(), tt.in))) {
 				t.Errorf("error %q must be ErrInvalidArgument and must not echo the key", err)
 			}
 		})
@@ -65,7 +64,7 @@ func TestNewClientURLs(t *testing.T) {
 	}
 	for _, bad := range []string{"", "maas:5240/MAAS", "ftp://maas/MAAS", "http://"} {
 		t.Run("bad "+bad, func(t *testing.T) {
-			if _, err := maas.NewClient(bad, key, nil); !errors.Is(err, machine.ErrInvalidArgument) {
+			if _, err := maas.NewClient(bad, key, nil); !errors.Is(err, maas.ErrInvalidArgument) {
 				t.Fatalf("NewClient(%q) err = %v, want ErrInvalidArgument", bad, err)
 			}
 		})
@@ -116,7 +115,7 @@ func TestClientUnreachable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Machines(context.Background()); !errors.Is(err, machine.ErrUnavailable) {
+	if _, err := c.Machines(context.Background()); !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
 }

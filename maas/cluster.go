@@ -10,8 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 // Credentials are a BMC's Redfish user and password.
@@ -22,7 +20,7 @@ type Credentials struct {
 
 // Cluster is the Kubernetes side of the reconciler: where BMC credentials come
 // from and where MaaS's view of each VM is reported. Errors wrap
-// machine.ErrNotFound when the Secret or VM does not exist.
+// ErrNotFound when the Secret or VM does not exist.
 type Cluster interface {
 	// BMCCredentials reads the VM's BMC Secret (BMCSecretName).
 	BMCCredentials(ctx context.Context, vm VMRef) (Credentials, error)
@@ -46,7 +44,7 @@ func (k KubeCluster) BMCCredentials(ctx context.Context, vm VMRef) (Credentials,
 	username, password := secret.Data[BMCSecretUsernameKey], secret.Data[BMCSecretPasswordKey]
 	if len(username) == 0 || len(password) == 0 {
 		return Credentials{}, fmt.Errorf("BMC secret %s must have non-empty %q and %q: %w",
-			key, BMCSecretUsernameKey, BMCSecretPasswordKey, machine.ErrInvalidArgument)
+			key, BMCSecretUsernameKey, BMCSecretPasswordKey, ErrInvalidArgument)
 	}
 	return Credentials{Username: string(username), Password: string(password)}, nil
 }
@@ -79,7 +77,7 @@ func (k KubeCluster) ReportMachine(ctx context.Context, vm VMRef, systemID, stat
 
 func kubeError(what string, err error) error {
 	if apierrors.IsNotFound(err) {
-		return fmt.Errorf("%s: %w", what, machine.ErrNotFound)
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
 	}
-	return fmt.Errorf("%s: %w: %w", what, machine.ErrUnavailable, err)
+	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
 }

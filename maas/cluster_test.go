@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 func testScheme(t *testing.T) *runtime.Scheme {
@@ -64,14 +63,14 @@ func TestKubeClusterBMCCredentials(t *testing.T) {
 			name:    "same VM name in the other namespace is not used",
 			objects: []client.Object{bmcSecret(vmB, map[string]string{"username": "admin", "password": "pw"})},
 			vm:      vmA,
-			wantErr: machine.ErrNotFound,
+			wantErr: maas.ErrNotFound,
 		},
-		{name: "missing", vm: vmA, wantErr: machine.ErrNotFound},
+		{name: "missing", vm: vmA, wantErr: maas.ErrNotFound},
 		{
 			name:    "no password",
 			objects: []client.Object{bmcSecret(vmA, map[string]string{"username": "admin"})},
 			vm:      vmA,
-			wantErr: machine.ErrInvalidArgument,
+			wantErr: maas.ErrInvalidArgument,
 		},
 	}
 	for _, tt := range tests {
@@ -92,7 +91,7 @@ func TestKubeClusterBMCCredentialsAPIError(t *testing.T) {
 		},
 	}).Build()
 	_, err := maas.KubeCluster{Client: c}.BMCCredentials(context.Background(), vmA)
-	if !errors.Is(err, machine.ErrUnavailable) {
+	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
 }
@@ -145,7 +144,7 @@ func TestKubeClusterReportMachine(t *testing.T) {
 		}
 	}
 
-	if err := cluster.ReportMachine(ctx, vmB, "x", "New"); !errors.Is(err, machine.ErrNotFound) {
+	if err := cluster.ReportMachine(ctx, vmB, "x", "New"); !errors.Is(err, maas.ErrNotFound) {
 		t.Fatalf("missing VM: err = %v, want ErrNotFound", err)
 	}
 }

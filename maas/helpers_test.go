@@ -11,7 +11,6 @@ import (
 
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 const testDomain = "bmc.example.org"
@@ -82,7 +81,7 @@ func (f *fakeCluster) BMCCredentials(_ context.Context, vm maas.VMRef) (maas.Cre
 	}
 	creds, ok := f.secrets[vm]
 	if !ok {
-		return maas.Credentials{}, fmt.Errorf("secret %s: %w", maas.BMCSecretName(vm.Name), machine.ErrNotFound)
+		return maas.Credentials{}, fmt.Errorf("secret %s: %w", maas.BMCSecretName(vm.Name), maas.ErrNotFound)
 	}
 	return creds, nil
 }
@@ -96,7 +95,7 @@ func (f *fakeCluster) ReportMachine(_ context.Context, vm maas.VMRef, systemID, 
 	}
 	annotations, ok := f.vms[vm]
 	if !ok {
-		return fmt.Errorf("vm %s: %w", vm, machine.ErrNotFound)
+		return fmt.Errorf("vm %s: %w", vm, maas.ErrNotFound)
 	}
 	annotations[maas.AnnotationSystemID] = systemID
 	annotations[maas.AnnotationStatus] = status

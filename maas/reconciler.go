@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 // Reconciler brings the MaaS machines whose power address is a virtmetal BMC
@@ -186,7 +184,7 @@ func (r *Reconciler) ensurePools(ctx context.Context, managed []managedMachine, 
 		switch {
 		case err == nil:
 			r.Log.Info("created resource pool", "pool", name)
-		case errors.Is(err, machine.ErrInvalidArgument) || errors.Is(err, machine.ErrConflict):
+		case errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrConflict):
 			// MaaS refuses a duplicate name; someone created it since we
 			// listed. Moving machines into it will tell if it is not there.
 			r.Log.Info("resource pool creation refused, assuming it exists", "pool", name, "reason", err.Error())
@@ -239,7 +237,7 @@ func (r *Reconciler) reconcileInMaaS(ctx context.Context, log logr.Logger, m man
 // Secret's credentials.
 func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, m managedMachine, record func(Change)) (bool, error) {
 	creds, err := r.Cluster.BMCCredentials(ctx, m.vm)
-	if errors.Is(err, machine.ErrNotFound) {
+	if errors.Is(err, ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
@@ -335,7 +333,7 @@ func claimHostname(m managedMachine, holders map[string]string) (string, error) 
 		}
 	}
 	return "", fmt.Errorf("machine %s: hostnames %q are held by other machines (a second MaaS machine for vm %s?): %w",
-		m.SystemID, candidates, m.vm, machine.ErrConflict)
+		m.SystemID, candidates, m.vm, ErrConflict)
 }
 
 func (r *Reconciler) report(ctx context.Context, log logr.Logger, m managedMachine, current Machine, record func(Change)) error {
@@ -352,7 +350,7 @@ func (r *Reconciler) report(ctx context.Context, log logr.Logger, m managedMachi
 		return nil
 	}
 	err := r.Cluster.ReportMachine(ctx, m.vm, want.systemID, want.status)
-	if errors.Is(err, machine.ErrNotFound) {
+	if errors.Is(err, ErrNotFound) {
 		log.Info("VM not found; MaaS machine left as it is")
 		return nil
 	}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 var (
@@ -302,18 +301,18 @@ func TestOutages(t *testing.T) {
 		fault   maastest.Fault
 		wantErr error
 	}{
-		{"machine list 503", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultServerError, machine.ErrUnavailable},
-		{"machine list connection drop", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultDropConnection, machine.ErrUnavailable},
-		{"bulk power parameters malformed", maastest.Match{Op: "power_parameters"}, maastest.FaultMalformedJSON, machine.ErrUnavailable},
-		{"pool list 503", maastest.Match{Method: "GET", Path: "resourcepools/"}, maastest.FaultServerError, machine.ErrUnavailable},
-		{"pool creation 503", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultServerError, machine.ErrUnavailable},
-		{"pool creation 409", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultConflict, machine.ErrInvalidArgument},
-		{"pool created but answer lost", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultDropResponse, machine.ErrUnavailable},
-		{"machine update 503", maastest.Match{Method: "PUT"}, maastest.FaultServerError, machine.ErrUnavailable},
-		{"machine update 409", maastest.Match{Method: "PUT"}, maastest.FaultConflict, machine.ErrConflict},
-		{"commission 409", maastest.Match{Op: "commission"}, maastest.FaultConflict, machine.ErrConflict},
-		{"commission malformed reply", maastest.Match{Op: "commission"}, maastest.FaultMalformedJSON, machine.ErrUnavailable},
-		{"commissioned but answer lost", maastest.Match{Op: "commission"}, maastest.FaultDropResponse, machine.ErrUnavailable},
+		{"machine list 503", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultServerError, maas.ErrUnavailable},
+		{"machine list connection drop", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultDropConnection, maas.ErrUnavailable},
+		{"bulk power parameters malformed", maastest.Match{Op: "power_parameters"}, maastest.FaultMalformedJSON, maas.ErrUnavailable},
+		{"pool list 503", maastest.Match{Method: "GET", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable},
+		{"pool creation 503", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable},
+		{"pool creation 409", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultConflict, maas.ErrInvalidArgument},
+		{"pool created but answer lost", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultDropResponse, maas.ErrUnavailable},
+		{"machine update 503", maastest.Match{Method: "PUT"}, maastest.FaultServerError, maas.ErrUnavailable},
+		{"machine update 409", maastest.Match{Method: "PUT"}, maastest.FaultConflict, maas.ErrConflict},
+		{"commission 409", maastest.Match{Op: "commission"}, maastest.FaultConflict, maas.ErrConflict},
+		{"commission malformed reply", maastest.Match{Op: "commission"}, maastest.FaultMalformedJSON, maas.ErrUnavailable},
+		{"commissioned but answer lost", maastest.Match{Op: "commission"}, maastest.FaultDropResponse, maas.ErrUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -413,9 +412,9 @@ func TestClusterFailures(t *testing.T) {
 	t.Run("credentials unavailable: machine untouched, error, report still made", func(t *testing.T) {
 		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
 		cluster := newFakeCluster().withVM(vmA, "pw")
-		cluster.credentialsErr = machine.ErrUnavailable
+		cluster.credentialsErr = maas.ErrUnavailable
 		r := newReconciler(t, s, cluster)
-		if _, err := r.Reconcile(context.Background()); !errors.Is(err, machine.ErrUnavailable) {
+		if _, err := r.Reconcile(context.Background()); !errors.Is(err, maas.ErrUnavailable) {
 			t.Fatalf("err = %v", err)
 		}
 		if n := s.Count(maastest.Match{Method: http.MethodPut}) + s.Count(maastest.Match{Op: "commission"}); n != 0 {
@@ -433,9 +432,9 @@ func TestClusterFailures(t *testing.T) {
 	t.Run("report fails, is retried next cycle", func(t *testing.T) {
 		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
 		cluster := newFakeCluster().withVM(vmA, "pw")
-		cluster.reportErr = machine.ErrUnavailable
+		cluster.reportErr = maas.ErrUnavailable
 		r := newReconciler(t, s, cluster)
-		if _, err := r.Reconcile(context.Background()); !errors.Is(err, machine.ErrUnavailable) {
+		if _, err := r.Reconcile(context.Background()); !errors.Is(err, maas.ErrUnavailable) {
 			t.Fatalf("err = %v", err)
 		}
 		cluster.reportErr = nil

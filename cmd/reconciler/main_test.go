@@ -24,7 +24,6 @@ import (
 
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 func env(vars map[string]string) func(string) string {
@@ -186,7 +185,7 @@ func TestRunOnceFailsWhenMaaSDoes(t *testing.T) {
 	s.FailMatching(maastest.Match{}, -1, maastest.FaultServerError)
 	_, newCluster := fakeKube(t)
 	err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, io.Discard, newCluster)
-	if !errors.Is(err, machine.ErrUnavailable) {
+	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
-	"github.com/virtmetal/virtmetal/machine"
 )
 
 func newClient(t *testing.T, s *maastest.Server) *maas.Client {
@@ -167,11 +166,11 @@ func TestUpdateMachine(t *testing.T) {
 				}
 			},
 		},
-		{name: "duplicate hostname", update: maas.MachineUpdate{Hostname: "taken", Pool: "tenant"}, wantErr: machine.ErrInvalidArgument},
-		{name: "invalid hostname", update: maas.MachineUpdate{Hostname: "bad_name"}, wantErr: machine.ErrInvalidArgument},
-		{name: "label too long", update: maas.MachineUpdate{Hostname: strings.Repeat("a", 64)}, wantErr: machine.ErrInvalidArgument},
-		{name: "unknown pool", update: maas.MachineUpdate{Hostname: "new-name", Pool: "nope"}, wantErr: machine.ErrInvalidArgument},
-		{name: "unknown power type", update: maas.MachineUpdate{PowerType: "telepathy"}, wantErr: machine.ErrInvalidArgument},
+		{name: "duplicate hostname", update: maas.MachineUpdate{Hostname: "taken", Pool: "tenant"}, wantErr: maas.ErrInvalidArgument},
+		{name: "invalid hostname", update: maas.MachineUpdate{Hostname: "bad_name"}, wantErr: maas.ErrInvalidArgument},
+		{name: "label too long", update: maas.MachineUpdate{Hostname: strings.Repeat("a", 64)}, wantErr: maas.ErrInvalidArgument},
+		{name: "unknown pool", update: maas.MachineUpdate{Hostname: "new-name", Pool: "nope"}, wantErr: maas.ErrInvalidArgument},
+		{name: "unknown power type", update: maas.MachineUpdate{PowerType: "telepathy"}, wantErr: maas.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -198,7 +197,7 @@ func TestUpdateMachine(t *testing.T) {
 func TestUpdateUnknownMachine(t *testing.T) {
 	s := maastest.New(t)
 	_, err := newClient(t, s).UpdateMachine(context.Background(), "nope", maas.MachineUpdate{Hostname: "x"})
-	if !errors.Is(err, machine.ErrNotFound) {
+	if !errors.Is(err, maas.ErrNotFound) {
 		t.Fatalf("err = %v, want ErrNotFound", err)
 	}
 }
@@ -212,10 +211,10 @@ func TestCommission(t *testing.T) {
 		{maastest.StatusReady, nil},
 		{maastest.StatusFailedCommissioning, nil},
 		{maastest.StatusBroken, nil},
-		{maastest.StatusCommissioning, machine.ErrInvalidArgument},
-		{maastest.StatusDeployed, machine.ErrInvalidArgument},
-		{maastest.StatusTesting, machine.ErrInvalidArgument},
-		{maastest.StatusFailedTesting, machine.ErrInvalidArgument},
+		{maastest.StatusCommissioning, maas.ErrInvalidArgument},
+		{maastest.StatusDeployed, maas.ErrInvalidArgument},
+		{maastest.StatusTesting, maas.ErrInvalidArgument},
+		{maastest.StatusFailedTesting, maas.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint("status ", tt.status), func(t *testing.T) {
@@ -270,7 +269,7 @@ func TestPools(t *testing.T) {
 	s := maastest.New(t).WithPool("existing")
 	c := newClient(t, s)
 	ctx := context.Background()
-	if _, err := c.CreatePool(ctx, "existing", ""); !errors.Is(err, machine.ErrInvalidArgument) {
+	if _, err := c.CreatePool(ctx, "existing", ""); !errors.Is(err, maas.ErrInvalidArgument) {
 		t.Fatalf("duplicate pool: err = %v, want ErrInvalidArgument", err)
 	}
 	created, err := c.CreatePool(ctx, "fresh", "d")
@@ -297,10 +296,10 @@ func TestFaults(t *testing.T) {
 		wantErr error
 		status  int
 	}{
-		{"server error", maastest.FaultServerError, machine.ErrUnavailable, http.StatusServiceUnavailable},
-		{"conflict", maastest.FaultConflict, machine.ErrConflict, http.StatusConflict},
-		{"malformed JSON", maastest.FaultMalformedJSON, machine.ErrUnavailable, http.StatusOK},
-		{"dropped connection", maastest.FaultDropConnection, machine.ErrUnavailable, 0},
+		{"server error", maastest.FaultServerError, maas.ErrUnavailable, http.StatusServiceUnavailable},
+		{"conflict", maastest.FaultConflict, maas.ErrConflict, http.StatusConflict},
+		{"malformed JSON", maastest.FaultMalformedJSON, maas.ErrUnavailable, http.StatusOK},
+		{"dropped connection", maastest.FaultDropConnection, maas.ErrUnavailable, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -330,7 +329,7 @@ func TestFaultDropResponseAppliesTheChange(t *testing.T) {
 	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
 	s.FailNext(1, maastest.FaultDropResponse)
 	_, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{})
-	if !errors.Is(err, machine.ErrUnavailable) {
+	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
 	if m, _ := s.Machine("a"); m.Status != maastest.StatusCommissioning {
@@ -344,7 +343,7 @@ func TestFailMatchingUntilCleared(t *testing.T) {
 	ctx := context.Background()
 	s.FailMatching(maastest.Match{Path: "resourcepools/"}, -1, maastest.FaultServerError)
 	for range 3 {
-		if _, err := c.Pools(ctx); !errors.Is(err, machine.ErrUnavailable) {
+		if _, err := c.Pools(ctx); !errors.Is(err, maas.ErrUnavailable) {
 			t.Fatalf("pools: err = %v, want ErrUnavailable", err)
 		}
 	}
