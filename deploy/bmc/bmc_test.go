@@ -42,11 +42,19 @@ func TestRBACObjects(t *testing.T) {
 				t.Fatalf("ServiceAccount %q, want %q", objs[0].GetName(), tc.account)
 			}
 			rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
+			var forcing []string // subresources.kubevirt.io resources granted
 			for _, r := range rules {
 				rule := r.(map[string]any)
+				groups, _, _ := unstructured.NestedStringSlice(rule, "apiGroups")
 				resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
 				names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
 				verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+				if slices.Contains(groups, "subresources.kubevirt.io") {
+					forcing = append(forcing, resources...)
+					if !slices.Equal(names, []string{tc.params.VMName}) || !slices.Equal(verbs, []string{"update"}) {
+						t.Errorf("subresource rule on %v grants %v on %v, want update on [%s]", resources, verbs, names, tc.params.VMName)
+					}
+				}
 				// Only create may go without resourceNames: Kubernetes cannot scope it.
 				if len(names) == 0 && !slices.Equal(verbs, []string{"create"}) {
 					t.Errorf("rule on %v without resourceNames grants %v", resources, verbs)
@@ -54,6 +62,10 @@ func TestRBACObjects(t *testing.T) {
 				if slices.Contains(resources, "virtualmachines") && !slices.Equal(names, []string{tc.params.VMName}) {
 					t.Errorf("VM rule names %v", names)
 				}
+			}
+			slices.Sort(forcing)
+			if want := []string{"virtualmachines/restart", "virtualmachines/stop"}; !slices.Equal(forcing, want) {
+				t.Errorf("subresources.kubevirt.io resources %v, want %v", forcing, want)
 			}
 			if tc.extra != "" {
 				var all strings.Builder

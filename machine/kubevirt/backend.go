@@ -1,7 +1,8 @@
 // Package kubevirt is the machine backend for one KubeVirt VirtualMachine:
 // a BMC's view of a VM. It translates power actions into the VM's
-// runStrategy and VMI deletions, boot overrides into the devices'
-// bootOrder, and virtual media into a CDI DataVolume attached as a CD-ROM.
+// runStrategy and KubeVirt's stop and restart subresources, boot overrides
+// into the devices' bootOrder, and virtual media into a CDI DataVolume
+// attached as a CD-ROM.
 //
 // Reads come from an informer cache scoped by field selector to the one VM
 // and its VMI (so a Role with resourceNames suffices); writes go to the API
@@ -12,6 +13,7 @@ package kubevirt
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -26,6 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -66,6 +70,12 @@ type Backend struct {
 	mediaSC   string
 
 	client client.Client // direct API access: writes and degraded reads
+	// subresources calls virt-api's stop and restart (KubeVirt's API group
+	// subresources.kubevirt.io), the only way to force a VM off at once.
+	subresources rest.Interface
+	// subresourcesMissing is set while the cluster does not serve that API
+	// group (no virt-api), so the fallback is logged once, not per call.
+	subresourcesMissing atomic.Bool
 
 	newCache func() (cache.Cache, error)
 	cacheMu  sync.Mutex
@@ -128,6 +138,14 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
 	b.client, err = client.New(cfg, client.Options{Scheme: scheme, HTTPClient: httpClient})
+	if err != nil {
+		return nil, fmt.Errorf("kubevirt backend: %w", err)
+	}
+	subresourceCfg := rest.CopyConfig(cfg)
+	subresourceCfg.APIPath = "/apis"
+	subresourceCfg.GroupVersion = &schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}
+	subresourceCfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	b.subresources, err = rest.RESTClientForConfigAndClient(subresourceCfg, httpClient)
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
@@ -416,6 +434,50 @@ func (b *Backend) deleteVMI(ctx context.Context, uid types.UID, grace *int64) er
 		return nil
 	}
 	return b.apiError(err, "deleting the VirtualMachineInstance")
+}
+
+// subresourceResult is how virt-api answered a stop or restart.
+type subresourceResult int
+
+const (
+	subresourceDone subresourceResult = iota
+	// subresourceRefused: virt-api found the VM in a state the action does
+	// not apply to (409), e.g. stop on a VM that is not running.
+	subresourceRefused
+	// subresourceNotServed: no virt-api serves the API group (a cluster
+	// without KubeVirt's API server, or envtest).
+	subresourceNotServed
+)
+
+// callSubresource PUTs options to the VM's stop or restart subresource.
+func (b *Backend) callSubresource(ctx context.Context, subresource string, options any) (subresourceResult, error) {
+	body, err := json.Marshal(options)
+	if err != nil {
+		return 0, fmt.Errorf("encoding %s options: %w", subresource, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	err = b.subresources.Put().Namespace(b.namespace).Resource("virtualmachines").Name(b.vmName).
+		SubResource(subresource).Body(body).Do(ctx).Error()
+	var status apierrors.APIStatus
+	switch {
+	case err == nil:
+		b.subresourcesMissing.Store(false)
+		return subresourceDone, nil
+	case apierrors.IsConflict(err):
+		b.log.V(1).Info("virt-api refused the request in the VM's current state", "subresource", subresource, "reason", err.Error())
+		return subresourceRefused, nil
+	case apierrors.IsNotFound(err) && errors.As(err, &status) && (status.Status().Details == nil || status.Status().Details.Group != kubevirtv1.SchemeGroupVersion.Group):
+		// virt-api's own 404 (the VM is missing) names the kubevirt.io
+		// group; the API server's 404 for an unserved group does not.
+		if !b.subresourcesMissing.Swap(true) {
+			b.log.V(1).Info("KubeVirt's subresource API is not served; forcing power by deleting the VMI, which waits for the VMI's own grace period",
+				"group", kubevirtv1.SubresourceGroupName)
+		}
+		return subresourceNotServed, nil
+	default:
+		return 0, b.apiError(err, "calling "+subresource+" on the VirtualMachine")
+	}
 }
 
 // cdiInstalled reports whether the API server serves CDI's DataVolume.

@@ -1,6 +1,7 @@
 package kubevirt_test
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
@@ -9,19 +10,41 @@ import (
 	"github.com/virtmetal/virtmetal/machine/machinetest"
 )
 
+// TestContract runs the contract suite on a cluster whose virt-api serves
+// the stop and restart subresources, and on one without (the fallback).
 func TestContract(t *testing.T) {
-	machinetest.Run(t, func(t *testing.T) machinetest.Subject {
-		ns := newNamespace(t)
-		newVM(t, ns, "vm", nil)
-		b := startBackend(t, env.Config, ns, "vm", kubevirt.Options{})
-		m, err := b.Machine(t.Context(), "vm")
-		if err != nil {
-			t.Fatalf("Machine: %v", err)
-		}
-		return machinetest.Subject{
-			Machine: m,
-			Boots:   func() []machine.BootTarget { return sim.Boots(ns, "vm") },
-			Settle:  20 * time.Second,
-		}
-	})
+	modes := []struct {
+		name   string
+		answer int // the virt-api stand-in's; 0: acts as virt-api
+	}{
+		{"subresource API served", 0},
+		{"subresource API not served", http.StatusNotFound},
+	}
+	for _, mode := range modes {
+		t.Run(mode.name, func(t *testing.T) {
+			machinetest.Run(t, func(t *testing.T) machinetest.Subject {
+				ns := newNamespace(t)
+				newVM(t, ns, "vm", nil)
+				api := newVirtAPI(t)
+				api.Answer(mode.answer)
+				b := startBackend(t, api.Config(), ns, "vm", kubevirt.Options{})
+				if mode.answer == 0 {
+					t.Cleanup(func() {
+						if _, deleted := forcing(api.Requests(), ns, "vm"); deleted {
+							t.Errorf("the backend fell back to deleting the VMI while virt-api served stop and restart")
+						}
+					})
+				}
+				m, err := b.Machine(t.Context(), "vm")
+				if err != nil {
+					t.Fatalf("Machine: %v", err)
+				}
+				return machinetest.Subject{
+					Machine: m,
+					Boots:   func() []machine.BootTarget { return sim.Boots(ns, "vm") },
+					Settle:  20 * time.Second,
+				}
+			})
+		})
+	}
 }

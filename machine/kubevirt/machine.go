@@ -54,9 +54,9 @@ var (
 	always                = kubevirtv1.RunStrategyAlways
 )
 
-// Reset translates a power action into runStrategy and VMI deletion. It
-// acts on the desired state, never on the (lagging) status, so actions
-// issued back to back converge on the last one.
+// Reset translates a power action into runStrategy and KubeVirt's stop and
+// restart subresources. It acts on the desired state, never on the
+// (lagging) status, so actions issued back to back converge on the last one.
 func (m *Machine) Reset(ctx context.Context, r machine.ResetType) error {
 	if err := m.Capabilities().CheckReset(r); err != nil {
 		return err
@@ -70,26 +70,52 @@ func (m *Machine) Reset(ctx context.Context, r machine.ResetType) error {
 		_, err := m.b.updateVM(ctx, setRunStrategy(halted))
 		return err
 	case machine.ResetForceOff:
-		vmi, err := m.b.updateVM(ctx, setRunStrategy(halted))
-		if err != nil || vmi == nil {
-			return err
-		}
-		return m.b.deleteVMI(ctx, vmi.UID, &gracePeriodNone)
+		return m.forceOff(ctx)
 	case machine.ResetForceRestart, machine.ResetPowerCycle:
-		return m.restart(ctx, &gracePeriodNone)
+		return m.restart(ctx, true)
 	default: // GracefulRestart: CheckReset admitted nothing else
-		return m.restart(ctx, nil)
+		return m.restart(ctx, false)
 	}
 }
 
-// restart makes a new VMI: with runStrategy Always virt-controller replaces
-// a deleted VMI, and starts one where there is none (the VM is off).
-func (m *Machine) restart(ctx context.Context, grace *int64) error {
+// forceOff stops the VM at once. virt-handler shuts a VMI down within the
+// VMI's own terminationGracePeriodSeconds, which only KubeVirt may change:
+// the stop subresource with gracePeriod 0 does, so it comes first. Deleting
+// the VMI cannot shorten that wait (custom resources ignore a delete's grace
+// period), so it is only the fallback where no virt-api serves the
+// subresource.
+func (m *Machine) forceOff(ctx context.Context) error {
+	result, err := m.b.callSubresource(ctx, "stop", &kubevirtv1.StopOptions{GracePeriod: &gracePeriodNone})
+	if err != nil {
+		return err
+	}
+	// stop leaves the strategies Manual and RerunOnFailure as they are, and
+	// a refused stop (already off) changes nothing: Off is Halted for a BMC.
+	vmi, err := m.b.updateVM(ctx, setRunStrategy(halted))
+	if err != nil || vmi == nil || result != subresourceNotServed {
+		return err
+	}
+	return m.b.deleteVMI(ctx, vmi.UID, &gracePeriodNone)
+}
+
+// restart makes a new VMI: with runStrategy Always virt-controller starts
+// one where there is none (the VM is off) and replaces one that stops. A
+// forced restart asks virt-api (restart, gracePeriodSeconds 0); where that
+// is not served or refused (the VMI went meanwhile), and for a graceful
+// restart, deleting the VMI makes virt-controller replace it.
+func (m *Machine) restart(ctx context.Context, force bool) error {
 	vmi, err := m.b.updateVM(ctx, setRunStrategy(always))
 	if err != nil || vmi == nil {
 		return err
 	}
-	return m.b.deleteVMI(ctx, vmi.UID, grace)
+	if !force {
+		return m.b.deleteVMI(ctx, vmi.UID, nil)
+	}
+	result, err := m.b.callSubresource(ctx, "restart", &kubevirtv1.RestartOptions{GracePeriodSeconds: &gracePeriodNone})
+	if err != nil || result == subresourceDone {
+		return err
+	}
+	return m.b.deleteVMI(ctx, vmi.UID, &gracePeriodNone)
 }
 
 // setRunStrategy writes runStrategy directly (clearing the deprecated

@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
@@ -444,7 +446,8 @@ func url(host string) (string, error) {
 }
 
 // TestRBAC runs the backend as the ServiceAccount deploy/bmc grants: it
-// works on its VM and cannot touch another one.
+// works on its VM (forced power through the fallback: envtest serves no
+// virt-api) and cannot touch another one, subresources included.
 func TestRBAC(t *testing.T) {
 	ctx := t.Context()
 	ns := newNamespace(t)
@@ -491,9 +494,22 @@ func TestRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// envtest serves no virt-api, but the API server authorizes a request
+	// before it finds no route for it: NotFound is allowed, Forbidden not.
+	forcing := subresourceClient(t, cfg)
+	force := func(vm, subresource string) error {
+		return forcing.Put().Namespace(ns).Resource("virtualmachines").Name(vm).SubResource(subresource).Body([]byte(`{}`)).Do(ctx).Error()
+	}
+	for _, subresource := range []string{"stop", "restart"} {
+		if err := force("mine", subresource); !apierrors.IsNotFound(err) {
+			t.Fatalf("%s on its own VM: %v, want NotFound (authorized, not served)", subresource, err)
+		}
+	}
 	other := client.ObjectKey{Namespace: ns, Name: "other"}
 	forbidden := map[string]func() error{
-		"get other VM": func() error { return as.Get(ctx, other, &kubevirtv1.VirtualMachine{}) },
+		"stop other VM":    func() error { return force("other", "stop") },
+		"restart other VM": func() error { return force("other", "restart") },
+		"get other VM":     func() error { return as.Get(ctx, other, &kubevirtv1.VirtualMachine{}) },
 		"update other VM": func() error {
 			vm := getVM(t, ns, "other")
 			vm.Spec.RunStrategy = new(kubevirtv1.RunStrategyAlways)
@@ -519,6 +535,20 @@ func TestRBAC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// subresourceClient calls KubeVirt's subresource API group as cfg's user.
+func subresourceClient(t *testing.T, cfg *rest.Config) rest.Interface {
+	t.Helper()
+	cfg = rest.CopyConfig(cfg)
+	cfg.APIPath = "/apis"
+	cfg.GroupVersion = &schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: "v1"}
+	cfg.NegotiatedSerializer = clientgoscheme.Codecs.WithoutConversion()
+	c, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		t.Fatalf("REST client: %v", err)
+	}
+	return c
 }
 
 // TestMediaWithoutCDI: on a cluster without CDI the machine says it has no

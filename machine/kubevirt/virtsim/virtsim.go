@@ -4,6 +4,7 @@
 // Starting, Running, Stopping and Stopped and the VMI's phase from Pending
 // to Running, persists a firmware UUID, and records the device every VMI
 // boots from: the one with the lowest bootOrder when the VMI is created.
+// VirtAPI stands in for virt-api's stop and restart subresources.
 package virtsim
 
 import (
@@ -39,7 +40,9 @@ type Options struct {
 	// StartDelay is how long a new VMI stays Pending (VM Starting).
 	StartDelay time.Duration
 	// StopDelay is how long a graceful shutdown takes (VM Stopping). A VMI
-	// deleted with grace period 0 goes at once.
+	// whose spec.terminationGracePeriodSeconds is 0 goes at once, as with
+	// virt-handler (a delete's own grace period means nothing for a custom
+	// resource: the API server always records 0).
 	StopDelay time.Duration
 	Logger    logr.Logger
 }
@@ -126,7 +129,7 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	case vmi != nil && vmi.DeletionTimestamp != nil:
 		status = kubevirtv1.VirtualMachineStatusStopping
 		left := s.opts.StopDelay - time.Since(vmi.DeletionTimestamp.Time)
-		if vmi.DeletionGracePeriodSeconds != nil && *vmi.DeletionGracePeriodSeconds == 0 || left <= 0 {
+		if grace := vmi.Spec.TerminationGracePeriodSeconds; grace != nil && *grace == 0 || left <= 0 {
 			if err := s.finalize(ctx, vmi); err != nil {
 				return ctrl.Result{}, err
 			}
