@@ -90,7 +90,7 @@ func TestClientSendsFreshNonces(t *testing.T) {
 	// The simulator refuses a reused nonce, so many requests in the same
 	// second only pass with a new nonce each.
 	s := maastest.New(t)
-	c := newClient(t, s)
+	c := s.Client(t)
 	for i := range 50 {
 		if _, err := c.Machines(context.Background()); err != nil {
 			t.Fatalf("request %d: %v", i, err)
@@ -102,7 +102,7 @@ func TestClientCanceledContext(t *testing.T) {
 	s := maastest.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := newClient(t, s).Machines(ctx); !errors.Is(err, context.Canceled) {
+	if _, err := s.Client(t).Machines(ctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }

@@ -15,19 +15,6 @@ import (
 
 const testDomain = "bmc.example.org"
 
-func newClient(t testing.TB, s *maastest.Server) *maas.Client {
-	t.Helper()
-	key, err := maas.ParseAPIKey(maastest.APIKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := maas.NewClient(s.URL(), key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // ours is a machine as it looks right after enlistment with the virtmetal
 // commissioning script: Redfish, our address, no credentials yet.
 func ours(systemID string, vm maas.VMRef, status int) maastest.Machine {
@@ -115,7 +102,7 @@ func (f *fakeCluster) setPassword(vm maas.VMRef, password string) {
 }
 
 func newReconciler(t testing.TB, s *maastest.Server, c maas.Cluster) *maas.Reconciler {
-	return &maas.Reconciler{MaaS: newClient(t, s), Cluster: c, Domain: testDomain, Out: io.Discard, Log: logr.Discard()}
+	return &maas.Reconciler{MaaS: s.Client(t), Cluster: c, Domain: testDomain, Out: io.Discard, Log: logr.Discard()}
 }
 
 // writes counts the requests that change MaaS.

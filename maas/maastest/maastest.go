@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/virtmetal/virtmetal/maas"
 )
 
 // MaaS machine status codes and the names MaaS shows for them.
@@ -745,4 +747,18 @@ func (s *Server) createPool(r *http.Request) reply {
 	s.nextPoolID++
 	s.pools = append(s.pools, p)
 	return jsonReply(p)
+}
+
+// Client returns a maas.Client for this server, authenticated with APIKey.
+func (s *Server) Client(t testing.TB) *maas.Client {
+	t.Helper()
+	key, err := maas.ParseAPIKey(APIKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := maas.NewClient(s.URL(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -15,19 +15,6 @@ import (
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
 
-func newClient(t *testing.T, s *maastest.Server) *maas.Client {
-	t.Helper()
-	key, err := maas.ParseAPIKey(maastest.APIKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := maas.NewClient(s.URL(), key, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // rawGet sends GET machines/ with the given Authorization header.
 func rawGet(t *testing.T, s *maastest.Server, authorization string) (int, string) {
 	t.Helper()
@@ -127,7 +114,7 @@ func TestMachinesAndPowerParameters(t *testing.T) {
 	s := maastest.New(t).
 		WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "p"}}).
 		WithMachine(maastest.Machine{SystemID: "b", Hostname: "beta", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
-	c := newClient(t, s)
+	c := s.Client(t)
 	ctx := context.Background()
 
 	machines, err := c.Machines(ctx)
@@ -177,7 +164,7 @@ func TestUpdateMachine(t *testing.T) {
 			s := maastest.New(t).WithPool("tenant").
 				WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x"}}).
 				WithMachine(maastest.Machine{SystemID: "b", Hostname: "taken"})
-			_, err := newClient(t, s).UpdateMachine(context.Background(), "a", tt.update)
+			_, err := s.Client(t).UpdateMachine(context.Background(), "a", tt.update)
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
@@ -196,7 +183,7 @@ func TestUpdateMachine(t *testing.T) {
 
 func TestUpdateUnknownMachine(t *testing.T) {
 	s := maastest.New(t)
-	_, err := newClient(t, s).UpdateMachine(context.Background(), "nope", maas.MachineUpdate{Hostname: "x"})
+	_, err := s.Client(t).UpdateMachine(context.Background(), "nope", maas.MachineUpdate{Hostname: "x"})
 	if !errors.Is(err, maas.ErrNotFound) {
 		t.Fatalf("err = %v, want ErrNotFound", err)
 	}
@@ -219,7 +206,7 @@ func TestCommission(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(fmt.Sprint("status ", tt.status), func(t *testing.T) {
 			s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a", Status: tt.status})
-			m, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{})
+			m, err := s.Client(t).Commission(context.Background(), "a", maas.CommissionOptions{})
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
@@ -249,7 +236,7 @@ func TestStepAppliesBMCConfigUnlessSkipped(t *testing.T) {
 				PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "real"},
 				BMCConfig:       map[string]string{"power_type": "redfish", "power_address": "https://x", "power_pass": ""},
 			})
-			if _, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{SkipBMCConfig: skip}); err != nil {
+			if _, err := s.Client(t).Commission(context.Background(), "a", maas.CommissionOptions{SkipBMCConfig: skip}); err != nil {
 				t.Fatal(err)
 			}
 			s.Step()
@@ -267,7 +254,7 @@ func TestStepAppliesBMCConfigUnlessSkipped(t *testing.T) {
 
 func TestPools(t *testing.T) {
 	s := maastest.New(t).WithPool("existing")
-	c := newClient(t, s)
+	c := s.Client(t)
 	ctx := context.Background()
 	if _, err := c.CreatePool(ctx, "existing", ""); !errors.Is(err, maas.ErrInvalidArgument) {
 		t.Fatalf("duplicate pool: err = %v, want ErrInvalidArgument", err)
@@ -304,7 +291,7 @@ func TestFaults(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
-			c := newClient(t, s)
+			c := s.Client(t)
 			// A POST is never retried by net/http, so one fault is one failure.
 			s.FailNext(1, tt.fault)
 			_, err := c.Commission(context.Background(), "a", maas.CommissionOptions{})
@@ -328,7 +315,7 @@ func TestFaults(t *testing.T) {
 func TestFaultDropResponseAppliesTheChange(t *testing.T) {
 	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
 	s.FailNext(1, maastest.FaultDropResponse)
-	_, err := newClient(t, s).Commission(context.Background(), "a", maas.CommissionOptions{})
+	_, err := s.Client(t).Commission(context.Background(), "a", maas.CommissionOptions{})
 	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
@@ -339,7 +326,7 @@ func TestFaultDropResponseAppliesTheChange(t *testing.T) {
 
 func TestFailMatchingUntilCleared(t *testing.T) {
 	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
-	c := newClient(t, s)
+	c := s.Client(t)
 	ctx := context.Background()
 	s.FailMatching(maastest.Match{Path: "resourcepools/"}, -1, maastest.FaultServerError)
 	for range 3 {
