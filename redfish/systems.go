@@ -364,20 +364,21 @@ func ethernetPath(systemID, nic string) string {
 	return systemPath(systemID) + "/EthernetInterfaces/" + url.PathEscape(nic)
 }
 
-func (s *Server) inventoryOf(c *call, m machine.Machine) (machine.Inventory, error) {
+// systemInventory resolves the system of the path and reads its inventory.
+func (s *Server) systemInventory(c *call) (machine.Machine, machine.Inventory, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return nil, machine.Inventory{}, err
+	}
 	inv, err := m.Inventory(c.ctx())
 	if err != nil {
-		return machine.Inventory{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID()})
+		return nil, machine.Inventory{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID()})
 	}
-	return inv, nil
+	return m, inv, nil
 }
 
 func (s *Server) getEthernetInterfaces(c *call) (result, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
-	if err != nil {
-		return result{}, err
-	}
-	inv, err := s.inventoryOf(c, m)
+	m, inv, err := s.systemInventory(c)
 	if err != nil {
 		return result{}, err
 	}
@@ -389,11 +390,7 @@ func (s *Server) getEthernetInterfaces(c *call) (result, error) {
 }
 
 func (s *Server) getEthernetInterface(c *call) (result, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
-	if err != nil {
-		return result{}, err
-	}
-	inv, err := s.inventoryOf(c, m)
+	m, inv, err := s.systemInventory(c)
 	if err != nil {
 		return result{}, err
 	}
@@ -443,16 +440,12 @@ func (s *Server) getSimpleStorages(c *call) (result, error) {
 }
 
 func (s *Server) getSimpleStorage(c *call) (result, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	m, inv, err := s.systemInventory(c)
 	if err != nil {
 		return result{}, err
 	}
 	if id := c.vars["storageID"]; id != simpleStorageID {
 		return result{}, newError(http.StatusNotFound, msgResourceNotFound, "SimpleStorage", id)
-	}
-	inv, err := s.inventoryOf(c, m)
-	if err != nil {
-		return result{}, err
 	}
 	devices := []any{}
 	for _, d := range inv.Disks {
