@@ -32,10 +32,16 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 )
 
-// StatusNew is MaaS's status code (maasserver NODE_STATUS) of an enlisted,
-// never commissioned machine: the only status the reconciler commissions.
+// MaaS's status codes (maasserver NODE_STATUS) the reconciler acts on;
 // Machine.StatusName carries MaaS's name for any status.
-const StatusNew = 0
+const (
+	// StatusNew: enlisted, never commissioned; the only status the
+	// reconciler commissions.
+	StatusNew = 0
+	// StatusReady: commissioned and not allocated; still the reconciler's to
+	// name and pool.
+	StatusReady = 4
+)
 
 // PowerTypeRedfish is MaaS's power driver name for Redfish BMCs.
 const PowerTypeRedfish = "redfish"

@@ -23,10 +23,13 @@ import (
 //     status: a rotated password must reach Ready and Deployed machines too,
 //     or MaaS loses power control;
 //   - hostname "<vm>-<namespace>" and the resource pool named after the
-//     namespace (created when missing) are set while the machine is New only:
-//     after that the machine belongs to its operators, who may rename or move
-//     it, and renaming a deployed machine would change its DNS name under
-//     its workload;
+//     namespace (created when missing) are set while the machine is New, and
+//     while it is Ready once its VM's BMC Secret is found: MaaS commissions
+//     at enlistment by default (enlist_commissioning), so a machine may be
+//     Ready before the reconciler first sees it. A Ready machine renamed or
+//     moved by hand is put back. Machines in any other status (allocated,
+//     deployed, commissioning, failed, broken...) keep their names: renaming
+//     a deployed machine would change its DNS name under its workload;
 //   - a New machine is commissioned once its credentials, hostname and pool
 //     are in place (MaaS needs the credentials to power it on). Machines in
 //     any other status are never commissioned.
@@ -138,9 +141,29 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 		errs = append(errs, err)
 	}
 
-	poolErrs := r.ensurePools(ctx, managed, record, fail)
-	for _, m := range managed {
-		if err := r.reconcileMachine(ctx, m, holders, poolErrs, record); err != nil {
+	// Credentials first: whether a VM's Secret exists decides whether a
+	// Ready machine is ours to name, and so which pools are needed.
+	credentialsSet := make([]bool, len(managed))
+	credentialsErr := make([]error, len(managed))
+	for i, m := range managed {
+		credentialsSet[i], credentialsErr[i] = r.reconcileCredentials(ctx, r.logFor(m), m, record)
+	}
+	ownsIdentity := func(i int) bool {
+		return managed[i].Status == StatusNew || (managed[i].Status == StatusReady && credentialsSet[i])
+	}
+	var poolsWanted []string
+	for i, m := range managed {
+		if credentialsErr[i] == nil && ownsIdentity(i) && m.Pool.Name != m.vm.Namespace && !slices.Contains(poolsWanted, m.vm.Namespace) {
+			poolsWanted = append(poolsWanted, m.vm.Namespace)
+		}
+	}
+	poolErrs := r.ensurePools(ctx, poolsWanted, record, fail)
+	for i, m := range managed {
+		current, err := m.Machine, credentialsErr[i]
+		if err == nil && ownsIdentity(i) {
+			current, err = r.reconcileIdentityAndCommission(ctx, r.logFor(m), m, credentialsSet[i], holders, poolErrs, record)
+		}
+		if err := errors.Join(err, r.report(ctx, r.logFor(m), m, current, record)); err != nil {
 			fail(err)
 		}
 	}
@@ -149,16 +172,10 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 	return result, errors.Join(errs...)
 }
 
-// ensurePools creates the pools New machines must move into. It lists pools
-// only when some machine needs moving, and creates each missing pool once.
-// It returns, per namespace, why its pool may not exist.
-func (r *Reconciler) ensurePools(ctx context.Context, managed []managedMachine, record func(Change), fail func(error)) map[string]error {
-	var wanted []string
-	for _, m := range managed {
-		if m.Status == StatusNew && m.Pool.Name != m.vm.Namespace && !slices.Contains(wanted, m.vm.Namespace) {
-			wanted = append(wanted, m.vm.Namespace)
-		}
-	}
+// ensurePools creates the wanted pools that are missing. It lists pools only
+// when some machine needs moving, and creates each missing pool once. It
+// returns, per namespace, why its pool may not exist.
+func (r *Reconciler) ensurePools(ctx context.Context, wanted []string, record func(Change), fail func(error)) map[string]error {
 	if len(wanted) == 0 {
 		return nil
 	}
@@ -197,21 +214,16 @@ func (r *Reconciler) ensurePools(ctx context.Context, managed []managedMachine, 
 	return poolErrs
 }
 
-func (r *Reconciler) reconcileMachine(ctx context.Context, m managedMachine, holders map[string]string, poolErrs map[string]error, record func(Change)) error {
-	log := r.Log.WithValues("systemID", m.SystemID, "namespace", m.vm.Namespace, "vm", m.vm.Name)
-	current, err := r.reconcileInMaaS(ctx, log, m, holders, poolErrs, record)
-	return errors.Join(err, r.report(ctx, log, m, current, record))
+func (r *Reconciler) logFor(m managedMachine) logr.Logger {
+	return r.Log.WithValues("systemID", m.SystemID, "namespace", m.vm.Namespace, "vm", m.vm.Name)
 }
 
-// reconcileInMaaS sets the credentials and, for a New machine, the hostname and
-// pool, then commissions it. It returns the machine as MaaS last showed it.
-func (r *Reconciler) reconcileInMaaS(ctx context.Context, log logr.Logger, m managedMachine, holders map[string]string, poolErrs map[string]error, record func(Change)) (Machine, error) {
-	credentialsSet, err := r.reconcileCredentials(ctx, log, m, record)
-	if err != nil || m.Status != StatusNew {
-		return m.Machine, err
-	}
+// reconcileIdentityAndCommission sets the hostname and pool and, for a New
+// machine whose credentials are in place, commissions it. It returns the
+// machine as MaaS last showed it.
+func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, credentialsSet bool, holders map[string]string, poolErrs map[string]error, record func(Change)) (Machine, error) {
 	identitySet, err := r.reconcileIdentity(ctx, log, m, holders, poolErrs, record)
-	if err != nil || !identitySet {
+	if err != nil || !identitySet || m.Status != StatusNew {
 		return m.Machine, err
 	}
 	if !credentialsSet {
@@ -267,7 +279,7 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	return true, nil
 }
 
-// reconcileIdentity gives a New machine its hostname and pool. It reports
+// reconcileIdentity gives a machine its hostname and pool. It reports
 // whether both are (or, in a dry run, would be) in place.
 func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m managedMachine, holders map[string]string, poolErrs map[string]error, record func(Change)) (bool, error) {
 	if poolErrs[m.vm.Namespace] != nil {

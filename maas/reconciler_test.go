@@ -175,11 +175,20 @@ func TestRules(t *testing.T) {
 			writes:   1,
 		},
 		{
-			name:     "Ready machine keeps operator's name and pool, gets credentials",
-			machines: []maastest.Machine{withHostname(ours("m1", vmA, maastest.StatusReady), "renamed", maastest.DefaultPool)},
+			// MaaS commissions at enlistment by default: the machine is Ready
+			// with a generated name before the reconciler first sees it.
+			name:     "Ready machine is named, pooled and given credentials, not commissioned",
+			machines: []maastest.Machine{withHostname(ours("m1", vmA, maastest.StatusReady), "able-cat", maastest.DefaultPool)},
 			vms:      map[maas.VMRef]string{vmA: "pw"},
-			want:     map[string]want{"m1": {"renamed", maastest.DefaultPool, "pw", maastest.StatusReady}},
-			writes:   1,
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusReady}},
+			writes:   3,
+		},
+		{
+			name:     "Ready machine whose VM has no BMC Secret keeps its name and pool",
+			machines: []maastest.Machine{withHostname(ours("m1", vmA, maastest.StatusReady), "able-cat", maastest.DefaultPool)},
+			vms:      map[maas.VMRef]string{vmA: ""},
+			want:     map[string]want{"m1": {"able-cat", maastest.DefaultPool, "", maastest.StatusReady}},
+			writes:   0,
 		},
 		{
 			name:     "Deployed machine gets rotated password only",
