@@ -77,6 +77,11 @@ type Backend struct {
 	// group (no virt-api), so the fallback is logged once, not per call.
 	subresourcesMissing atomic.Bool
 
+	// cdiMu guards the remembered answer of cdiInstalledRecently.
+	cdiMu           sync.Mutex
+	cdiKnown        bool
+	cdiTrustedUntil time.Time
+
 	newCache func() (cache.Cache, error)
 	cacheMu  sync.Mutex
 	cache    cache.Cache // the VM and its VMI; nil until Start built it
@@ -290,7 +295,7 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalled()}, nil
+	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalledRecently()}, nil
 }
 
 // read returns the VM and its VMI (nil when there is none).
@@ -480,15 +485,43 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 	}
 }
 
+// cdiRecheck is how long cdiInstalledRecently trusts an answer. Every
+// request asks for the machine's capabilities, and the REST mapper does not
+// remember a missing API group: without this, a cluster without CDI would
+// get one discovery request per Redfish request. CDI installed (or removed)
+// later shows within this time; InsertMedia always asks afresh.
+const cdiRecheck = time.Minute
+
+// cdiInstalledRecently is cdiInstalled, remembered for cdiRecheck.
+func (b *Backend) cdiInstalledRecently() bool {
+	b.cdiMu.Lock()
+	defer b.cdiMu.Unlock()
+	if time.Now().Before(b.cdiTrustedUntil) {
+		return b.cdiKnown
+	}
+	installed, definite := b.lookUpCDI()
+	if definite {
+		b.cdiKnown, b.cdiTrustedUntil = installed, time.Now().Add(cdiRecheck)
+	}
+	return installed
+}
+
 // cdiInstalled reports whether the API server serves CDI's DataVolume.
 func (b *Backend) cdiInstalled() bool {
+	installed, _ := b.lookUpCDI()
+	return installed
+}
+
+// lookUpCDI asks the REST mapper for CDI's DataVolume. definite is false
+// when the answer is unknown (API server away); installed is then true, so
+// media is offered and InsertMedia checks again.
+func (b *Backend) lookUpCDI() (installed, definite bool) {
 	_, err := b.client.RESTMapper().RESTMapping(cdiv1beta1.SchemeGroupVersion.WithKind("DataVolume").GroupKind(), cdiv1beta1.SchemeGroupVersion.Version)
 	if err != nil && !meta.IsNoMatchError(err) {
-		// Unknown (API server away): claim support; InsertMedia checks again.
 		b.log.V(1).Info("cannot tell whether CDI is installed", "error", err.Error())
-		return true
+		return true, false
 	}
-	return err == nil
+	return err == nil, true
 }
 
 // apiError maps an API error onto the machine sentinels: a missing object

@@ -1,0 +1,113 @@
+package conformance_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// requestLog records the API requests a backend makes.
+type requestLog struct {
+	mu       sync.Mutex
+	requests []string
+	next     http.RoundTripper
+}
+
+func (l *requestLog) RoundTrip(r *http.Request) (*http.Response, error) {
+	l.mu.Lock()
+	l.requests = append(l.requests, r.Method+" "+r.URL.Path)
+	l.mu.Unlock()
+	return l.next.RoundTrip(r)
+}
+
+func (l *requestLog) since(n int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.requests[n:]...)
+}
+
+func (l *requestLog) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.requests)
+}
+
+// TestKubeVirtPollsMakeNoAPIRequests: MaaS polls PowerState over and over;
+// every poll must be answered from the informer cache, on clusters with
+// and without CDI, never by a request to the API server.
+func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
+	for _, withoutCDI := range []bool{false, true} {
+		name := "with CDI"
+		if withoutCDI {
+			name = "without CDI"
+		}
+		t.Run(name, func(t *testing.T) {
+			env, err := kubetest.Start(kubetest.Options{WithoutCDI: withoutCDI})
+			if err != nil {
+				t.Fatalf("envtest: %v", err)
+			}
+			t.Cleanup(func() { _ = env.Stop() })
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			halted := kubevirtv1.RunStrategyHalted
+			vm := &kubevirtv1.VirtualMachine{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "polled"},
+				Spec: kubevirtv1.VirtualMachineSpec{
+					RunStrategy: &halted,
+					Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+						Domain: kubevirtv1.DomainSpec{Firmware: &kubevirtv1.Firmware{UUID: "0f4c8a2e-6b1d-4e3a-9c7f-5d2b8e1a0c46"}},
+					}},
+				},
+			}
+			if err := env.Client.Create(ctx, vm); err != nil {
+				t.Fatalf("creating VM: %v", err)
+			}
+			log := &requestLog{}
+			cfg := rest.CopyConfig(env.Config)
+			cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { log.next = next; return log })
+			backend, err := kubevirt.New(cfg, "default", "polled", kubevirt.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = backend.Start(ctx) }()
+			if !backend.WaitForCacheSync(ctx) {
+				t.Fatal("backend cache did not sync")
+			}
+			server, err := redfish.NewServer(redfish.Config{
+				Backend:  backend,
+				Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
+				Logger:   logr.Discard(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := httptest.NewTLSServer(server)
+			t.Cleanup(ts.Close)
+
+			// The first request may look up what the cluster serves.
+			if status, _, _ := kvRequest(t, ts, http.MethodGet, "/redfish/v1/Systems/polled", nil, ""); status != http.StatusOK {
+				t.Fatalf("GET system: %d", status)
+			}
+			before := log.count()
+			for range 20 {
+				if status, _, _ := kvRequest(t, ts, http.MethodGet, "/redfish/v1/Systems/polled", nil, ""); status != http.StatusOK {
+					t.Fatalf("GET system: %d", status)
+				}
+			}
+			if extra := log.since(before); len(extra) != 0 {
+				t.Fatalf("20 status polls made %d API requests, want 0: %v", len(extra), extra)
+			}
+		})
+	}
+}
