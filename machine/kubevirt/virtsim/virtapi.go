@@ -211,19 +211,29 @@ func decode(r *http.Request, into any) error {
 	return nil
 }
 
+// readWithStrategy reads the VM, its VMI (nil when none) and its run
+// strategy.
+func (a *VirtAPI) readWithStrategy(ctx context.Context, key types.NamespacedName) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, kubevirtv1.VirtualMachineRunStrategy, error) {
+	vm, vmi, err := a.read(ctx, key)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	strategy, err := vm.RunStrategy()
+	if err != nil {
+		return nil, nil, "", apierrors.NewInternalError(err)
+	}
+	return vm, vmi, strategy, nil
+}
+
 // stop acts as virt-api does: a running VMI first gets the requested grace
 // period (virt-handler gives a shutting-down VMI that long); then Always
 // and Once become Halted, while Halted (only with a shorter grace period),
 // Manual and RerunOnFailure need a running VMI, which is stopped. A VM
 // with nothing to stop is a conflict.
 func (a *VirtAPI) stop(ctx context.Context, key types.NamespacedName, opts kubevirtv1.StopOptions) error {
-	vm, vmi, err := a.read(ctx, key)
+	vm, vmi, strategy, err := a.readWithStrategy(ctx, key)
 	if err != nil {
 		return err
-	}
-	strategy, err := vm.RunStrategy()
-	if err != nil {
-		return apierrors.NewInternalError(err)
 	}
 	running := vmi != nil && !vmi.IsFinal()
 	var previousGrace *int64
@@ -264,13 +274,9 @@ func (a *VirtAPI) restart(ctx context.Context, key types.NamespacedName, opts ku
 	if g := opts.GracePeriodSeconds; g != nil && *g != 0 {
 		return apierrors.NewBadRequest(fmt.Sprintf("gracePeriodSeconds %d: only 0 is supported for a forced restart", *g))
 	}
-	vm, vmi, err := a.read(ctx, key)
+	_, vmi, strategy, err := a.readWithStrategy(ctx, key)
 	if err != nil {
 		return err
-	}
-	strategy, err := vm.RunStrategy()
-	if err != nil {
-		return apierrors.NewInternalError(err)
 	}
 	if strategy == kubevirtv1.RunStrategyHalted || strategy == kubevirtv1.RunStrategyOnce {
 		return apierrors.NewConflict(kubevirtv1.Resource("virtualmachine"), key.Name, fmt.Errorf("runStrategy %s does not support restart requests", strategy))
