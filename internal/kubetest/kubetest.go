@@ -22,6 +22,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+	controllermanifests "github.com/virtmetal/virtmetal/deploy/controller"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/test/crds"
 )
@@ -61,6 +63,9 @@ func AssetsDir() (string, error) {
 type Options struct {
 	// WithoutCDI leaves out the DataVolume CRD, as on a cluster without CDI.
 	WithoutCDI bool
+	// WebhookPaths are files or folders of webhook configurations to install,
+	// pointed at a local webhook server (see Env.Webhook).
+	WebhookPaths []string
 }
 
 // Env is a running API server.
@@ -82,10 +87,15 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	scheme := kubevirt.Scheme()
+	if err := v1beta1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
 	env := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDs:                  defs,
-		Scheme:                kubevirt.Scheme(),
+		Scheme:                scheme,
+		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: opts.WebhookPaths},
 	}
 	cfg, err := env.Start()
 	if err != nil {
@@ -98,6 +108,10 @@ func Start(opts Options) (*Env, error) {
 	}
 	return &Env{env: env, Config: cfg, Client: c}, nil
 }
+
+// Webhook says where the installed webhook configurations send their
+// requests: the host, port and certificate folder a webhook server must use.
+func (e *Env) Webhook() *envtest.WebhookInstallOptions { return &e.env.WebhookInstallOptions }
 
 // Stop stops the API server and etcd.
 func (e *Env) Stop() error { return e.env.Stop() }
@@ -127,9 +141,25 @@ func ServiceAccountUser(namespace, name string) string {
 	return "system:serviceaccount:" + namespace + ":" + name
 }
 
-// CRDs decodes the generated CRDs in test/crds.
+// CRDs decodes the generated KubeVirt CRDs in test/crds and virtmetal's own
+// in deploy/controller/crd.
 func CRDs(opts Options) ([]*apiextensionsv1.CustomResourceDefinition, error) {
-	files, err := fs.Glob(crds.FS, "*.yaml")
+	var out []*apiextensionsv1.CustomResourceDefinition
+	for _, dir := range []struct {
+		fsys    fs.FS
+		pattern string
+	}{{crds.FS, "*.yaml"}, {controllermanifests.CRDs, "crd/*.yaml"}} {
+		defs, err := decodeCRDs(dir.fsys, dir.pattern, opts)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, defs...)
+	}
+	return out, nil
+}
+
+func decodeCRDs(fsys fs.FS, pattern string, opts Options) ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	files, err := fs.Glob(fsys, pattern)
 	if err != nil {
 		return nil, err
 	}
@@ -138,7 +168,7 @@ func CRDs(opts Options) ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		if opts.WithoutCDI && strings.HasSuffix(name, ".cdi.kubevirt.io.yaml") {
 			continue
 		}
-		data, err := crds.FS.ReadFile(name)
+		data, err := fs.ReadFile(fsys, name)
 		if err != nil {
 			return nil, err
 		}
