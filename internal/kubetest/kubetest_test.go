@@ -61,12 +61,12 @@ func TestCRDs(t *testing.T) {
 		{Options{}, []string{
 			"datavolumes.cdi.kubevirt.io", "virtualmachineclusterinstancetypes.instancetype.kubevirt.io",
 			"virtualmachineinstances.kubevirt.io", "virtualmachineinstancetypes.instancetype.kubevirt.io",
-			"virtualmachines.kubevirt.io",
+			"virtualmachines.kubevirt.io", "virtualmachinebmcs.bmc.virtmetal.io",
 		}},
 		{Options{WithoutCDI: true}, []string{
 			"virtualmachineclusterinstancetypes.instancetype.kubevirt.io",
 			"virtualmachineinstances.kubevirt.io", "virtualmachineinstancetypes.instancetype.kubevirt.io",
-			"virtualmachines.kubevirt.io",
+			"virtualmachines.kubevirt.io", "virtualmachinebmcs.bmc.virtmetal.io",
 		}},
 	}
 	for _, tc := range tests {
