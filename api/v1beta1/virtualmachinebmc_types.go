@@ -12,8 +12,10 @@ const (
 	// value ManagedByValue.
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	ManagedByValue = "virtmetal"
-	// LabelVM names the VirtualMachine an object belongs to.
-	LabelVM = "virtmetal.io/vm"
+	// LabelVM names the VirtualMachine an object belongs to, and
+	// LabelNamespace its namespace where the object is cluster-scoped.
+	LabelVM        = "virtmetal.io/vm"
+	LabelNamespace = "virtmetal.io/namespace"
 	// AnnotationBMC on a VirtualMachine set to BMCDisabled opts it out of
 	// enrolment.
 	AnnotationBMC = "virtmetal.io/bmc"

@@ -1,0 +1,532 @@
+package controllers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"time"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+)
+
+func workloadKey(vm types.NamespacedName) types.NamespacedName {
+	return types.NamespacedName{Namespace: vm.Namespace, Name: "bmc-" + vm.Name}
+}
+
+// workloadExists is nil once every namespaced object of vm's BMC exists.
+func workloadExists(vm types.NamespacedName) error {
+	key := workloadKey(vm)
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		if err := get(key, obj); err != nil {
+			return fmt.Errorf("%T: %w", obj, err)
+		}
+	}
+	return nil
+}
+
+// enrolledVM creates an opted-in namespace with one VM and waits for its BMC.
+func enrolledVM(t *testing.T, namespaceName, vmName string) types.NamespacedName {
+	t.Helper()
+	sharedManager(t)
+	ns := namespace(t, namespaceName, true)
+	vm := createVM(t, newVM(ns, vmName))
+	key := client.ObjectKeyFromObject(vm)
+	waitFor(t, "workload", func() error { return workloadExists(key) })
+	return key
+}
+
+func TestWorkload(t *testing.T) {
+	vm := enrolledVM(t, "workload", "web1")
+	key := workloadKey(vm)
+
+	t.Run("Deployment", func(t *testing.T) {
+		d := &appsv1.Deployment{}
+		if err := get(key, d); err != nil {
+			t.Fatal(err)
+		}
+		pod := d.Spec.Template.Spec
+		c := pod.Containers[0]
+		checks := []struct {
+			what string
+			ok   bool
+		}{
+			{"one replica", *d.Spec.Replicas == 1},
+			{"the configured image", c.Image == testImage},
+			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials"},
+			{"no credentials in env", len(c.Env) == 0 && len(c.EnvFrom) == 0},
+			{"credentials mounted from the Secret", pod.Volumes[0].Secret != nil && pod.Volumes[0].Secret.SecretName == "web1-bmc" && c.VolumeMounts[0].ReadOnly},
+			{"its own ServiceAccount", pod.ServiceAccountName == "bmc-web1"},
+			{"non-root", *pod.SecurityContext.RunAsNonRoot && *pod.SecurityContext.RunAsUser != 0},
+			{"read-only root", *c.SecurityContext.ReadOnlyRootFilesystem},
+			{"no privilege escalation", !*c.SecurityContext.AllowPrivilegeEscalation},
+			{"capabilities dropped", slices.Equal(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
+			{"requests and limits", !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero() && !c.Resources.Limits.Cpu().IsZero()},
+			{"probes", c.ReadinessProbe.HTTPGet.Path == "/readyz" && c.LivenessProbe.HTTPGet.Path == "/healthz"},
+			{"no IPMI port", len(c.Ports) == 1},
+		}
+		for _, check := range checks {
+			if !check.ok {
+				t.Errorf("Deployment: want %s; pod spec %+v", check.what, pod)
+			}
+		}
+	})
+
+	t.Run("Service: Redfish only", func(t *testing.T) {
+		s := &corev1.Service{}
+		if err := get(key, s); err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Port != 443 || s.Spec.Ports[0].Protocol != corev1.ProtocolTCP {
+			t.Errorf("ports %+v, want 443/TCP alone", s.Spec.Ports)
+		}
+	})
+
+	t.Run("Ingress", func(t *testing.T) {
+		in := &networkingv1.Ingress{}
+		if err := get(key, in); err != nil {
+			t.Fatal(err)
+		}
+		host := "web1.workload." + testDomain
+		if in.Spec.Rules[0].Host != host || in.Spec.TLS[0].Hosts[0] != host || in.Spec.TLS[0].SecretName == "" {
+			t.Errorf("rules %+v tls %+v, want host %s with TLS", in.Spec.Rules, in.Spec.TLS, host)
+		}
+		if ptr.Deref(in.Spec.IngressClassName, "") != "nginx" {
+			t.Errorf("class %v, want nginx", in.Spec.IngressClassName)
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		waitFor(t, "status", func() error {
+			b := &v1beta1.VirtualMachineBMC{}
+			if err := get(vm, b); err != nil {
+				return err
+			}
+			if b.Status.RedfishURL != "https://web1.workload."+testDomain+"/redfish/v1/" {
+				return fmt.Errorf("redfishURL %q", b.Status.RedfishURL)
+			}
+			for _, c := range []string{v1beta1.ConditionVMFound, v1beta1.ConditionCredentialsReady, v1beta1.ConditionServiceReady, v1beta1.ConditionIngressReady} {
+				if !meta.IsStatusConditionTrue(b.Status.Conditions, c) {
+					return fmt.Errorf("condition %s not true: %+v", c, b.Status.Conditions)
+				}
+			}
+			// envtest runs no pods: the Deployment is never available.
+			if meta.IsStatusConditionTrue(b.Status.Conditions, v1beta1.ConditionReady) {
+				return errors.New("Ready although no bmc-server runs")
+			}
+			if b.Status.ObservedGeneration != b.Generation {
+				return fmt.Errorf("observedGeneration %d of %d", b.Status.ObservedGeneration, b.Generation)
+			}
+			return nil
+		})
+	})
+
+	t.Run("Ready once the Deployment is available", func(t *testing.T) {
+		d := &appsv1.Deployment{}
+		if err := get(key, d); err != nil {
+			t.Fatal(err)
+		}
+		d.Status.Replicas, d.Status.AvailableReplicas, d.Status.ReadyReplicas = 1, 1, 1
+		d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}}
+		if err := admin.Status().Update(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "Ready", func() error {
+			b := &v1beta1.VirtualMachineBMC{}
+			if err := get(vm, b); err != nil {
+				return err
+			}
+			if !meta.IsStatusConditionTrue(b.Status.Conditions, v1beta1.ConditionReady) {
+				return fmt.Errorf("conditions %+v", b.Status.Conditions)
+			}
+			return nil
+		})
+	})
+
+	t.Run("owner references: deleting the VM takes everything", func(t *testing.T) {
+		// envtest runs no garbage collector: prove the chain it follows.
+		vmObj := &kubevirtv1.VirtualMachine{}
+		b := &v1beta1.VirtualMachineBMC{}
+		secret := &corev1.Secret{}
+		for k, obj := range map[types.NamespacedName]client.Object{vm: vmObj, {Namespace: vm.Namespace, Name: "web1-bmc"}: secret} {
+			if err := get(k, obj); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := get(vm, b); err != nil {
+			t.Fatal(err)
+		}
+		if !metav1.IsControlledBy(b, vmObj) {
+			t.Errorf("VirtualMachineBMC owners %+v, want the VM", b.OwnerReferences)
+		}
+		if !slices.ContainsFunc(secret.OwnerReferences, func(o metav1.OwnerReference) bool { return o.UID == vmObj.UID }) {
+			t.Errorf("Secret owners %+v, want the VM", secret.OwnerReferences)
+		}
+		for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
+			&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+			if err := get(key, obj); err != nil {
+				t.Fatal(err)
+			}
+			if !metav1.IsControlledBy(obj, b) {
+				t.Errorf("%T owners %+v, want the VirtualMachineBMC", obj, obj.GetOwnerReferences())
+			}
+			if obj.GetLabels()[v1beta1.LabelManagedBy] != "virtmetal" || obj.GetLabels()[v1beta1.LabelVM] != "web1" {
+				t.Errorf("%T labels %v", obj, obj.GetLabels())
+			}
+		}
+	})
+}
+
+func TestDriftIsRepaired(t *testing.T) {
+	vm := enrolledVM(t, "drift", "web1")
+	key := workloadKey(vm)
+	ctx := context.Background()
+	tests := []struct {
+		name  string
+		edit  func(t *testing.T)
+		check func() error
+	}{
+		{
+			name: "Deployment image and args edited",
+			edit: func(t *testing.T) {
+				update(t, key, &appsv1.Deployment{}, func(obj client.Object) {
+					c := &obj.(*appsv1.Deployment).Spec.Template.Spec.Containers[0]
+					c.Image, c.Args = "attacker/image", []string{"--backend", "kubevirt", "--namespace", "other", "--vm", "victim"}
+				})
+			},
+			check: func() error {
+				d := &appsv1.Deployment{}
+				if err := get(key, d); err != nil {
+					return err
+				}
+				if c := d.Spec.Template.Spec.Containers[0]; c.Image != testImage || c.Args[3] != "drift" {
+					return fmt.Errorf("image %s args %v", c.Image, c.Args)
+				}
+				return nil
+			},
+		},
+		{
+			name: "Role widened",
+			edit: func(t *testing.T) {
+				update(t, key, &rbacv1.Role{}, func(obj client.Object) {
+					r := obj.(*rbacv1.Role)
+					r.Rules[0].ResourceNames = nil
+				})
+			},
+			check: func() error {
+				r := &rbacv1.Role{}
+				if err := get(key, r); err != nil {
+					return err
+				}
+				if !slices.Equal(r.Rules[0].ResourceNames, []string{"web1"}) {
+					return fmt.Errorf("rules %+v", r.Rules)
+				}
+				return nil
+			},
+		},
+		{
+			name:  "Service deleted",
+			edit:  func(t *testing.T) { deleteObj(t, key, &corev1.Service{}) },
+			check: func() error { return get(key, &corev1.Service{}) },
+		},
+		{
+			name:  "Ingress deleted",
+			edit:  func(t *testing.T) { deleteObj(t, key, &networkingv1.Ingress{}) },
+			check: func() error { return get(key, &networkingv1.Ingress{}) },
+		},
+		{
+			name:  "RoleBinding deleted",
+			edit:  func(t *testing.T) { deleteObj(t, key, &rbacv1.RoleBinding{}) },
+			check: func() error { return get(key, &rbacv1.RoleBinding{}) },
+		},
+		{
+			name: "credentials Secret deleted",
+			edit: func(t *testing.T) {
+				deleteObj(t, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{})
+			},
+			check: func() error { return enrolledSet(vm) },
+		},
+		{
+			name: "Ingress host edited",
+			edit: func(t *testing.T) {
+				update(t, key, &networkingv1.Ingress{}, func(obj client.Object) {
+					obj.(*networkingv1.Ingress).Spec.Rules[0].Host = "victim.other." + testDomain
+				})
+			},
+			check: func() error {
+				in := &networkingv1.Ingress{}
+				if err := get(key, in); err != nil {
+					return err
+				}
+				if h := in.Spec.Rules[0].Host; h != "web1.drift."+testDomain {
+					return fmt.Errorf("host %s", h)
+				}
+				return nil
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.edit(t)
+			waitFor(t, "repair", tc.check)
+		})
+	}
+	_ = ctx
+}
+
+func TestIPMIAndProtocolSwitches(t *testing.T) {
+	vm := enrolledVM(t, "ipmi", "web1")
+	key := workloadKey(vm)
+	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(true)
+	})
+	waitFor(t, "IPMI port", func() error {
+		s := &corev1.Service{}
+		if err := get(key, s); err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(s.Spec.Ports, func(p corev1.ServicePort) bool { return p.Port == 623 && p.Protocol == corev1.ProtocolUDP }) {
+			return fmt.Errorf("ports %+v", s.Spec.Ports)
+		}
+		d := &appsv1.Deployment{}
+		if err := get(key, d); err != nil {
+			return err
+		}
+		if !slices.Contains(d.Spec.Template.Spec.Containers[0].Args, "--ipmi-listen") {
+			return fmt.Errorf("args %v", d.Spec.Template.Spec.Containers[0].Args)
+		}
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(vm, b); err != nil {
+			return err
+		}
+		if b.Status.IPMIAddress != "bmc-web1.ipmi.svc:623" {
+			return fmt.Errorf("ipmiAddress %q", b.Status.IPMIAddress)
+		}
+		return nil
+	})
+	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.Redfish.Enabled = ptr.To(false)
+	})
+	waitFor(t, "no Ingress without Redfish", func() error { return gone(key, &networkingv1.Ingress{}) })
+	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(false)
+	})
+	waitFor(t, "no Service without either", func() error { return gone(key, &corev1.Service{}) })
+}
+
+func TestIngressHostStaysInItsNamespace(t *testing.T) {
+	vm := enrolledVM(t, "hosts", "web1")
+	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = "web1.team-a." + testDomain
+	})
+	waitFor(t, "refusal", func() error {
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(vm, b); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "HostNotAllowed" {
+			return fmt.Errorf("IngressReady %+v", c)
+		}
+		return gone(workloadKey(vm), &networkingv1.Ingress{})
+	})
+	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = "redfish.hosts." + testDomain
+	})
+	waitFor(t, "a host in the namespace's zone", func() error {
+		in := &networkingv1.Ingress{}
+		if err := get(workloadKey(vm), in); err != nil {
+			return err
+		}
+		if in.Spec.Rules[0].Host != "redfish.hosts."+testDomain {
+			return fmt.Errorf("host %s", in.Spec.Rules[0].Host)
+		}
+		return nil
+	})
+}
+
+func TestVirtualMachineBMCIsNamedAfterItsVM(t *testing.T) {
+	sharedManager(t)
+	ns := namespace(t, "naming", false)
+	b := &v1beta1.VirtualMachineBMC{}
+	b.Namespace, b.Name, b.Spec.VMName = ns, "mine", "someone-elses"
+	err := admin.Create(context.Background(), b)
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("create = %v, want Invalid", err)
+	}
+}
+
+func TestCredentialRotation(t *testing.T) {
+	vm := enrolledVM(t, "rotation", "web1")
+	secretKey := types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}
+	before := &corev1.Secret{}
+	if err := get(secretKey, before); err != nil {
+		t.Fatal(err)
+	}
+	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.SetAnnotations(map[string]string{v1beta1.AnnotationRotateCredentials: "2026-12-01"})
+	})
+	waitFor(t, "rotation", func() error {
+		after := &corev1.Secret{}
+		if err := get(secretKey, after); err != nil {
+			return err
+		}
+		if string(after.Data["password"]) == string(before.Data["password"]) {
+			return errors.New("password unchanged")
+		}
+		if string(after.Data["username"]) != string(before.Data["username"]) {
+			return errors.New("user name changed")
+		}
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(vm, b); err != nil {
+			return err
+		}
+		if b.Status.CredentialsRotation != "2026-12-01" {
+			return fmt.Errorf("credentialsRotation %q", b.Status.CredentialsRotation)
+		}
+		return nil
+	})
+	// Once per value: nothing rotates again while the annotation stays.
+	rotated := &corev1.Secret{}
+	if err := get(secretKey, rotated); err != nil {
+		t.Fatal(err)
+	}
+	requireNever(t, "a second rotation", func() error {
+		now := &corev1.Secret{}
+		if err := get(secretKey, now); err != nil {
+			return err
+		}
+		if now.ResourceVersion != rotated.ResourceVersion {
+			return nil
+		}
+		return errors.New("unchanged")
+	})
+}
+
+// TestBMCRoleReachesOnlyItsVM runs as the ServiceAccount the controller
+// made: it may patch its own VM and nothing else in the namespace.
+func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
+	vm := enrolledVM(t, "rbac", "web1")
+	other := createVM(t, newVM(vm.Namespace, "web2"))
+	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(vm.Namespace, "bmc-web1"), "system:serviceaccounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bmcClient, err := client.New(cfg, client.Options{Scheme: admin.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Always"}}`))
+	waitFor(t, "its own VM", func() error {
+		return bmcClient.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}}, patch)
+	})
+	if err := bmcClient.Patch(ctx, other, patch); !apierrors.IsForbidden(err) {
+		t.Errorf("patch of another VM = %v, want Forbidden", err)
+	}
+	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+		t.Errorf("read of its Secret through the API = %v, want Forbidden (it is mounted)", err)
+	}
+}
+
+func TestClusterInstancetypeRBAC(t *testing.T) {
+	sharedManager(t)
+	ns := namespace(t, "cluster-it", true)
+	vm := newVM(ns, "web1")
+	vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
+	createVM(t, vm)
+	key := client.ObjectKeyFromObject(vm)
+	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-it-web1"}
+	waitFor(t, "cluster RBAC", func() error {
+		if err := get(name, &rbacv1.ClusterRole{}); err != nil {
+			return err
+		}
+		return get(name, &rbacv1.ClusterRoleBinding{})
+	})
+	b := &v1beta1.VirtualMachineBMC{}
+	if err := get(key, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "cluster RBAC removed with the BMC", func() error {
+		if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
+			return err
+		}
+		return gone(name, &rbacv1.ClusterRoleBinding{})
+	})
+}
+
+func TestTwoNamespacesSameVMName(t *testing.T) {
+	a := enrolledVM(t, "team-a", "web1")
+	b := enrolledVM(t, "team-b", "web1")
+	hosts := map[string]bool{}
+	users := map[string]bool{}
+	for _, vm := range []types.NamespacedName{a, b} {
+		in := &networkingv1.Ingress{}
+		if err := get(workloadKey(vm), in); err != nil {
+			t.Fatal(err)
+		}
+		hosts[in.Spec.Rules[0].Host] = true
+		s := &corev1.Secret{}
+		if err := get(types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, s); err != nil {
+			t.Fatal(err)
+		}
+		users[string(s.Data["username"])] = true
+	}
+	if len(hosts) != 2 || len(users) != 2 {
+		t.Errorf("hosts %v users %v: want two of each", hosts, users)
+	}
+}
+
+// update reads key into obj, edits it and writes it back.
+func update(t *testing.T, key types.NamespacedName, obj client.Object, edit func(client.Object)) {
+	t.Helper()
+	waitFor(t, "update", func() error {
+		if err := get(key, obj); err != nil {
+			return err
+		}
+		edit(obj)
+		return admin.Update(context.Background(), obj)
+	})
+}
+
+func deleteObj(t *testing.T, key types.NamespacedName, obj client.Object) {
+	t.Helper()
+	if err := get(key, obj); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Delete(context.Background(), obj); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// requireNever fails if check succeeds within a second: for what must not
+// happen, where no event marks that the controller is done.
+func requireNever(t *testing.T, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if check() == nil {
+			t.Fatalf("%s happened", what)
+		}
+		time.Sleep(pollInterval)
+	}
+}

@@ -1,0 +1,131 @@
+// Package controllers holds bmc-controller's reconcilers: enrolment (every VM
+// of an opted-in namespace gets a VirtualMachineBMC and an identity) and the
+// BMC reconciler (each VirtualMachineBMC gets its bmc-server workload).
+// Nothing here speaks Redfish or IPMI: the workload runs bmc-server.
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Config is what the controller's behaviour depends on besides the objects
+// it reconciles.
+type Config struct {
+	// Domain makes BMC host names: <vm>.<namespace>.<Domain>.
+	Domain string
+	// NamespaceSelector picks the namespaces whose VMs are enrolled.
+	NamespaceSelector labels.Selector
+	// IngressClass is the default ingressClassName of BMC Ingresses.
+	IngressClass string
+	// Issuer and ClusterIssuer name the default cert-manager issuer of BMC
+	// Ingress certificates; both empty means a TLS Secret is expected.
+	Issuer        string
+	ClusterIssuer string
+	// IPMIDefault is whether a VirtualMachineBMC that does not say serves IPMI.
+	IPMIDefault bool
+	// BMCImage is the container image that runs bmc-server.
+	BMCImage string
+}
+
+// Keys of the optional ConfigMap that overrides the flags at run time.
+const (
+	configKeyNamespaceSelector = "namespaceSelector"
+	configKeyDomain            = "domain"
+	configKeyIngressClass      = "ingressClass"
+	configKeyIssuer            = "tlsIssuer"
+	configKeyClusterIssuer     = "tlsClusterIssuer"
+	configKeyIPMIDefault       = "ipmiDefault"
+	configKeyBMCImage          = "bmcImage"
+)
+
+// Validate reports a Config that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.Domain == "":
+		return fmt.Errorf("the BMC domain is required")
+	case len(validation.IsDNS1123Subdomain(c.Domain)) > 0:
+		return fmt.Errorf("domain %q is not a DNS name: %s", c.Domain, strings.Join(validation.IsDNS1123Subdomain(c.Domain), "; "))
+	case c.NamespaceSelector == nil:
+		return fmt.Errorf("a namespace selector is required")
+	case c.BMCImage == "":
+		return fmt.Errorf("the bmc-server image is required")
+	case c.Issuer != "" && c.ClusterIssuer != "":
+		return fmt.Errorf("a TLS issuer and a cluster issuer exclude each other")
+	}
+	return nil
+}
+
+// ConfigSource gives the Config in force: the flags' Config, overridden key
+// by key by a ConfigMap when one is named, so that an admin can change the
+// opt-in selector (or any other key) without restarting or recreating
+// anything. The ConfigMap is read through the manager's cache.
+type ConfigSource struct {
+	Defaults Config
+	// ConfigMap names the overriding ConfigMap; empty Name means none.
+	ConfigMap types.NamespacedName
+	Reader    client.Reader
+}
+
+// Get returns the Config in force. A missing ConfigMap means the defaults;
+// a ConfigMap that does not parse is an error, so that a typo stops the
+// controller's work instead of enrolling the wrong namespaces.
+func (s *ConfigSource) Get(ctx context.Context) (Config, error) {
+	cfg := s.Defaults
+	if s.ConfigMap.Name == "" {
+		return cfg, nil
+	}
+	var cm corev1.ConfigMap
+	if err := s.Reader.Get(ctx, s.ConfigMap, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return cfg, nil
+		}
+		return cfg, fmt.Errorf("read config %s: %w", s.ConfigMap, err)
+	}
+	cfg, err := cfg.overlay(cm.Data)
+	if err != nil {
+		return cfg, fmt.Errorf("config %s: %w", s.ConfigMap, err)
+	}
+	return cfg, cfg.Validate()
+}
+
+func (c Config) overlay(data map[string]string) (Config, error) {
+	for key, value := range data {
+		switch key {
+		case configKeyNamespaceSelector:
+			selector, err := labels.Parse(value)
+			if err != nil {
+				return c, fmt.Errorf("%s: %w", key, err)
+			}
+			c.NamespaceSelector = selector
+		case configKeyDomain:
+			c.Domain = value
+		case configKeyIngressClass:
+			c.IngressClass = value
+		case configKeyIssuer:
+			c.Issuer = value
+		case configKeyClusterIssuer:
+			c.ClusterIssuer = value
+		case configKeyIPMIDefault:
+			on, err := strconv.ParseBool(value)
+			if err != nil {
+				return c, fmt.Errorf("%s: %w", key, err)
+			}
+			c.IPMIDefault = on
+		case configKeyBMCImage:
+			c.BMCImage = value
+		default:
+			return c, fmt.Errorf("unknown key %q", key)
+		}
+	}
+	return c, nil
+}

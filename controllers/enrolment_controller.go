@@ -1,0 +1,183 @@
+package controllers
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+)
+
+// IdentityStamper makes a VM's identity fields (SMBIOS serial and UUID,
+// MACs) what an enrolled VM must carry, in place, and says what it replaced.
+type IdentityStamper interface {
+	Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) (warnings []string, err error)
+}
+
+// Event reasons of enrolment.
+const (
+	reasonEnrolled         = "Enrolled"
+	reasonUnenrolled       = "Unenrolled"
+	reasonIdentityRepaired = "IdentityRepaired"
+)
+
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+
+// EnrolmentReconciler enrols every VM of an opted-in namespace: it gives it
+// a VirtualMachineBMC (the BMC reconciler does the rest) and stamps its
+// identity, and takes the VirtualMachineBMC away again when the namespace
+// or the VM opts out. The webhook stamps identity at admission; this loop
+// repairs VMs that existed before, or were admitted without the webhook.
+type EnrolmentReconciler struct {
+	Client   client.Client // the manager's cached client
+	Scheme   *runtime.Scheme
+	Config   *ConfigSource
+	Identity IdentityStamper
+	Events   events.EventRecorder
+
+	mu       sync.Mutex
+	enrolled map[types.NamespacedName]bool
+}
+
+// Enrolled says whether vm should have a BMC: its namespace matches the
+// selector in force and it has not opted out.
+func (r *EnrolmentReconciler) Enrolled(ctx context.Context, vm *kubevirtv1.VirtualMachine) (bool, error) {
+	if strings.EqualFold(vm.Annotations[v1beta1.AnnotationBMC], v1beta1.BMCDisabled) {
+		return false, nil
+	}
+	cfg, err := r.Config.Get(ctx)
+	if err != nil {
+		return false, err
+	}
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: vm.Namespace}, ns); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	return cfg.NamespaceSelector.Matches(labels.Set(ns.Labels)), nil
+}
+
+// Reconcile implements reconcile.Reconciler for a VirtualMachine.
+func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := r.Client.Get(ctx, req.NamespacedName, vm); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.count(req.NamespacedName, false)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !vm.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // owner references take the rest
+	}
+	enrolled, err := r.Enrolled(ctx, vm)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.count(req.NamespacedName, enrolled)
+	if !enrolled {
+		return ctrl.Result{}, r.unenrol(ctx, vm)
+	}
+	if err := r.ensureBMC(ctx, vm); err != nil {
+		return ctrl.Result{}, err
+	}
+	return ctrl.Result{}, r.repairIdentity(ctx, vm)
+}
+
+func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+	key := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
+	err := r.Client.Get(ctx, key, &v1beta1.VirtualMachineBMC{})
+	if !apierrors.IsNotFound(err) {
+		return err // present (the user's or ours, as it is), or a real error
+	}
+	bmcLabels := childLabels(vm.Name)
+	bmcLabels[v1beta1.LabelEnrolled] = "true"
+	b := &v1beta1.VirtualMachineBMC{
+		ObjectMeta: metav1.ObjectMeta{Name: vm.Name, Namespace: vm.Namespace, Labels: bmcLabels},
+		Spec:       v1beta1.VirtualMachineBMCSpec{VMName: vm.Name},
+	}
+	if err := controllerutil.SetControllerReference(vm, b, r.Scheme); err != nil {
+		return err
+	}
+	if err := r.Client.Create(ctx, b); err != nil {
+		return client.IgnoreAlreadyExists(err)
+	}
+	r.Events.Eventf(vm, b, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created VirtualMachineBMC %s", b.Name)
+	return nil
+}
+
+// unenrol deletes what enrolment made: the VirtualMachineBMC it created and
+// the credentials the controller generated. A user's own are left alone.
+func (r *EnrolmentReconciler) unenrol(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+	b := &v1beta1.VirtualMachineBMC{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}, b)
+	if apierrors.IsNotFound(err) || (err == nil && b.Labels[v1beta1.LabelEnrolled] != "true") {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Delete(ctx, b); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	secret := &corev1.Secret{}
+	err = r.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: v1beta1.CredentialsSecretName(vm.Name)}, secret)
+	if err == nil && secret.Labels[v1beta1.LabelManagedBy] == v1beta1.ManagedByValue {
+		err = r.Client.Delete(ctx, secret)
+	}
+	if client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonUnenrolled, "Unenrol", "removed VirtualMachineBMC %s", vm.Name)
+	return nil
+}
+
+// repairIdentity stamps the VM's identity and patches what differs. The
+// patch carries the resourceVersion it was computed from, so a concurrent
+// edit is retried on fresh data rather than overwritten.
+func (r *EnrolmentReconciler) repairIdentity(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+	stamped := vm.DeepCopy()
+	warnings, err := r.Identity.Stamp(ctx, stamped)
+	if err != nil {
+		return err
+	}
+	if equality.Semantic.DeepEqual(stamped.Spec, vm.Spec) {
+		return nil
+	}
+	if err := r.Client.Patch(ctx, stamped, client.MergeFromWithOptions(vm, client.MergeFromWithOptimisticLock{})); err != nil {
+		return err
+	}
+	note := "set SMBIOS serial, UUID and MACs"
+	if len(warnings) > 0 {
+		note += ": " + strings.Join(warnings, "; ")
+	}
+	r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonIdentityRepaired, "Stamp", "%s", note)
+	return nil
+}
+
+// count keeps the enrolled-VMs gauge.
+func (r *EnrolmentReconciler) count(vm types.NamespacedName, enrolled bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.enrolled == nil {
+		r.enrolled = map[types.NamespacedName]bool{}
+	}
+	if enrolled {
+		r.enrolled[vm] = true
+	} else {
+		delete(r.enrolled, vm)
+	}
+	enrolledVMs.Set(float64(len(r.enrolled)))
+}

@@ -1,0 +1,5 @@
+package controllers
+
+import "errors"
+
+var errHostNotAllowed = errors.New("ingress host not allowed")

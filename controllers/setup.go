@@ -1,0 +1,159 @@
+package controllers
+
+import (
+	"context"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+)
+
+// managedSelector selects what the controller creates.
+var managedSelector = labels.SelectorFromSet(labels.Set{v1beta1.LabelManagedBy: v1beta1.ManagedByValue})
+
+// CacheOptions scopes the manager's cache to what the controller reads:
+// only the objects it created (by label) of the kinds it creates, only the
+// one config ConfigMap, and VMs without their managed fields. That keeps
+// the controller's memory to its own objects, not the cluster's Secrets.
+func CacheOptions(configMap types.NamespacedName) cache.Options {
+	managed := cache.ByObject{Label: managedSelector}
+	byObject := map[client.Object]cache.ByObject{
+		&corev1.Secret{}:             managed,
+		&corev1.Service{}:            managed,
+		&corev1.ServiceAccount{}:     managed,
+		&appsv1.Deployment{}:         managed,
+		&networkingv1.Ingress{}:      managed,
+		&rbacv1.Role{}:               managed,
+		&rbacv1.RoleBinding{}:        managed,
+		&rbacv1.ClusterRole{}:        managed,
+		&rbacv1.ClusterRoleBinding{}: managed,
+		&kubevirtv1.VirtualMachine{}: {Transform: cache.TransformStripManagedFields()},
+		&v1beta1.VirtualMachineBMC{}: {Transform: cache.TransformStripManagedFields()},
+	}
+	if configMap.Name != "" {
+		byObject[&corev1.ConfigMap{}] = cache.ByObject{
+			Namespaces: map[string]cache.Config{configMap.Namespace: {}},
+			Field:      fields.OneTermEqualSelector("metadata.name", configMap.Name),
+		}
+	}
+	return cache.Options{ByObject: byObject}
+}
+
+// Options wires the reconcilers.
+type Options struct {
+	Config   *ConfigSource
+	Identity IdentityStamper
+	// Workload defaults to PodPerVM.
+	Workload WorkloadFunc
+	// MaxConcurrentReconciles per controller; zero means 4.
+	MaxConcurrentReconciles int
+}
+
+// Setup registers the enrolment and BMC reconcilers with mgr and returns the
+// enrolment reconciler, whose Enrolled the admission webhook asks.
+func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
+	if opts.Workload == nil {
+		opts.Workload = PodPerVM
+	}
+	if opts.MaxConcurrentReconciles == 0 {
+		opts.MaxConcurrentReconciles = 4
+	}
+	c := mgr.GetClient()
+	recorder := mgr.GetEventRecorder("virtmetal-controller")
+	enrolment := &EnrolmentReconciler{
+		Client: c, Scheme: mgr.GetScheme(), Config: opts.Config, Identity: opts.Identity, Events: recorder,
+	}
+	bmcs := &BMCReconciler{
+		Client: c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
+		Workload: opts.Workload, Events: recorder,
+	}
+	concurrency := controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}
+
+	allVMs := func(ctx context.Context, namespace string) []reconcile.Request {
+		var vms kubevirtv1.VirtualMachineList
+		if err := c.List(ctx, &vms, client.InNamespace(namespace)); err != nil {
+			return nil
+		}
+		requests := make([]reconcile.Request, 0, len(vms.Items))
+		for _, vm := range vms.Items {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vm)})
+		}
+		return requests
+	}
+	allBMCs := func(ctx context.Context, _ client.Object) []reconcile.Request {
+		var list v1beta1.VirtualMachineBMCList
+		if err := c.List(ctx, &list); err != nil {
+			return nil
+		}
+		requests := make([]reconcile.Request, 0, len(list.Items))
+		for _, b := range list.Items {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+		}
+		return requests
+	}
+	// A VirtualMachineBMC and its VM share namespace and name.
+	sameName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(obj)}}
+	})
+	byVMLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
+		vm := obj.GetLabels()[v1beta1.LabelVM]
+		if vm == "" {
+			return nil
+		}
+		namespace := obj.GetNamespace()
+		if namespace == "" {
+			namespace = obj.GetLabels()[v1beta1.LabelNamespace]
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: namespace, Name: vm}}}
+	})
+	configChanged := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
+		return allVMs(ctx, "")
+	})
+
+	enrolmentBuilder := ctrl.NewControllerManagedBy(mgr).Named("enrolment").
+		For(&kubevirtv1.VirtualMachine{}).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, ns client.Object) []reconcile.Request {
+			return allVMs(ctx, ns.GetName())
+		}), builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		Watches(&v1beta1.VirtualMachineBMC{}, sameName).
+		WithOptions(concurrency)
+	bmcBuilder := ctrl.NewControllerManagedBy(mgr).Named("virtualmachinebmc").
+		For(&v1beta1.VirtualMachineBMC{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Owns(&corev1.ServiceAccount{}).
+		Owns(&networkingv1.Ingress{}).
+		Owns(&rbacv1.Role{}).
+		Owns(&rbacv1.RoleBinding{}).
+		Watches(&kubevirtv1.VirtualMachine{}, sameName).
+		Watches(&corev1.Secret{}, byVMLabel).
+		Watches(&rbacv1.ClusterRole{}, byVMLabel).
+		Watches(&rbacv1.ClusterRoleBinding{}, byVMLabel).
+		WithOptions(concurrency)
+	if opts.Config.ConfigMap.Name != "" {
+		enrolmentBuilder = enrolmentBuilder.Watches(&corev1.ConfigMap{}, configChanged)
+		bmcBuilder = bmcBuilder.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(allBMCs))
+	}
+	if err := enrolmentBuilder.Complete(enrolment); err != nil {
+		return nil, err
+	}
+	if err := bmcBuilder.Complete(bmcs); err != nil {
+		return nil, err
+	}
+	return enrolment, nil
+}

@@ -1,0 +1,359 @@
+package controllers
+
+import (
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+)
+
+// Ports of bmc-server inside its pod: unprivileged, so the container needs
+// no capability; the Service maps the standard ports onto them.
+const (
+	redfishContainerPort = 8443
+	ipmiContainerPort    = 6230
+	redfishServicePort   = 443
+	ipmiServicePort      = 623
+	credentialsMountPath = "/etc/virtmetal/credentials"
+	bmcUserID            = 65532 // distroless "nonroot"
+)
+
+// WorkloadFunc returns every object one VirtualMachineBMC needs, owned by
+// it, with no status. The controller creates what is missing and puts back
+// what drifted. It is a function of its inputs alone, so that a later shared
+// mode (one bmc-server for many VMs) is another WorkloadFunc, not a rewrite.
+type WorkloadFunc func(in WorkloadInput) (Workload, error)
+
+// WorkloadInput is what a workload is a function of.
+type WorkloadInput struct {
+	BMC    *v1beta1.VirtualMachineBMC
+	VM     *kubevirtv1.VirtualMachine
+	Config Config
+}
+
+// Workload is a VirtualMachineBMC's objects.
+type Workload struct {
+	// Namespaced objects, each with the VirtualMachineBMC as controller.
+	Objects []client.Object
+	// ClusterObjects cannot be owned by a namespaced object; the controller
+	// deletes them itself (behind a finalizer) when the BMC goes.
+	ClusterObjects []client.Object
+	// RedfishURL and IPMIAddress are where the workload serves, or empty.
+	RedfishURL  string
+	IPMIAddress string
+	// IngressProblem says why the Ingress was left out although Redfish is
+	// on (a host outside the namespace's zone).
+	IngressProblem error
+}
+
+// Names of a BMC's objects.
+func workloadName(vm string) string         { return "bmc-" + vm }
+func ingressTLSSecretName(vm string) string { return "bmc-" + vm + "-tls" }
+
+// credentialsSecretName is the Secret a VirtualMachineBMC's credentials are in.
+func credentialsSecretName(b *v1beta1.VirtualMachineBMC) string {
+	if b.Spec.CredentialsSecret != "" {
+		return b.Spec.CredentialsSecret
+	}
+	return v1beta1.CredentialsSecretName(b.Spec.VMName)
+}
+
+// ingressHost is the BMC's host name, refused when it would leave the
+// namespace's own subdomain (another namespace's BMC host, or anything else).
+func ingressHost(b *v1beta1.VirtualMachineBMC, domain string) (string, error) {
+	zone := b.Namespace + "." + domain
+	if b.Spec.Ingress.Host == "" {
+		return b.Spec.VMName + "." + zone, nil
+	}
+	host := strings.ToLower(b.Spec.Ingress.Host)
+	if !strings.HasSuffix(host, "."+zone) || host == "."+zone {
+		return "", fmt.Errorf("%w: host %q is outside this namespace's zone %q", errHostNotAllowed, b.Spec.Ingress.Host, zone)
+	}
+	return host, nil
+}
+
+func redfishEnabled(b *v1beta1.VirtualMachineBMC) bool {
+	return b.Spec.Redfish.Enabled == nil || *b.Spec.Redfish.Enabled
+}
+
+func ipmiEnabled(b *v1beta1.VirtualMachineBMC, cfg Config) bool {
+	if b.Spec.IPMI.Enabled == nil {
+		return cfg.IPMIDefault
+	}
+	return *b.Spec.IPMI.Enabled
+}
+
+// PodPerVM is the WorkloadFunc of one bmc-server Deployment per VM.
+func PodPerVM(in WorkloadInput) (Workload, error) {
+	b, vm, cfg := in.BMC, in.VM, in.Config
+	var w Workload
+	labels := childLabels(b.Spec.VMName)
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: labels}
+	}
+
+	rbacObjects, err := bmc.RBACObjects(bmc.RBACParams{
+		Namespace:           b.Namespace,
+		VMName:              b.Spec.VMName,
+		ServiceAccount:      workloadName(b.Spec.VMName),
+		Instancetype:        instancetypeName(vm, "VirtualMachineInstancetype"),
+		ClusterInstancetype: instancetypeName(vm, "VirtualMachineClusterInstancetype"),
+	})
+	if err != nil {
+		return w, err
+	}
+	for _, u := range rbacObjects {
+		obj, err := typedRBAC(u.GetKind())
+		if err != nil {
+			return w, err
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+			return w, fmt.Errorf("rendered %s: %w", u.GetKind(), err)
+		}
+		if obj.GetNamespace() == "" {
+			w.ClusterObjects = append(w.ClusterObjects, obj)
+		} else {
+			w.Objects = append(w.Objects, obj)
+		}
+	}
+
+	redfish, ipmi := redfishEnabled(b), ipmiEnabled(b, cfg)
+	args := []string{
+		"--backend", "kubevirt",
+		"--namespace", b.Namespace,
+		"--vm", b.Spec.VMName,
+		"--listen", fmt.Sprintf(":%d", redfishContainerPort),
+		"--credentials-dir", credentialsMountPath,
+	}
+	var containerPorts []corev1.ContainerPort
+	var servicePorts []corev1.ServicePort
+	// The Redfish port also serves the probes, so it is always there;
+	// only the Service and Ingress follow spec.redfish.enabled.
+	containerPorts = append(containerPorts, corev1.ContainerPort{Name: "redfish", ContainerPort: redfishContainerPort, Protocol: corev1.ProtocolTCP})
+	if redfish {
+		servicePorts = append(servicePorts, corev1.ServicePort{
+			Name: "redfish", Port: redfishServicePort, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("redfish"),
+		})
+	}
+	if ipmi {
+		args = append(args, "--ipmi-listen", fmt.Sprintf(":%d", ipmiContainerPort))
+		containerPorts = append(containerPorts, corev1.ContainerPort{Name: "ipmi", ContainerPort: ipmiContainerPort, Protocol: corev1.ProtocolUDP})
+		servicePorts = append(servicePorts, corev1.ServicePort{
+			Name: "ipmi", Port: ipmiServicePort, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromString("ipmi"),
+		})
+		w.IPMIAddress = fmt.Sprintf("%s.%s.svc:%d", workloadName(b.Spec.VMName), b.Namespace, ipmiServicePort)
+	}
+
+	probe := func(path string) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString("redfish"), Scheme: corev1.URISchemeHTTPS,
+			}},
+			// All set, so the API server's defaults never read as drift.
+			PeriodSeconds: 10, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: 3,
+		}
+	}
+	resources := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("96Mi")},
+	}
+	if b.Spec.Resources != nil {
+		resources = *b.Spec.Resources
+	}
+	replicas := int32(1)
+	maxUnavailable := intstr.FromInt32(0)
+	yes, no := true, false
+	uid := int64(bmcUserID)
+	readOnly := int32(0o440)
+	deployment := &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: meta(workloadName(b.Spec.VMName)),
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			// Power control must not lapse during an update: the new
+			// pod is ready before the old one goes.
+			Strategy: appsv1.DeploymentStrategy{
+				Type:          appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &maxUnavailable},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName:           workloadName(b.Spec.VMName),
+					AutomountServiceAccountToken: &yes, // bmc-server talks to the API server as that account
+					EnableServiceLinks:           &no,
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   &yes,
+						RunAsUser:      &uid,
+						RunAsGroup:     &uid,
+						FSGroup:        &uid,
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:  "bmc-server",
+						Image: cfg.BMCImage,
+						Args:  args,
+						Ports: containerPorts,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: &no,
+							ReadOnlyRootFilesystem:   &yes,
+							Privileged:               &no,
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						Resources:      resources,
+						ReadinessProbe: probe("/readyz"),
+						LivenessProbe:  probe("/healthz"),
+						VolumeMounts:   []corev1.VolumeMount{{Name: "credentials", MountPath: credentialsMountPath, ReadOnly: true}},
+					}},
+					Volumes: []corev1.Volume{{
+						Name: "credentials",
+						VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+							SecretName:  credentialsSecretName(b),
+							DefaultMode: &readOnly,
+						}},
+					}},
+				},
+			},
+		},
+	}
+	w.Objects = append(w.Objects, deployment)
+
+	if len(servicePorts) > 0 {
+		w.Objects = append(w.Objects, &corev1.Service{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: meta(workloadName(b.Spec.VMName)),
+			Spec:       corev1.ServiceSpec{Selector: labels, Ports: servicePorts},
+		})
+	}
+
+	if redfish {
+		ingress, url, err := bmcIngress(b, cfg, meta(workloadName(b.Spec.VMName)))
+		if err != nil {
+			w.IngressProblem = err
+		} else {
+			w.Objects = append(w.Objects, ingress)
+			w.RedfishURL = url
+		}
+	}
+
+	for _, obj := range w.Objects {
+		setControllerRef(obj, b)
+	}
+	return w, nil
+}
+
+func bmcIngress(b *v1beta1.VirtualMachineBMC, cfg Config, meta metav1.ObjectMeta) (*networkingv1.Ingress, string, error) {
+	host, err := ingressHost(b, cfg.Domain)
+	if err != nil {
+		return nil, "", err
+	}
+	meta.Annotations = map[string]string{
+		// bmc-server speaks only HTTPS; ingress-nginx needs telling.
+		"nginx.ingress.kubernetes.io/backend-protocol": "HTTPS",
+	}
+	tls := b.Spec.Ingress.TLS
+	switch {
+	case tls.Issuer != "":
+		meta.Annotations["cert-manager.io/issuer"] = tls.Issuer
+	case tls.ClusterIssuer != "":
+		meta.Annotations["cert-manager.io/cluster-issuer"] = tls.ClusterIssuer
+	case tls.SecretName == "" && cfg.Issuer != "":
+		meta.Annotations["cert-manager.io/issuer"] = cfg.Issuer
+	case tls.SecretName == "" && cfg.ClusterIssuer != "":
+		meta.Annotations["cert-manager.io/cluster-issuer"] = cfg.ClusterIssuer
+	}
+	secret := tls.SecretName
+	if secret == "" {
+		secret = ingressTLSSecretName(b.Spec.VMName)
+	}
+	class := b.Spec.Ingress.ClassName
+	if class == "" {
+		class = cfg.IngressClass
+	}
+	pathType := networkingv1.PathTypePrefix
+	ingress := &networkingv1.Ingress{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "Ingress"},
+		ObjectMeta: meta,
+		Spec: networkingv1.IngressSpec{
+			TLS: []networkingv1.IngressTLS{{Hosts: []string{host}, SecretName: secret}},
+			Rules: []networkingv1.IngressRule{{
+				Host: host,
+				IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{
+					Paths: []networkingv1.HTTPIngressPath{{
+						Path:     "/",
+						PathType: &pathType,
+						Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{
+							Name: meta.Name, Port: networkingv1.ServiceBackendPort{Name: "redfish"},
+						}},
+					}},
+				}},
+			}},
+		},
+	}
+	if class != "" {
+		ingress.Spec.IngressClassName = &class
+	}
+	return ingress, "https://" + host + "/redfish/v1/", nil
+}
+
+// instancetypeName is the VM's instancetype of the given kind, or "".
+func instancetypeName(vm *kubevirtv1.VirtualMachine, kind string) string {
+	it := vm.Spec.Instancetype
+	if it == nil {
+		return ""
+	}
+	// KubeVirt's default kind for an instancetype matcher is the cluster one.
+	k := it.Kind
+	if k == "" {
+		k = "VirtualMachineClusterInstancetype"
+	}
+	if !strings.EqualFold(k, kind) {
+		return ""
+	}
+	return it.Name
+}
+
+func typedRBAC(kind string) (client.Object, error) {
+	switch kind {
+	case "ServiceAccount":
+		return &corev1.ServiceAccount{}, nil
+	case "Role":
+		return &rbacv1.Role{}, nil
+	case "RoleBinding":
+		return &rbacv1.RoleBinding{}, nil
+	case "ClusterRole":
+		return &rbacv1.ClusterRole{}, nil
+	case "ClusterRoleBinding":
+		return &rbacv1.ClusterRoleBinding{}, nil
+	}
+	return nil, fmt.Errorf("deploy/bmc rendered an unexpected %s", kind)
+}
+
+func childLabels(vm string) map[string]string {
+	return map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelVM: vm}
+}
+
+func setControllerRef(obj client.Object, owner *v1beta1.VirtualMachineBMC) {
+	yes := true
+	obj.SetOwnerReferences([]metav1.OwnerReference{{
+		APIVersion:         v1beta1.GroupVersion.String(),
+		Kind:               "VirtualMachineBMC",
+		Name:               owner.Name,
+		UID:                owner.UID,
+		Controller:         &yes,
+		BlockOwnerDeletion: &yes,
+	}})
+}
