@@ -52,6 +52,9 @@ type Target struct {
 	// Boot object that writes back the value it read. Without it only
 	// reads and a login session (deleted at the end) are sent.
 	Writes bool
+	// Validator, when set, is reused instead of compiling the bundle's
+	// schemas again; runs against several services share one.
+	Validator *schemacheck.Validator
 }
 
 // Report is the outcome of a run.
@@ -148,9 +151,12 @@ func Run(ctx context.Context, t Target) (*Report, error) {
 	if t.Client == nil {
 		return nil, errors.New("conformance: Target.Client is nil")
 	}
-	validator, err := schemacheck.NewValidator(filepath.Join(t.SchemaDir, "json-schema"))
-	if err != nil {
-		return nil, fmt.Errorf("conformance: %w", err)
+	validator := t.Validator
+	if validator == nil {
+		var err error
+		if validator, err = schemacheck.NewValidator(filepath.Join(t.SchemaDir, "json-schema")); err != nil {
+			return nil, fmt.Errorf("conformance: %w", err)
+		}
 	}
 	s := &session{target: t, validator: validator, report: &Report{Target: t.BaseURL}}
 	steps := []func(context.Context) error{
