@@ -40,6 +40,8 @@ const (
 	msgInsufficientPrivilege         = "InsufficientPrivilege"
 	msgSessionLimitExceeded          = "SessionLimitExceeded"
 	msgPreconditionFailed            = "PreconditionFailed"
+	msgHeaderInvalid                 = "HeaderInvalid"
+	msgQueryParameterUnsupported     = "QueryParameterUnsupported"
 	msgServiceTemporarilyUnavailable = "ServiceTemporarilyUnavailable"
 	msgInternalError                 = "InternalError"
 )
@@ -76,6 +78,8 @@ var baseRegistry = map[string]registryEntry{
 	msgInsufficientPrivilege:         {"There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.", "Critical"},
 	msgSessionLimitExceeded:          {"The session establishment failed due to the number of simultaneous sessions exceeding the limit of the implementation.", "Critical"},
 	msgPreconditionFailed:            {"The ETag supplied did not match the ETag required to change this resource.", "Critical"},
+	msgHeaderInvalid:                 {"Header '%1' is invalid.", "Critical"},
+	msgQueryParameterUnsupported:     {"Query parameter '%1' is not supported.", "Warning"},
 	msgServiceTemporarilyUnavailable: {"The service is temporarily unavailable.  Retry in %1 seconds.", "Critical"},
 	msgInternalError:                 {"The request failed due to an internal service error.  The service is still operational.", "Critical"},
 }

@@ -16,13 +16,10 @@ const (
 	system0  = "/redfish/v1/Systems/vm-0"
 	reset0   = system0 + "/Actions/ComputerSystem.Reset"
 	manager0 = "/redfish/v1/Managers/vm-0"
-	// The virtual CD of vm-0 under its system and under its manager.
+	// The virtual CD of vm-0.
 	sysCD0     = system0 + "/VirtualMedia/Cd"
 	sysInsert0 = sysCD0 + "/Actions/VirtualMedia.InsertMedia"
 	sysEject0  = sysCD0 + "/Actions/VirtualMedia.EjectMedia"
-	mgrCD0     = manager0 + "/VirtualMedia/Cd"
-	mgrInsert0 = mgrCD0 + "/Actions/VirtualMedia.InsertMedia"
-	mgrEject0  = mgrCD0 + "/Actions/VirtualMedia.EjectMedia"
 	image      = "http://images.example/boot.iso"
 )
 
@@ -57,9 +54,9 @@ func TestErrorResponses(t *testing.T) {
 		{name: "unknown chassis", req: asAdmin("GET", "/redfish/v1/Chassis/vm-9", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 		{name: "unknown NIC", req: asAdmin("GET", system0+"/EthernetInterfaces/eth9", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 		{name: "unknown storage", req: asAdmin("GET", system0+"/SimpleStorage/2", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
-		{name: "unknown media", req: asAdmin("GET", manager0+"/VirtualMedia/Floppy", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
+		{name: "unknown media", req: asAdmin("GET", system0+"/VirtualMedia/Floppy", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 		{name: "unknown system's media", req: asAdmin("GET", "/redfish/v1/Systems/vm-9/VirtualMedia/Cd", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
-		{name: "unknown manager's media", req: asAdmin("GET", "/redfish/v1/Managers/vm-9/VirtualMedia", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
+		{name: "unknown system's media collection", req: asAdmin("GET", "/redfish/v1/Systems/vm-9/VirtualMedia", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 		{name: "unknown role", req: asAdmin("GET", "/redfish/v1/AccountService/Roles/Wizard", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 		{name: "unknown account", req: asAdmin("GET", "/redfish/v1/AccountService/Accounts/99", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 		{name: "unknown session", req: asAdmin("GET", "/redfish/v1/SessionService/Sessions/nope", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
@@ -68,10 +65,10 @@ func TestErrorResponses(t *testing.T) {
 		{name: "backend says not found", setup: fault(machine.Errorf(machine.ErrNotFound, "VM deleted")), req: asAdmin("GET", system0, ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
 
 		// 405 with Allow from the route table
-		{name: "DELETE a system", req: asAdmin("DELETE", system0, ""), wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "GET, PATCH"}},
-		{name: "PUT the service root", req: request{method: "PUT", path: "/redfish/v1/"}, wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "GET"}},
-		{name: "GET an action", req: asAdmin("GET", reset0, ""), wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "POST"}},
-		{name: "PATCH sessions", req: asAdmin("PATCH", "/redfish/v1/SessionService/Sessions", "{}"), wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "GET, POST"}},
+		{name: "DELETE a system", req: asAdmin("DELETE", system0, ""), wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "GET, HEAD, PATCH, OPTIONS"}},
+		{name: "PUT the service root", req: request{method: "PUT", path: "/redfish/v1/"}, wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "GET, HEAD, OPTIONS"}},
+		{name: "GET an action", req: asAdmin("GET", reset0, ""), wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "POST, OPTIONS"}},
+		{name: "PATCH sessions", req: asAdmin("PATCH", "/redfish/v1/SessionService/Sessions", "{}"), wantStatus: 405, wantIDs: []string{"OperationNotAllowed"}, wantHeader: map[string]string{"Allow": "GET, HEAD, POST, OPTIONS"}},
 
 		// 401 / 403
 		{name: "no credentials", req: request{method: "GET", path: system0}, wantStatus: 401, wantIDs: []string{"NoValidSession"}, wantHeader: map[string]string{"WWW-Authenticate": `Basic realm="virtmetal"`}},
@@ -113,19 +110,19 @@ func TestErrorResponses(t *testing.T) {
 		{name: "reset outside capabilities", tweak: limited, req: asAdmin("POST", "/redfish/v1/Systems/vm-1/Actions/ComputerSystem.Reset", `{"ResetType":"ForceRestart"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
 		{name: "NMI while off", req: asAdmin("POST", reset0, `{"ResetType":"Nmi"}`), wantStatus: 409, wantIDs: []string{"ResourceInUse"}},
 		{name: "manager reset type", req: asAdmin("POST", manager0+"/Actions/Manager.Reset", `{"ResetType":"ForceOff"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
-		{name: "insert without image", req: asAdmin("POST", mgrInsert0, `{}`), wantStatus: 400, wantIDs: []string{"ActionParameterMissing"}},
-		{name: "insert image of wrong type", req: asAdmin("POST", mgrInsert0, `{"Image":5}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
-		{name: "insert unsupported parameter", req: asAdmin("POST", mgrInsert0, `{"Image":"`+image+`","TransferProtocolType":"NFS"}`), wantStatus: 400, wantIDs: []string{"ActionParameterNotSupported"}},
-		{name: "insert not inserted", req: asAdmin("POST", mgrInsert0, `{"Image":"`+image+`","Inserted":false}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
-		{name: "insert writable", req: asAdmin("POST", mgrInsert0, `{"Image":"`+image+`","WriteProtected":"no"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
-		{name: "insert unknown parameter", req: asAdmin("POST", mgrInsert0, `{"Image":"`+image+`","Colour":"red"}`), wantStatus: 400, wantIDs: []string{"ActionParameterUnknown"}},
-		{name: "insert non-http image", req: asAdmin("POST", mgrInsert0, `{"Image":"ftp://images.example/boot.iso"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueFormatError"}},
+		{name: "insert without image", req: asAdmin("POST", sysInsert0, `{}`), wantStatus: 400, wantIDs: []string{"ActionParameterMissing"}},
+		{name: "insert image of wrong type", req: asAdmin("POST", sysInsert0, `{"Image":5}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
+		{name: "insert unsupported parameter", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"NFS"}`), wantStatus: 400, wantIDs: []string{"ActionParameterNotSupported"}},
+		{name: "insert not inserted", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","Inserted":false}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
+		{name: "insert writable", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","WriteProtected":"no"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
+		{name: "insert unknown parameter", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","Colour":"red"}`), wantStatus: 400, wantIDs: []string{"ActionParameterUnknown"}},
+		{name: "insert non-http image", req: asAdmin("POST", sysInsert0, `{"Image":"ftp://images.example/boot.iso"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueFormatError"}},
 		{name: "insert into occupied drive", setup: func(f *fixture) {
-			if res := f.do(asAdmin("POST", mgrInsert0, `{"Image":"`+image+`"}`)); res.status != 204 {
+			if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`)); res.status != 204 {
 				f.t.Fatalf("first insert: %d %s", res.status, res.raw)
 			}
-		}, req: asAdmin("POST", mgrInsert0, `{"Image":"`+image+`"}`), wantStatus: 409, wantIDs: []string{"ResourceInUse"}},
-		{name: "eject with parameter", req: asAdmin("POST", mgrEject0, `{"Now":true}`), wantStatus: 400, wantIDs: []string{"ActionParameterUnknown"}},
+		}, req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), wantStatus: 409, wantIDs: []string{"ResourceInUse"}},
+		{name: "eject with parameter", req: asAdmin("POST", sysEject0, `{"Now":true}`), wantStatus: 400, wantIDs: []string{"ActionParameterUnknown"}},
 		{name: "login without user name", req: request{method: "POST", path: "/redfish/v1/SessionService/Sessions", body: `{"Password":"x"}`}, wantStatus: 400, wantIDs: []string{"PropertyMissing"}},
 		{name: "login with numeric password", req: request{method: "POST", path: "/redfish/v1/SessionService/Sessions", body: `{"UserName":"admin","Password":1}`}, wantStatus: 400, wantIDs: []string{"PropertyValueTypeError"}},
 

@@ -39,9 +39,6 @@ func (s *Server) getManager(c *call) (result, error) {
 		"ManagerForServers": links(systemPath(id)),
 		"ManagerForChassis": links(chassisPath(id)),
 	}
-	if m.Capabilities().VirtualMedia {
-		body["VirtualMedia"] = link(managerMedia.collectionPath(id))
-	}
 	body["Actions"] = map[string]any{
 		"#Manager.Reset": map[string]any{
 			"target":                            path + "/Actions/Manager.Reset",

@@ -1,8 +1,6 @@
 package redfish
 
 import (
-	"encoding/json"
-	"maps"
 	"net/http"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -11,28 +9,17 @@ import (
 // cdMediaID is the virtual CD drive, the only virtual media device.
 const cdMediaID = "Cd"
 
-// mediaHost is a resource the virtual CD hangs under. Current schemas put it
-// under the ComputerSystem, which newer Ironic and Metal3 clients try first;
-// older clients only know the deprecated Manager location. Both show the
-// same drive of the same machine.
-type mediaHost struct {
-	idVar        string // the route's path variable holding the machine ID
-	resourceType string // what a 404 for an unknown machine ID names
-	path         func(id string) string
-}
-
-var (
-	systemMedia  = mediaHost{idVar: "systemID", resourceType: "ComputerSystem", path: systemPath}
-	managerMedia = mediaHost{idVar: "managerID", resourceType: "Manager", path: managerPath}
-)
-
-func (h mediaHost) collectionPath(id string) string { return h.path(id) + "/VirtualMedia" }
-func (h mediaHost) cdPath(id string) string         { return h.collectionPath(id) + "/" + cdMediaID }
+// Virtual media hangs under the ComputerSystem, where current schemas put
+// it. The deprecated Manager location is not served: DMTF's validator warns
+// on it whatever the service does, and the clients we serve (Ironic's
+// sushy, gofish) look under the system first.
+func mediaCollectionPath(id string) string { return systemPath(id) + "/VirtualMedia" }
+func cdPath(id string) string              { return mediaCollectionPath(id) + "/" + cdMediaID }
 
 // mediaMachine resolves a virtual media URI; a machine without virtual
 // media has no media resources at all.
-func (s *Server) mediaMachine(c *call, host mediaHost) (machine.Machine, error) {
-	m, err := s.machineFor(c, host.idVar, host.resourceType)
+func (s *Server) mediaMachine(c *call) (machine.Machine, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
 	if err != nil {
 		return nil, err
 	}
@@ -45,57 +32,41 @@ func (s *Server) mediaMachine(c *call, host mediaHost) (machine.Machine, error) 
 	return m, nil
 }
 
-func (s *Server) getVirtualMediaCollection(host mediaHost) handlerFunc {
-	return func(c *call) (result, error) {
-		m, err := s.mediaMachine(c, host)
-		if err != nil {
-			return result{}, err
-		}
-		id := m.ID()
-		return result{body: collection(typeVirtualMediaColl, host.collectionPath(id), "Virtual Media Collection", []string{host.cdPath(id)})}, nil
+func (s *Server) getVirtualMediaCollection(c *call) (result, error) {
+	m, err := s.mediaMachine(c)
+	if err != nil {
+		return result{}, err
 	}
+	id := m.ID()
+	return result{body: collection(typeVirtualMediaColl, mediaCollectionPath(id), "Virtual Media Collection", []string{cdPath(id)})}, nil
 }
 
-func (s *Server) getVirtualMedia(host mediaHost) handlerFunc {
-	return func(c *call) (result, error) {
-		m, err := s.mediaMachine(c, host)
-		if err != nil {
-			return result{}, err
-		}
-		media, err := m.VirtualMedia(c.ctx())
-		if err != nil {
-			return result{}, s.mapBackendError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID})
-		}
-		path := host.cdPath(m.ID())
-		body := resource(typeVirtualMedia, path, cdMediaID, "Virtual CD")
-		body["MediaTypes"] = []string{"CD", "DVD"}
-		body["Inserted"] = media.Inserted
-		body["WriteProtected"] = media.WriteProtected
-		if media.Inserted {
-			body["Image"] = media.Image
-			body["ConnectedVia"] = "URI"
-		} else {
-			body["Image"] = nil
-			body["ConnectedVia"] = "NotConnected"
-		}
-		etag := mediaETag(body)
-		body["Actions"] = map[string]any{
-			"#VirtualMedia.InsertMedia": map[string]any{"target": path + "/Actions/VirtualMedia.InsertMedia"},
-			"#VirtualMedia.EjectMedia":  map[string]any{"target": path + "/Actions/VirtualMedia.EjectMedia"},
-		}
-		return result{body: body, etag: etag}, nil
+func (s *Server) getVirtualMedia(c *call) (result, error) {
+	m, err := s.mediaMachine(c)
+	if err != nil {
+		return result{}, err
 	}
-}
-
-// mediaETag hashes the drive's state without its location, so both paths
-// give the same tag for the same state. For any one URI the left-out
-// members (@odata.id, action targets) never change, so the tag still
-// changes exactly when that URI's body does.
-func mediaETag(body map[string]any) string {
-	state := maps.Clone(body)
-	delete(state, "@odata.id")
-	data, _ := json.Marshal(state) // maps of JSON values always marshal
-	return etagOf(data)
+	media, err := m.VirtualMedia(c.ctx())
+	if err != nil {
+		return result{}, s.mapBackendError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID})
+	}
+	path := cdPath(m.ID())
+	body := resource(typeVirtualMedia, path, cdMediaID, "Virtual CD")
+	body["MediaTypes"] = []string{"CD", "DVD"}
+	body["Inserted"] = media.Inserted
+	body["WriteProtected"] = media.WriteProtected
+	if media.Inserted {
+		body["Image"] = media.Image
+		body["ConnectedVia"] = "URI"
+	} else {
+		body["Image"] = nil
+		body["ConnectedVia"] = "NotConnected"
+	}
+	body["Actions"] = map[string]any{
+		"#VirtualMedia.InsertMedia": map[string]any{"target": path + "/Actions/VirtualMedia.InsertMedia"},
+		"#VirtualMedia.EjectMedia":  map[string]any{"target": path + "/Actions/VirtualMedia.EjectMedia"},
+	}
+	return result{body: body}, nil
 }
 
 // insertMediaKnown are the InsertMedia parameters the schema defines.
@@ -107,65 +78,61 @@ var (
 	insertMediaUnsupported = []string{"TransferMethod", "TransferProtocolType", "UserName", "Password"}
 )
 
-func (s *Server) insertMedia(host mediaHost) handlerFunc {
-	return func(c *call) (result, error) {
-		const action = "InsertMedia"
-		m, err := s.mediaMachine(c, host)
-		if err != nil {
-			return result{}, err
-		}
-		params, apiErr := actionParams(c.body, action, insertMediaKnown, []string{"Image"})
-		if apiErr != nil {
-			return result{}, apiErr
-		}
-		var problems []message
-		for _, key := range insertMediaUnsupported {
-			if _, ok := params[key]; ok {
-				problems = append(problems, message{key: msgActionParameterNotSupported, args: []string{key, action}})
-			}
-		}
-		image, ok := jsonString(params["Image"])
-		if !ok {
-			problems = append(problems, message{key: msgActionParameterValueTypeError, args: []string{jsonText(params["Image"]), "Image", action}})
-		}
-		// The drive is a CD: media is always inserted and write-protected.
-		for _, key := range []string{"Inserted", "WriteProtected"} {
-			raw, given := params[key]
-			if !given {
-				continue
-			}
-			switch value, ok := jsonBool(raw); {
-			case !ok:
-				problems = append(problems, message{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), key, action}})
-			case !value:
-				problems = append(problems, message{key: msgActionParameterValueNotInList, args: []string{"false", key, action}})
-			}
-		}
-		if len(problems) > 0 {
-			return result{}, badRequest(problems...)
-		}
-		if err := m.InsertMedia(c.ctx(), image); err != nil {
-			return result{}, s.mapBackendError(err, operation{
-				resourceType: "VirtualMedia", resourceID: cdMediaID,
-				action: action, parameter: "Image", value: image,
-			})
-		}
-		return result{}, nil
+func (s *Server) insertMedia(c *call) (result, error) {
+	const action = "InsertMedia"
+	m, err := s.mediaMachine(c)
+	if err != nil {
+		return result{}, err
 	}
+	params, apiErr := actionParams(c.body, action, insertMediaKnown, []string{"Image"})
+	if apiErr != nil {
+		return result{}, apiErr
+	}
+	var problems []message
+	for _, key := range insertMediaUnsupported {
+		if _, ok := params[key]; ok {
+			problems = append(problems, message{key: msgActionParameterNotSupported, args: []string{key, action}})
+		}
+	}
+	image, ok := jsonString(params["Image"])
+	if !ok {
+		problems = append(problems, message{key: msgActionParameterValueTypeError, args: []string{jsonText(params["Image"]), "Image", action}})
+	}
+	// The drive is a CD: media is always inserted and write-protected.
+	for _, key := range []string{"Inserted", "WriteProtected"} {
+		raw, given := params[key]
+		if !given {
+			continue
+		}
+		switch value, ok := jsonBool(raw); {
+		case !ok:
+			problems = append(problems, message{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), key, action}})
+		case !value:
+			problems = append(problems, message{key: msgActionParameterValueNotInList, args: []string{"false", key, action}})
+		}
+	}
+	if len(problems) > 0 {
+		return result{}, badRequest(problems...)
+	}
+	if err := m.InsertMedia(c.ctx(), image); err != nil {
+		return result{}, s.mapBackendError(err, operation{
+			resourceType: "VirtualMedia", resourceID: cdMediaID,
+			action: action, parameter: "Image", value: image,
+		})
+	}
+	return result{}, nil
 }
 
-func (s *Server) ejectMedia(host mediaHost) handlerFunc {
-	return func(c *call) (result, error) {
-		m, err := s.mediaMachine(c, host)
-		if err != nil {
-			return result{}, err
-		}
-		if _, apiErr := actionParams(c.body, "EjectMedia", nil, nil); apiErr != nil {
-			return result{}, apiErr
-		}
-		if err := m.EjectMedia(c.ctx()); err != nil {
-			return result{}, s.mapBackendError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID, action: "EjectMedia"})
-		}
-		return result{}, nil
+func (s *Server) ejectMedia(c *call) (result, error) {
+	m, err := s.mediaMachine(c)
+	if err != nil {
+		return result{}, err
 	}
+	if _, apiErr := actionParams(c.body, "EjectMedia", nil, nil); apiErr != nil {
+		return result{}, apiErr
+	}
+	if err := m.EjectMedia(c.ctx()); err != nil {
+		return result{}, s.mapBackendError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID, action: "EjectMedia"})
+	}
+	return result{}, nil
 }

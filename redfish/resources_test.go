@@ -190,97 +190,63 @@ func TestManagerReset(t *testing.T) {
 	}
 }
 
-// TestVirtualMedia: the CD under the system and the CD under the manager
-// are one drive; each body names its own path, both show the same state.
+// TestVirtualMedia: insert and eject through the system's CD, whose body
+// names its own path and action targets.
 func TestVirtualMedia(t *testing.T) {
-	tests := []struct {
-		name            string
-		writeCD, readCD string // the drive the actions go to and the one read back
-	}{
-		{"system path alone", sysCD0, sysCD0},
-		{"manager path alone", mgrCD0, mgrCD0},
-		{"insert via system, read via manager", sysCD0, mgrCD0},
-		{"insert via manager, read via system", mgrCD0, sysCD0},
+	f := newFixture(t, nil)
+	res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
+	if res.status != http.StatusNoContent {
+		t.Fatalf("insert: %d %s", res.status, res.raw)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, nil)
-			insert, eject := tt.writeCD+"/Actions/VirtualMedia.InsertMedia", tt.writeCD+"/Actions/VirtualMedia.EjectMedia"
-			res := f.do(asAdmin("POST", insert, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
-			if res.status != http.StatusNoContent {
-				t.Fatalf("insert: %d %s", res.status, res.raw)
-			}
-			cd := f.do(asAdmin("GET", tt.readCD, "")).json
-			if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
-				t.Errorf("after insert: %v", cd)
-			}
-			if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
-				t.Errorf("backend media = %+v", got)
-			}
-			wantIDs := map[string]any{
-				"@odata.id":          tt.readCD,
-				"InsertMedia target": tt.readCD + "/Actions/VirtualMedia.InsertMedia",
-				"EjectMedia target":  tt.readCD + "/Actions/VirtualMedia.EjectMedia",
-			}
-			gotIDs := map[string]any{
-				"@odata.id":          cd["@odata.id"],
-				"InsertMedia target": lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "target"),
-				"EjectMedia target":  lookup(cd, "Actions", "#VirtualMedia.EjectMedia", "target"),
-			}
-			if !maps.Equal(gotIDs, wantIDs) {
-				t.Errorf("the body read from %s points at %v, want %v", tt.readCD, gotIDs, wantIDs)
-			}
-			if res := f.do(asAdmin("POST", eject, `{}`)); res.status != http.StatusNoContent {
-				t.Fatalf("eject: %d %s", res.status, res.raw)
-			}
-			cd = f.do(asAdmin("GET", tt.readCD, "")).json
-			if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
-				t.Errorf("after eject: %v", cd)
-			}
-			// Ejecting an empty drive is fine.
-			if res := f.do(asAdmin("POST", eject, "")); res.status != http.StatusNoContent {
-				t.Errorf("second eject: %d", res.status)
-			}
-		})
+	cd := f.do(asAdmin("GET", sysCD0, "")).json
+	if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
+		t.Errorf("after insert: %v", cd)
+	}
+	if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
+		t.Errorf("backend media = %+v", got)
+	}
+	wantIDs := map[string]any{"@odata.id": sysCD0, "InsertMedia target": sysInsert0, "EjectMedia target": sysEject0}
+	gotIDs := map[string]any{
+		"@odata.id":          cd["@odata.id"],
+		"InsertMedia target": lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "target"),
+		"EjectMedia target":  lookup(cd, "Actions", "#VirtualMedia.EjectMedia", "target"),
+	}
+	if !maps.Equal(gotIDs, wantIDs) {
+		t.Errorf("the CD's body points at %v, want %v", gotIDs, wantIDs)
+	}
+	if res := f.do(asAdmin("POST", sysEject0, `{}`)); res.status != http.StatusNoContent {
+		t.Fatalf("eject: %d %s", res.status, res.raw)
+	}
+	cd = f.do(asAdmin("GET", sysCD0, "")).json
+	if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
+		t.Errorf("after eject: %v", cd)
+	}
+	// Ejecting an empty drive is fine.
+	if res := f.do(asAdmin("POST", sysEject0, "")); res.status != http.StatusNoContent {
+		t.Errorf("second eject: %d", res.status)
 	}
 }
 
-// TestVirtualMediaETagSharedByBothPaths: the drive's ETag follows its
-// state, not the path it is read from, so a tag read from one path
-// validates against the other.
-func TestVirtualMediaETagSharedByBothPaths(t *testing.T) {
+// TestNoDeprecatedManagerVirtualMedia: the Manager location of virtual
+// media, deprecated by DMTF, is neither linked nor served.
+func TestNoDeprecatedManagerVirtualMedia(t *testing.T) {
 	f := newFixture(t, nil)
-	etags := func() (system, manager string) {
-		t.Helper()
-		return f.do(asAdmin("GET", sysCD0, "")).header.Get("ETag"), f.do(asAdmin("GET", mgrCD0, "")).header.Get("ETag")
+	if link, linked := f.do(asAdmin("GET", manager0, "")).json["VirtualMedia"]; linked {
+		t.Errorf("the Manager links %v", link)
 	}
-	ifNoneMatch := func(path, etag string) int {
-		return f.do(request{method: "GET", path: path, user: adminUser, pass: adminPass, headers: map[string]string{"If-None-Match": etag}}).status
-	}
-	emptySystem, emptyManager := etags()
-	if emptySystem == "" || emptySystem != emptyManager {
-		t.Fatalf("empty drive: ETag %q under the system, %q under the manager; want one non-empty tag", emptySystem, emptyManager)
-	}
-	if status := ifNoneMatch(mgrCD0, emptySystem); status != http.StatusNotModified {
-		t.Errorf("If-None-Match with the system path's tag on the manager path: %d, want 304", status)
-	}
-	if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`)); res.status != http.StatusNoContent {
-		t.Fatalf("insert: %d %s", res.status, res.raw)
-	}
-	fullSystem, fullManager := etags()
-	if fullSystem == emptySystem || fullSystem != fullManager {
-		t.Errorf("after insert: ETag %q under the system, %q under the manager (was %q); want one new tag", fullSystem, fullManager, emptySystem)
-	}
-	for _, path := range []string{sysCD0, mgrCD0} {
-		if status := ifNoneMatch(path, emptySystem); status != http.StatusOK {
-			t.Errorf("%s: If-None-Match with the pre-insert tag: %d, want 200", path, status)
+	for _, req := range []request{
+		asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", manager0+"/VirtualMedia/Cd", ""),
+		asAdmin("POST", manager0+"/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia", `{"Image":"`+image+`"}`),
+	} {
+		if res := f.do(req); res.status != http.StatusNotFound {
+			t.Errorf("%s %s: %d, want 404", req.method, req.path, res.status)
 		}
 	}
 }
 
-// TestVirtualMediaErrorsAgree: a bad request gets the same error through
-// either path.
-func TestVirtualMediaErrorsAgree(t *testing.T) {
+// TestVirtualMediaErrors: every bad request to the CD gets its Base
+// message.
+func TestVirtualMediaErrors(t *testing.T) {
 	occupied := func(f *fixture) {
 		if err := f.backend.Get("vm-0").InsertMedia(f.t.Context(), image); err != nil {
 			f.t.Fatal(err)
@@ -311,29 +277,17 @@ func TestVirtualMediaErrorsAgree(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			answers := map[string]response{}
-			for _, collection := range []string{system0 + "/VirtualMedia", manager0 + "/VirtualMedia"} {
-				f := newFixture(t, nil)
-				if tt.setup != nil {
-					tt.setup(f)
-				}
-				res := f.do(asAdmin(tt.method, collection+tt.suffix, tt.body))
-				if res.status != tt.wantStatus {
-					t.Fatalf("%s %s: status %d, want %d: %s", tt.method, collection+tt.suffix, res.status, tt.wantStatus, res.raw)
-				}
-				if ids := messageIDs(t, res); !slices.Equal(ids, []string{"Base.1.19." + tt.wantID}) {
-					t.Errorf("%s: MessageIds = %v, want [Base.1.19.%s]", collection, ids, tt.wantID)
-				}
-				answers[collection] = res
+			f := newFixture(t, nil)
+			if tt.setup != nil {
+				tt.setup(f)
 			}
-			bySystem, byManager := answers[system0+"/VirtualMedia"], answers[manager0+"/VirtualMedia"]
-			if string(bySystem.raw) != string(byManager.raw) {
-				t.Errorf("error bodies differ:\nsystem:  %s\nmanager: %s", bySystem.raw, byManager.raw)
+			path := system0 + "/VirtualMedia" + tt.suffix
+			res := f.do(asAdmin(tt.method, path, tt.body))
+			if res.status != tt.wantStatus {
+				t.Fatalf("%s %s: status %d, want %d: %s", tt.method, path, res.status, tt.wantStatus, res.raw)
 			}
-			for _, header := range []string{"Allow", "Retry-After"} {
-				if bySystem.header.Get(header) != byManager.header.Get(header) {
-					t.Errorf("%s differs: %q under the system, %q under the manager", header, bySystem.header.Get(header), byManager.header.Get(header))
-				}
+			if ids := messageIDs(t, res); !slices.Equal(ids, []string{"Base.1.19." + tt.wantID}) {
+				t.Errorf("MessageIds = %v, want [Base.1.19.%s]", ids, tt.wantID)
 			}
 		})
 	}
@@ -345,24 +299,20 @@ func TestNoVirtualMediaWithoutCapability(t *testing.T) {
 		caps.VirtualMedia = false
 		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), caps: &caps}
 	})
-	for _, path := range []string{system0, manager0} {
-		if _, linked := f.do(asAdmin("GET", path, "")).json["VirtualMedia"]; linked {
-			t.Errorf("%s links VirtualMedia the machine does not have", path)
-		}
+	if _, linked := f.do(asAdmin("GET", system0, "")).json["VirtualMedia"]; linked {
+		t.Errorf("%s links VirtualMedia the machine does not have", system0)
 	}
 	for _, req := range []request{
 		asAdmin("GET", system0+"/VirtualMedia", ""), asAdmin("GET", sysCD0, ""), asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), asAdmin("POST", sysEject0, ""),
-		asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", mgrCD0, ""), asAdmin("POST", mgrInsert0, `{"Image":"`+image+`"}`), asAdmin("POST", mgrEject0, ""),
 	} {
 		if res := f.do(req); res.status != http.StatusNotFound {
 			t.Errorf("%s %s: %d, want 404", req.method, req.path, res.status)
 		}
 	}
-	// vm-1 keeps the capability, so both links are there.
-	for _, path := range []string{"/redfish/v1/Systems/vm-1", "/redfish/v1/Managers/vm-1"} {
-		if got := lookup(f.do(asAdmin("GET", path, "")).json, "VirtualMedia", "@odata.id"); got != path+"/VirtualMedia" {
-			t.Errorf("%s: VirtualMedia link = %v, want %s/VirtualMedia", path, got, path)
-		}
+	// vm-1 keeps the capability, so the link is there.
+	const vm1 = "/redfish/v1/Systems/vm-1"
+	if got := lookup(f.do(asAdmin("GET", vm1, "")).json, "VirtualMedia", "@odata.id"); got != vm1+"/VirtualMedia" {
+		t.Errorf("%s: VirtualMedia link = %v, want %s/VirtualMedia", vm1, got, vm1)
 	}
 }
 
@@ -390,7 +340,7 @@ func TestEthernetInterfaceAddresses(t *testing.T) {
 func TestTrailingSlashAndMaaSHeaders(t *testing.T) {
 	f := newFixture(t, nil)
 	maas := map[string]string{"Content-Type": "application/json; charset=utf-8", "Accept": "application/json", "User-Agent": "MAAS"}
-	for _, path := range []string{"/redfish/v1/Systems", system0, reset0, system0 + "/VirtualMedia", manager0 + "/VirtualMedia", "/redfish/v1/AccountService/Roles/Operator"} {
+	for _, path := range []string{"/redfish/v1/Systems", system0, reset0, system0 + "/VirtualMedia", "/redfish/v1/AccountService/Roles/Operator"} {
 		for _, p := range []string{path, path + "/"} {
 			method := "GET"
 			body := ""
@@ -417,7 +367,6 @@ func TestResponseHeaders(t *testing.T) {
 		"/redfish/v1/Systems": "http://redfish.dmtf.org/schemas/v1/ComputerSystemCollection.json",
 		system0:               "http://redfish.dmtf.org/schemas/v1/ComputerSystem.v1_27_0.json",
 		sysCD0:                "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
-		mgrCD0:                "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
 		"/redfish/v1/odata":   "http://redfish.dmtf.org/schemas/v1/odata-v4.json",
 	}
 	for path, schema := range paths {
@@ -467,7 +416,7 @@ func TestMetadata(t *testing.T) {
 	}
 	// Every @odata.type the service shows must be declared.
 	for _, path := range []string{"/redfish/v1/", "/redfish/v1/Systems", system0, system0 + "/EthernetInterfaces/default", system0 + "/SimpleStorage/1",
-		sysCD0, manager0, mgrCD0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
+		sysCD0, manager0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
 		"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Roles/ReadOnly"} {
 		odataType, _ := f.do(asAdmin("GET", path, "")).json["@odata.type"].(string)
 		parts := strings.Split(strings.TrimPrefix(odataType, "#"), ".")
@@ -509,7 +458,6 @@ func TestCollections(t *testing.T) {
 		{system0 + "/EthernetInterfaces", []string{system0 + "/EthernetInterfaces/default"}},
 		{system0 + "/SimpleStorage", []string{system0 + "/SimpleStorage/1"}},
 		{system0 + "/VirtualMedia", []string{sysCD0}},
-		{manager0 + "/VirtualMedia", []string{mgrCD0}},
 		{"/redfish/v1/AccountService/Accounts", []string{"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Accounts/2", "/redfish/v1/AccountService/Accounts/3"}},
 		{"/redfish/v1/AccountService/Roles", []string{"/redfish/v1/AccountService/Roles/Administrator", "/redfish/v1/AccountService/Roles/Operator", "/redfish/v1/AccountService/Roles/ReadOnly"}},
 	}

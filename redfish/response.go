@@ -71,7 +71,7 @@ func (s *Server) writeResult(w http.ResponseWriter, r *http.Request, res result)
 			etag = etagOf(data)
 		}
 		h.Set("ETag", etag)
-		if r.Method == http.MethodGet && etagMatches(r.Header.Get("If-None-Match"), etag) {
+		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && etagMatches(r.Header.Get("If-None-Match"), etag) {
 			w.WriteHeader(http.StatusNotModified)
 			return
 		}
@@ -80,7 +80,15 @@ func (s *Server) writeResult(w http.ResponseWriter, r *http.Request, res result)
 		h.Set("Content-Length", strconv.Itoa(len(data)))
 	}
 	w.WriteHeader(status)
-	_, _ = w.Write(data)
+	writeBody(w, r, data)
+}
+
+// writeBody sends the body, except to HEAD, which gets the GET answer's
+// headers (Content-Length included) and nothing else.
+func writeBody(w http.ResponseWriter, r *http.Request, data []byte) {
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(data)
+	}
 }
 
 // linkFor names the JSON schema that describes a body.
@@ -110,7 +118,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, e *apiError)
 	h.Set("Link", "<"+errorSchemaURI+">; rel=describedby")
 	h.Set("Content-Length", strconv.Itoa(len(data)))
 	w.WriteHeader(e.status)
-	_, _ = w.Write(data)
+	writeBody(w, r, data)
 }
 
 // etagMatches implements If-Match / If-None-Match list matching with strong

@@ -51,7 +51,6 @@ func (s *Server) routes() []route {
 		sys     = "/redfish/v1/Systems/{systemID}"
 		mgr     = "/redfish/v1/Managers/{managerID}"
 		sysCD   = sys + "/VirtualMedia/{mediaID}"
-		mgrCD   = mgr + "/VirtualMedia/{mediaID}"
 		session = "/redfish/v1/SessionService/Sessions/{sessionID}"
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
 	)
@@ -69,19 +68,14 @@ func (s *Server) routes() []route {
 		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil},
 		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil},
 		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil},
-		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection(systemMedia), nil},
-		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia(systemMedia), nil},
-		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia(systemMedia), nil},
-		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia(systemMedia), nil},
+		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil},
+		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia, nil},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil},
 
 		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil},
 		{http.MethodGet, mgr, privLogin, s.getManager, nil},
 		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil},
-		// The deprecated location of the same drive, for older clients.
-		{http.MethodGet, mgr + "/VirtualMedia", privLogin, s.getVirtualMediaCollection(managerMedia), nil},
-		{http.MethodGet, mgrCD, privLogin, s.getVirtualMedia(managerMedia), nil},
-		{http.MethodPost, mgrCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia(managerMedia), nil},
-		{http.MethodPost, mgrCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia(managerMedia), nil},
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil},
@@ -89,6 +83,8 @@ func (s *Server) routes() []route {
 		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil},
 		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil},
 		{http.MethodPost, "/redfish/v1/SessionService/Sessions", privNoAuth, s.createSession, nil},
+		// DSP0266: a POST to a collection's Members is a POST to the collection.
+		{http.MethodPost, "/redfish/v1/SessionService/Sessions/Members", privNoAuth, s.createSession, nil},
 		{http.MethodGet, session, privConfigureManager, s.getSession, s.sessionOwner},
 		{http.MethodDelete, session, privConfigureManager, s.deleteSession, s.sessionOwner},
 
@@ -101,7 +97,9 @@ func (s *Server) routes() []route {
 }
 
 // newRouter registers one mux route per path; the methods of that path are
-// dispatched here, so 405 and Allow come straight from the table.
+// dispatched here, so 405 and Allow come straight from the table. Every GET
+// row also answers HEAD (RFC 9110: GET without the body), and every path
+// answers OPTIONS with its methods.
 func (s *Server) newRouter() *mux.Router {
 	router := mux.NewRouter()
 	// Unclean paths get a 404, not a redirect that a BMC client would not
@@ -114,13 +112,33 @@ func (s *Server) newRouter() *mux.Router {
 			paths = append(paths, rt.path)
 		}
 		byPath[rt.path] = append(byPath[rt.path], rt)
+		if rt.method == http.MethodGet {
+			head := rt
+			head.method = http.MethodHead
+			byPath[rt.path] = append(byPath[rt.path], head)
+		}
 	}
 	for _, p := range paths {
-		router.Handle(p, s.endpoint(byPath[p]))
+		routes := byPath[p]
+		routes = append(routes, route{http.MethodOptions, p, optionsPrivilege(routes), answerOptions, nil})
+		router.Handle(p, s.endpoint(routes))
 	}
 	router.NotFoundHandler = http.HandlerFunc(s.notFound)
 	return router
 }
+
+// optionsPrivilege lets OPTIONS through without credentials where some
+// method of the path needs none (the service root, the login), and asks for
+// a login elsewhere, so that it reveals nothing about protected URIs.
+func optionsPrivilege(routes []route) privilege {
+	if slices.ContainsFunc(routes, func(rt route) bool { return rt.privilege == privNoAuth }) {
+		return privNoAuth
+	}
+	return privLogin
+}
+
+// answerOptions is OPTIONS: the Allow header the endpoint sets is the answer.
+func answerOptions(*call) (result, error) { return result{}, nil }
 
 func (s *Server) endpoint(routes []route) http.Handler {
 	allowed := make([]string, len(routes))
@@ -135,6 +153,12 @@ func (s *Server) endpoint(routes []route) http.Handler {
 			e.header = http.Header{"Allow": {allow}}
 			s.writeError(w, r, e)
 			return
+		}
+		// DSP0266 wants Allow on every GET and HEAD answer, and OPTIONS
+		// answers with nothing else.
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+			w.Header().Set("Allow", allow)
 		}
 		s.serveRoute(w, r, routes[i])
 	})
@@ -169,6 +193,10 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 			s.writeError(w, r, newError(http.StatusForbidden, msgInsufficientPrivilege))
 			return
 		}
+	}
+	if err := checkProtocol(r); err != nil {
+		s.writeError(w, r, err)
+		return
 	}
 	if r.Method == http.MethodPost || r.Method == http.MethodPatch {
 		body, err := s.readBody(w, r)

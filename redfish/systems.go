@@ -152,7 +152,7 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	body["EthernetInterfaces"] = link(path + "/EthernetInterfaces")
 	body["SimpleStorage"] = link(path + "/SimpleStorage")
 	if caps.VirtualMedia {
-		body["VirtualMedia"] = link(systemMedia.collectionPath(id))
+		body["VirtualMedia"] = link(mediaCollectionPath(id))
 	}
 	body["Links"] = map[string]any{
 		"Chassis":   links(chassisPath(id)),

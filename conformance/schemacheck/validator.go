@@ -282,3 +282,43 @@ func jsonPointer(tokens []string) string {
 func escapePointerToken(token string) string {
 	return strings.NewReplacer("~", "~0", "/", "~1").Replace(token)
 }
+
+// ValidateAgainst checks a body that names no @odata.type (an error
+// response, the OData service document) against a schema of the bundle
+// given by file name and optional fragment, e.g. "redfish-error.v1_0_2.json".
+func (v *Validator) ValidateAgainst(uri string, body []byte, schema string) ([]Violation, error) {
+	instance, err := jsonschema.UnmarshalJSON(bytes.NewReader(body))
+	if err != nil {
+		return []Violation{{URI: uri, Schema: "JSON", Message: "body is not JSON: " + err.Error()}}, nil
+	}
+	compiled, err := v.compileLocation(dmtfSchemaPrefix + schema)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", uri, err)
+	}
+	err = compiled.Validate(instance)
+	if err == nil {
+		return nil, nil
+	}
+	var verr *jsonschema.ValidationError
+	if !errors.As(err, &verr) {
+		return nil, fmt.Errorf("%s: validating: %w", uri, err)
+	}
+	return v.violations(uri, verr), nil
+}
+
+// compileLocation compiles (once) the schema at a location; the cache
+// shares the map of @odata.type schemas, whose keys start with "#" and so
+// never collide with locations.
+func (v *Validator) compileLocation(location string) (*jsonschema.Schema, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if schema, ok := v.schemas[location]; ok {
+		return schema, nil
+	}
+	schema, err := v.compiler.Compile(location)
+	if err != nil {
+		return nil, fmt.Errorf("compiling %s: %w", location, err)
+	}
+	v.schemas[location] = schema
+	return schema, nil
+}

@@ -1,0 +1,71 @@
+package conformance_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// TestSuiteOnKubeVirtBackend runs the whole conformance suite, writes
+// included, against a BMC on the KubeVirt backend (envtest API server, CDI
+// installed so that virtual media is served): no warning, no failure.
+func TestSuiteOnKubeVirtBackend(t *testing.T) {
+	env, err := kubetest.Start(kubetest.Options{})
+	if err != nil {
+		t.Fatalf("envtest: %v", err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	halted := kubevirtv1.RunStrategyHalted
+	memory := resource.MustParse("1Gi")
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "conformant"},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &halted,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{
+					CPU:       &kubevirtv1.CPU{Cores: 2},
+					Memory:    &kubevirtv1.Memory{Guest: &memory},
+					Firmware:  &kubevirtv1.Firmware{UUID: "5b0c6f5e-2f3a-4d1b-8e6c-7a9d0e1f2a3b", Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
+					Devices:   kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{Name: "pxe", MacAddress: "02:00:00:00:09:01", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}}},
+					Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
+				},
+				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+			}},
+		},
+	}
+	if err := env.Client.Create(ctx, vm); err != nil {
+		t.Fatalf("creating VM: %v", err)
+	}
+	backend, err := kubevirt.New(env.Config, "default", "conformant", kubevirt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = backend.Start(ctx) }()
+	if !backend.WaitForCacheSync(ctx) {
+		t.Fatal("backend cache did not sync")
+	}
+	server, err := redfish.NewServer(redfish.Config{
+		Backend:  backend,
+		Accounts: []redfish.Account{{Username: suiteUser, Password: suitePass, Role: redfish.RoleAdministrator}},
+		Logger:   logr.Discard(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewTLSServer(server)
+	t.Cleanup(ts.Close)
+	requireClean(t, runSuite(t, ts, suiteUser, suitePass), 23) // one machine: 23 resources, its virtual CD among them
+}
