@@ -9,9 +9,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -89,6 +93,33 @@ func NormalizeMAC(mac string) string {
 // NormalizeUUID spells an SMBIOS UUID in lower case without braces.
 func NormalizeUUID(uuid string) string {
 	return strings.ToLower(strings.Trim(strings.TrimSpace(uuid), "{}"))
+}
+
+// NewKubeCluster connects to the API server of cfg. The client knows the
+// few kinds the reconciler uses without asking discovery, so a run costs
+// only the cycle's own requests.
+func NewKubeCluster(cfg *rest.Config) (KubeCluster, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, kubevirtv1.AddToScheme, v1beta1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			return KubeCluster{}, err
+		}
+	}
+	mapper := meta.NewDefaultRESTMapper(nil)
+	for _, gvk := range []schema.GroupVersionKind{
+		corev1.SchemeGroupVersion.WithKind("Secret"),
+		corev1.SchemeGroupVersion.WithKind("Event"),
+		kubevirtv1.SchemeGroupVersion.WithKind("VirtualMachine"),
+		kubevirtv1.SchemeGroupVersion.WithKind("VirtualMachineInstance"),
+		v1beta1.GroupVersion.WithKind("VirtualMachineBMC"),
+	} {
+		mapper.Add(gvk, meta.RESTScopeNamespace)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme, Mapper: mapper})
+	if err != nil {
+		return KubeCluster{}, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return KubeCluster{Client: c}, nil
 }
 
 // KubeCluster implements Cluster with a controller-runtime client whose scheme
