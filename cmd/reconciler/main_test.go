@@ -13,12 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
@@ -125,6 +127,7 @@ var kubeEnv *kubetest.Env
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
+	ctrllog.SetLogger(logr.Discard()) // controller-runtime's client logs through the global logger
 	var err error
 	kubeEnv, err = kubetest.Start(kubetest.Options{WithoutCDI: true})
 	if err != nil {
