@@ -3,51 +3,100 @@ package maas_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"sync"
 	"testing"
+
+	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
 
-// BenchmarkIdleCycle measures one cycle over 1,000 converged machines (Ready,
-// named, pooled, credentials current) and reports the MaaS requests a cycle
-// makes, which must not grow with the number of machines.
+// BenchmarkIdleCycle measures one reconciler cycle over converged machines
+// (Ready, named, pooled, credentials current, status reported) against a
+// real API server and the MaaS simulator, and counts the requests a cycle
+// sends to each. It grows the fleet from 100 to 1,000 VMs in one run, so the
+// two sizes compare side by side: the request counts must not grow.
+//
+//   - loop: one Reconciler and one client for every cycle, as the
+//     Deployment runs;
+//   - once: new clients every cycle, as a --once CronJob run pays.
 func BenchmarkIdleCycle(b *testing.B) {
-	const machines = 1000
 	s := maastest.New(b)
-	cluster := newFakeCluster()
-	for i := range machines {
-		vm := maas.VMRef{Namespace: fmt.Sprintf("ns-%d", i%10), Name: fmt.Sprintf("vm-%d", i)}
-		if i < 10 {
-			s.WithPool(vm.Namespace)
+	fleet := 0
+	for _, size := range []int{100, 1000} {
+		grow(b, s, fleet, size)
+		fleet = size
+		b.Run(fmt.Sprintf("loop/machines=%d", size), func(b *testing.B) {
+			var counter requestCounter
+			r := newReconciler(b, s, kubeCluster(b, counter.config(env.Config)))
+			benchmarkCycles(b, s, &counter, size, func() *maas.Reconciler { return r })
+		})
+		b.Run(fmt.Sprintf("once/machines=%d", size), func(b *testing.B) {
+			var counter requestCounter
+			benchmarkCycles(b, s, &counter, size, func() *maas.Reconciler {
+				return newReconciler(b, s, kubeCluster(b, counter.config(env.Config)))
+			})
+		})
+	}
+}
+
+func benchmarkCycles(b *testing.B, s *maastest.Server, counter *requestCounter, machines int, reconciler func() *maas.Reconciler) {
+	ctx := context.Background()
+	s.ResetRequests()
+	counter.take()
+	for b.Loop() {
+		result, err := reconciler().Reconcile(ctx)
+		if err != nil {
+			b.Fatal(err)
 		}
-		m := ours(fmt.Sprintf("m%05d", i), vm, maastest.StatusReady)
+		if result.Bound != machines || len(result.Changes) != 0 || len(result.Failures) != 0 {
+			b.Fatalf("idle cycle bound %d of %d, changed %v, failures %v", result.Bound, machines, result.Changes, result.Failures)
+		}
+	}
+	b.StopTimer()
+	maasRequests := float64(len(s.Requests())) / float64(b.N)
+	kubeRequests := float64(len(counter.take())) / float64(b.N)
+	b.ReportMetric(maasRequests, "maas-requests/cycle")
+	b.ReportMetric(kubeRequests, "kube-requests/cycle")
+	if maasRequests > 3 || kubeRequests > 3 {
+		b.Fatalf("an idle cycle costs %.1f MaaS and %.1f Kubernetes requests, want at most 3 each", maasRequests, kubeRequests)
+	}
+}
+
+// grow enrolls VMs from up to size, gives each its converged machine in
+// MaaS, and runs the cycle that reports them.
+func grow(b *testing.B, s *maastest.Server, from, size int) {
+	b.Helper()
+	const perNamespace = 100
+	var wg sync.WaitGroup
+	work := make(chan maas.VMRef)
+	for range 8 {
+		wg.Go(func() {
+			for vm := range work {
+				enrollment{vm: vm, password: "pw"}.create(b, env.Client)
+			}
+		})
+	}
+	var ns string
+	for i := from; i < size; i++ {
+		if i%perNamespace == 0 {
+			ns = newNamespace(b)
+			s.WithPool(ns)
+		}
+		vm := maas.VMRef{Namespace: ns, Name: fmt.Sprintf("vm-%d", i)}
+		m := ours(fmt.Sprintf("bench%05d", i), vm, maastest.StatusReady)
 		m.Hostname, m.Pool = maas.Hostname(vm), vm.Namespace
 		m.PowerParameters[maas.PowerUser] = "admin"
 		m.PowerParameters[maas.PowerPass] = "pw"
 		s.WithMachine(m)
-		cluster.withVM(vm, "pw")
+		work <- vm
 	}
-	r := newReconciler(b, s, cluster)
-	ctx := context.Background()
-	if _, err := r.Reconcile(ctx); err != nil { // warms the report cache
+	close(work)
+	wg.Wait()
+	r := &maas.Reconciler{MaaS: s.Client(b), Cluster: kubeCluster(b, env.Config), Domain: testDomain, Out: io.Discard, Log: logr.Discard()}
+	if _, err := r.Reconcile(context.Background()); err != nil {
 		b.Fatal(err)
-	}
-	s.ResetRequests()
-
-	b.ResetTimer()
-	for b.Loop() {
-		result, err := r.Reconcile(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if result.Managed != machines || len(result.Changes) != 0 {
-			b.Fatalf("cycle managed %d, changed %d", result.Managed, len(result.Changes))
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(len(s.Requests()))/float64(b.N), "requests/cycle")
-	if writes(s) != 0 {
-		b.Fatalf("idle cycles wrote %d times", writes(s))
 	}
 }

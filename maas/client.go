@@ -27,6 +27,9 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrConflict: the object's state forbids the request (MaaS answers 409).
 	ErrConflict = errors.New("conflicts with current state")
+	// ErrForbidden: Kubernetes refused the reconciler's identity an object
+	// (RBAC or admission said no).
+	ErrForbidden = errors.New("forbidden")
 	// ErrUnavailable: MaaS or Kubernetes is unreachable, failing (5xx) or
 	// answering nonsense; the next cycle retries.
 	ErrUnavailable = errors.New("unavailable")
@@ -83,6 +86,31 @@ type Machine struct {
 	StatusName string  `json:"status_name"`
 	PowerType  string  `json:"power_type"`
 	Pool       PoolRef `json:"pool"`
+	// HardwareUUID is the SMBIOS system UUID commissioning found; "" when
+	// MaaS shows null (not commissioned yet, or cleared as a duplicate).
+	HardwareUUID  string      `json:"hardware_uuid"`
+	Interfaces    []Interface `json:"interface_set"`
+	BootInterface *Interface  `json:"boot_interface"`
+}
+
+// Interface is a machine's network interface as MaaS embeds it.
+type Interface struct {
+	ID         int    `json:"id"`
+	Name       string `json:"name"`
+	MACAddress string `json:"mac_address"`
+}
+
+// MACs are the machine's interface MACs, boot interface included, as MaaS
+// spells them.
+func (m Machine) MACs() []string {
+	var macs []string
+	for _, iface := range m.Interfaces {
+		macs = append(macs, iface.MACAddress)
+	}
+	if m.BootInterface != nil {
+		macs = append(macs, m.BootInterface.MACAddress)
+	}
+	return macs
 }
 
 // PoolRef is a machine's resource pool as MaaS embeds it in a machine.

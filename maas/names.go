@@ -14,27 +14,6 @@ import (
 	"strings"
 )
 
-// The BMC credentials of a VM live in a Kubernetes Secret in the VM's
-// namespace. The controller that serves the VM's BMC creates it; the
-// reconciler copies its values into MaaS's power parameters.
-const (
-	// BMCSecretUsernameKey is the Secret data key holding the Redfish user.
-	BMCSecretUsernameKey = "username"
-	// BMCSecretPasswordKey is the Secret data key holding the Redfish password.
-	BMCSecretPasswordKey = "password"
-)
-
-// BMCSecretName is the name of the Secret, in the VM's namespace, that holds
-// the VM's BMC credentials.
-func BMCSecretName(vm string) string { return vm + "-bmc" }
-
-// Annotations the reconciler sets on a VirtualMachine to tell Kubernetes users
-// which MaaS machine the VM became and where it is in MaaS's lifecycle.
-const (
-	AnnotationSystemID = "virtmetal.io/maas-system-id"
-	AnnotationStatus   = "virtmetal.io/maas-status"
-)
-
 // VMRef names a KubeVirt VirtualMachine.
 type VMRef struct {
 	Namespace string

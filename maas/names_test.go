@@ -94,12 +94,6 @@ func TestHashedHostname(t *testing.T) {
 	}
 }
 
-func TestBMCSecretName(t *testing.T) {
-	if got := BMCSecretName("web.prod"); got != "web.prod-bmc" {
-		t.Fatalf("BMCSecretName = %q", got)
-	}
-}
-
 // FuzzParseBMCAddress: whatever the address, a recognised VM has valid
 // names, its BMC address parses back to it, and its hostnames are DNS labels.
 func FuzzParseBMCAddress(f *testing.F) {

@@ -14,11 +14,26 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
 )
 
-// Reconciler brings the MaaS machines whose power address is a virtmetal BMC
-// under Domain to their wanted state, and reports them to Kubernetes:
+// Reconciler brings the MaaS machines that are proven to be enrolled
+// virtmetal VMs to their wanted state, and reports them to Kubernetes:
 //
+//   - a machine whose power address names a virtmetal BMC under Domain only
+//     claims a VM: the VM's owner controls the SMBIOS serial the address
+//     comes from. The claim counts when the VM is enrolled (it has a
+//     VirtualMachineBMC) and the machine's hardware proves it (see prove):
+//     one of its interface MACs is one of the VM's, and its hardware UUID,
+//     where MaaS and the VM both know one, is the VM's firmware UUID. Until
+//     then the machine gets no credentials, pool, name or commission, and the
+//     VirtualMachineBMC's MaaSMachine condition and an Event say why. Of
+//     several machines claiming one VM the best-proven one keeps it (a UUID
+//     match beats a MAC-only match; on a tie the one already reported); the
+//     others are reported as duplicates and never get credentials;
 //   - power_user/power_pass (and node_id) follow the VM's BMC Secret, in every
 //     status: a rotated password must reach Ready and Deployed machines too,
 //     or MaaS loses power control;
@@ -32,15 +47,21 @@ import (
 //     a deployed machine would change its DNS name under its workload;
 //   - a New machine is commissioned once its credentials, hostname and pool
 //     are in place (MaaS needs the credentials to power it on). Machines in
-//     any other status are never commissioned.
+//     any other status are never commissioned;
+//   - the machine's system ID, status, hostname and pool, and the
+//     MaaSMachine condition, go to the VirtualMachineBMC status, written only
+//     when they differ from what the status shows (so a removed value is put
+//     back and an unchanged one costs nothing).
 //
-// One cycle costs one machine list and one bulk power-parameters request,
+// One cycle costs one machine list and one bulk power-parameters request
+// in MaaS, and three lists in Kubernetes (Cluster.Enrolled; a fourth,
+// Cluster.InstanceMACs, only while a claimed VM sets no MAC in its spec),
 // plus a pool list only when some machine needs moving, plus one request per
 // change: machines that need nothing cost nothing. Machines of other tools
 // and physical servers are left alone.
 //
-// A Reconciler remembers what it last reported to Kubernetes; it is not safe
-// for concurrent use.
+// A Reconciler keeps no state between cycles; it is not safe for concurrent
+// use.
 type Reconciler struct {
 	MaaS    *Client
 	Cluster Cluster
@@ -50,11 +71,9 @@ type Reconciler struct {
 	DryRun bool
 	Out    io.Writer
 	Log    logr.Logger
-
-	reported map[VMRef]report
+	// Now stamps lastSync and condition transitions; time.Now when nil.
+	Now func() time.Time
 }
-
-type report struct{ systemID, status string }
 
 // Change is one thing a cycle changed (or, in a dry run, would change).
 type Change struct {
@@ -70,7 +89,21 @@ const (
 	ActionSetCredentials = "set power credentials"
 	ActionSetIdentity    = "set hostname and pool"
 	ActionCommission     = "commission"
-	ActionReport         = "annotate VM"
+	ActionReport         = "report status"
+)
+
+// Reasons of the MaaSMachine condition.
+const (
+	// ReasonBound: one machine is proven to be the VM's and is in shape.
+	ReasonBound = "Bound"
+	// ReasonUnverified: machines claim the VM but none is proven to be it.
+	ReasonUnverified = "Unverified"
+	// ReasonDuplicated: more than one machine claims the VM.
+	ReasonDuplicated = "Duplicated"
+	// ReasonFailing: the VM's machine could not be brought in shape.
+	ReasonFailing = "Failing"
+	// ReasonNoMachine: no MaaS machine claims the VM.
+	ReasonNoMachine = "NoMachine"
 )
 
 func (c Change) String() string {
@@ -87,20 +120,130 @@ func (c Change) String() string {
 // CycleResult says what one cycle found and did.
 type CycleResult struct {
 	Machines int      // machines in MaaS
-	Managed  int      // machines whose power address is one of ours
+	Managed  int      // machines whose power address names a virtmetal BMC
+	Bound    int      // of those, the ones proven to be their enrolled VM
 	Changes  []Change // made, or planned in a dry run
+	// Failures are the machines (or VMs) that could not be brought in
+	// shape; each touched only itself.
+	Failures []MachineFailure
 }
 
-// managedMachine is a MaaS machine whose BMC is a virtmetal VM's.
+// MachineFailure is a failure local to one machine or VM.
+type MachineFailure struct {
+	SystemID string // empty when the VM has no machine
+	VM       VMRef
+	Err      error
+}
+
+func (f MachineFailure) Error() string {
+	if f.SystemID == "" {
+		return "vm " + f.VM.String() + ": " + f.Err.Error()
+	}
+	return "machine " + f.SystemID + " (vm " + f.VM.String() + "): " + f.Err.Error()
+}
+
+func (f MachineFailure) Unwrap() error { return f.Err }
+
+// managedMachine is a MaaS machine whose power address names a virtmetal
+// VM's BMC.
 type managedMachine struct {
 	Machine
 	vm     VMRef
 	params PowerParameters
 }
 
-// Reconcile runs one cycle. It returns every failure joined; machines not
-// touched by a failure are still reconciled, and nothing half-done is
-// repeated wrongly next cycle (pools are looked up before creation, and a
+// proof is how well a machine's hardware shows it is a VM.
+type proof int
+
+const (
+	proofNone       proof = iota // does not match, or cannot be compared
+	proofMAC                     // a MAC matches; one side knows no UUID
+	proofMACAndUUID              // a MAC and the SMBIOS UUID match
+)
+
+// prove compares a machine's hardware with the enrolled VM it claims, and
+// says why in words for the condition.
+func prove(m Machine, vm *EnrolledVM) (proof, string) {
+	if !vm.VMFound {
+		return proofNone, "the VirtualMachine does not exist"
+	}
+	if len(vm.MACs) == 0 {
+		return proofNone, "the VM's MACs are unknown (none in its spec, no running instance)"
+	}
+	var machineMACs []string
+	for _, mac := range m.MACs() {
+		if mac = NormalizeMAC(mac); mac != "" && !slices.Contains(machineMACs, mac) {
+			machineMACs = append(machineMACs, mac)
+		}
+	}
+	if !slices.ContainsFunc(machineMACs, func(mac string) bool { return slices.Contains(vm.MACs, mac) }) {
+		return proofNone, fmt.Sprintf("none of its MACs %v is one of the VM's %v", machineMACs, vm.MACs)
+	}
+	hardwareUUID := NormalizeUUID(m.HardwareUUID)
+	if hardwareUUID == "" || vm.FirmwareUUID == "" {
+		return proofMAC, "MAC matches"
+	}
+	if hardwareUUID != vm.FirmwareUUID {
+		return proofNone, fmt.Sprintf("its hardware UUID %s is not the VM's firmware UUID %s", hardwareUUID, vm.FirmwareUUID)
+	}
+	return proofMACAndUUID, "MAC and SMBIOS UUID match"
+}
+
+// claim is one machine's claim on an enrolled VM and how it was judged.
+type claim struct {
+	m     managedMachine
+	proof proof
+	why   string
+}
+
+// binding is what a cycle decided for one enrolled VM.
+type binding struct {
+	vm     *EnrolledVM
+	claims []claim // sorted by system ID
+	winner int     // index into claims; -1 when no machine is the VM's
+	tie    bool    // several machines are equally proven
+}
+
+// bind picks, among the machines claiming vm, the one that is the VM's.
+func bind(vm *EnrolledVM, machines []managedMachine) binding {
+	b := binding{vm: vm, winner: -1}
+	best := proofNone
+	for _, m := range machines {
+		p, why := prove(m.Machine, vm)
+		b.claims = append(b.claims, claim{m: m, proof: p, why: why})
+		best = max(best, p)
+	}
+	if best == proofNone {
+		return b
+	}
+	var top []int
+	for i, c := range b.claims {
+		if c.proof == best {
+			top = append(top, i)
+		}
+	}
+	if len(top) == 1 {
+		b.winner = top[0]
+		return b
+	}
+	// Equally proven: the machine already reported keeps the VM, so a
+	// newcomer cannot take it; without one, nobody gets the credentials.
+	if reported := vm.Reported.MaaS; reported != nil {
+		for _, i := range top {
+			if b.claims[i].m.SystemID == reported.SystemID {
+				b.winner = i
+				return b
+			}
+		}
+	}
+	b.tie = true
+	return b
+}
+
+// Reconcile runs one cycle. Its error is a failure of the whole fleet
+// (MaaS's or Kubernetes's lists failing); failures of single machines are in
+// the result, and the other machines are still reconciled. Nothing half-done
+// is repeated wrongly next cycle (pools are looked up before creation, and a
 // machine is commissioned only while MaaS says it is New).
 func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 	var result CycleResult
@@ -112,10 +255,14 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 	if err != nil {
 		return result, fmt.Errorf("read power parameters: %w", err)
 	}
+	enrolled, err := r.Cluster.Enrolled(ctx)
+	if err != nil {
+		return result, fmt.Errorf("read enrolled VMs: %w", err)
+	}
 	result.Machines = len(machines)
 
 	holders := make(map[string]string, len(machines)) // hostname → system_id
-	var managed []managedMachine
+	claims := map[VMRef][]managedMachine{}
 	for _, m := range machines {
 		holders[m.Hostname] = m.SystemID
 		if m.PowerType != PowerTypeRedfish {
@@ -125,57 +272,138 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 		if !ok {
 			continue
 		}
-		managed = append(managed, managedMachine{Machine: m, vm: vm, params: params[m.SystemID]})
+		result.Managed++
+		claims[vm] = append(claims[vm], managedMachine{Machine: m, vm: vm, params: params[m.SystemID]})
 	}
-	slices.SortFunc(managed, func(a, b managedMachine) int { return cmp.Compare(a.SystemID, b.SystemID) })
-	result.Managed = len(managed)
+	if err := r.fillInstanceMACs(ctx, enrolled, claims); err != nil {
+		return result, err
+	}
 
-	var errs []error
+	var bindings []binding
+	for _, ref := range slices.SortedFunc(maps.Keys(claims), compareVMRefs) {
+		vm, ok := enrolled[ref]
+		if !ok {
+			for _, m := range claims[ref] {
+				r.logFor(m).V(1).Info("machine claims a VM that is not enrolled (no VirtualMachineBMC); left alone")
+			}
+			continue
+		}
+		slices.SortFunc(claims[ref], func(a, b managedMachine) int { return cmp.Compare(a.SystemID, b.SystemID) })
+		bindings = append(bindings, bind(vm, claims[ref]))
+	}
+	for _, ref := range slices.SortedFunc(maps.Keys(enrolled), compareVMRefs) {
+		if _, claimed := claims[ref]; !claimed {
+			bindings = append(bindings, binding{vm: enrolled[ref], winner: -1})
+		}
+	}
+
 	record := func(c Change) {
 		result.Changes = append(result.Changes, c)
 		if r.DryRun && r.Out != nil {
 			fmt.Fprintln(r.Out, "would "+c.String())
 		}
 	}
-	fail := func(err error) {
-		errs = append(errs, err)
+	current, failures := r.reconcileBound(ctx, bindings, holders, record)
+	for _, b := range bindings {
+		var failure error
+		if b.winner >= 0 {
+			result.Bound++
+			failure = failures[b.claims[b.winner].m.SystemID]
+			if failure != nil {
+				result.Failures = append(result.Failures, MachineFailure{SystemID: b.claims[b.winner].m.SystemID, VM: b.vm.VM, Err: failure})
+			}
+		}
+		if err := r.report(ctx, b, current, failure, record); err != nil {
+			result.Failures = append(result.Failures, MachineFailure{VM: b.vm.VM, Err: err})
+		}
 	}
+	for _, f := range result.Failures {
+		r.Log.Error(f.Err, "machine not in shape", "systemID", f.SystemID, "namespace", f.VM.Namespace, "vm", f.VM.Name)
+	}
+	r.Log.Info("cycle done", "machines", result.Machines, "managed", result.Managed, "bound", result.Bound,
+		"changes", len(result.Changes), "failures", len(result.Failures), "dryRun", r.DryRun)
+	return result, nil
+}
 
-	// Credentials first: whether a VM's Secret exists decides whether a
-	// Ready machine is ours to name, and so which pools are needed.
-	credentialsSet := make([]bool, len(managed))
-	credentialsErr := make([]error, len(managed))
-	for i, m := range managed {
-		credentialsSet[i], credentialsErr[i] = r.reconcileCredentials(ctx, r.logFor(m), m, record)
+func compareVMRefs(a, b VMRef) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
+// fillInstanceMACs gives the claimed VMs whose spec sets no MAC their
+// running instance's MACs. It lists instances only when some VM needs it.
+func (r *Reconciler) fillInstanceMACs(ctx context.Context, enrolled map[VMRef]*EnrolledVM, claims map[VMRef][]managedMachine) error {
+	var needed []*EnrolledVM
+	for ref := range claims {
+		if vm, ok := enrolled[ref]; ok && vm.VMFound && len(vm.MACs) == 0 {
+			needed = append(needed, vm)
+		}
 	}
-	ownsIdentity := func(i int) bool {
-		return managed[i].Status == StatusNew || (managed[i].Status == StatusReady && credentialsSet[i])
+	if len(needed) == 0 {
+		return nil
+	}
+	instances, err := r.Cluster.InstanceMACs(ctx)
+	if err != nil {
+		return fmt.Errorf("read instance MACs: %w", err)
+	}
+	for _, vm := range needed {
+		vm.MACs = instances[vm.VM]
+	}
+	return nil
+}
+
+// reconcileBound brings every bound machine in shape: credentials first
+// (whether they are set decides whether a Ready machine is ours to name, and
+// so which pools are needed), then pools, hostnames and commissioning. It
+// returns the machines as MaaS last showed them and each one's failure.
+func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, holders map[string]string, record func(Change)) (map[string]Machine, map[string]error) {
+	type bound struct {
+		m              managedMachine
+		vm             *EnrolledVM
+		credentialsSet bool
+		err            error
+	}
+	var all []*bound
+	for _, b := range bindings {
+		if b.winner >= 0 {
+			all = append(all, &bound{m: b.claims[b.winner].m, vm: b.vm})
+		}
+	}
+	current := make(map[string]Machine, len(all))
+	failures := map[string]error{}
+	for _, x := range all {
+		current[x.m.SystemID] = x.m.Machine
+		x.credentialsSet, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, record)
+	}
+	ownsIdentity := func(x *bound) bool {
+		// A missing Secret does not stop a New machine being named.
+		return (x.err == nil || errors.Is(x.err, ErrNotFound)) &&
+			(x.m.Status == StatusNew || (x.m.Status == StatusReady && x.credentialsSet))
 	}
 	var poolsWanted []string
-	for i, m := range managed {
-		if credentialsErr[i] == nil && ownsIdentity(i) && m.Pool.Name != m.vm.Namespace && !slices.Contains(poolsWanted, m.vm.Namespace) {
-			poolsWanted = append(poolsWanted, m.vm.Namespace)
+	for _, x := range all {
+		if ownsIdentity(x) && x.m.Pool.Name != x.m.vm.Namespace && !slices.Contains(poolsWanted, x.m.vm.Namespace) {
+			poolsWanted = append(poolsWanted, x.m.vm.Namespace)
 		}
 	}
-	poolErrs := r.ensurePools(ctx, poolsWanted, record, fail)
-	for i, m := range managed {
-		current, err := m.Machine, credentialsErr[i]
-		if err == nil && ownsIdentity(i) {
-			current, err = r.reconcileIdentityAndCommission(ctx, r.logFor(m), m, credentialsSet[i], holders, poolErrs, record)
+	poolErrs := r.ensurePools(ctx, poolsWanted, record)
+	for _, x := range all {
+		if ownsIdentity(x) {
+			m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.credentialsSet, holders, poolErrs, record)
+			current[x.m.SystemID] = m
+			x.err = cmp.Or(err, x.err)
 		}
-		if err := errors.Join(err, r.report(ctx, r.logFor(m), m, current, record)); err != nil {
-			fail(err)
+		if x.err != nil {
+			failures[x.m.SystemID] = x.err
 		}
 	}
-	r.Log.Info("cycle done", "machines", result.Machines, "managed", result.Managed,
-		"changes", len(result.Changes), "errors", len(errs), "dryRun", r.DryRun)
-	return result, errors.Join(errs...)
+	return current, failures
 }
 
 // ensurePools creates the wanted pools that are missing. It lists pools only
 // when some machine needs moving, and creates each missing pool once. It
-// returns, per namespace, why its pool may not exist.
-func (r *Reconciler) ensurePools(ctx context.Context, wanted []string, record func(Change), fail func(error)) map[string]error {
+// returns, per namespace, why its pool may not exist: the failure is its
+// machines', not the fleet's.
+func (r *Reconciler) ensurePools(ctx context.Context, wanted []string, record func(Change)) map[string]error {
 	if len(wanted) == 0 {
 		return nil
 	}
@@ -183,7 +411,6 @@ func (r *Reconciler) ensurePools(ctx context.Context, wanted []string, record fu
 	pools, err := r.MaaS.Pools(ctx)
 	if err != nil {
 		err = fmt.Errorf("list resource pools: %w", err)
-		fail(err)
 		for _, name := range wanted {
 			poolErrs[name] = err
 		}
@@ -207,7 +434,6 @@ func (r *Reconciler) ensurePools(ctx context.Context, wanted []string, record fu
 			r.Log.Info("resource pool creation refused, assuming it exists", "pool", name, "reason", err.Error())
 		default:
 			err = fmt.Errorf("create resource pool %q: %w", name, err)
-			fail(err)
 			poolErrs[name] = err
 		}
 	}
@@ -222,23 +448,23 @@ func (r *Reconciler) logFor(m managedMachine) logr.Logger {
 // machine whose credentials are in place, commissions it. It returns the
 // machine as MaaS last showed it.
 func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, credentialsSet bool, holders map[string]string, poolErrs map[string]error, record func(Change)) (Machine, error) {
-	identitySet, err := r.reconcileIdentity(ctx, log, m, holders, poolErrs, record)
+	current, identitySet, err := r.reconcileIdentity(ctx, log, m, holders, poolErrs, record)
 	if err != nil || !identitySet || m.Status != StatusNew {
-		return m.Machine, err
+		return current, err
 	}
 	if !credentialsSet {
-		log.Info("not commissioning until the BMC secret exists", "secret", BMCSecretName(m.vm.Name))
-		return m.Machine, nil
+		log.Info("not commissioning until the BMC credentials are set")
+		return current, nil
 	}
 	record(Change{Action: ActionCommission, SystemID: m.SystemID, VM: m.vm, Detail: "New machine"})
 	if r.DryRun {
-		return m.Machine, nil
+		return current, nil
 	}
 	// The power parameters are right already, so the bmc-config scripts must
 	// not run again: MaaS would store their YAML and blank the password.
 	commissioned, err := r.MaaS.Commission(ctx, m.SystemID, CommissionOptions{SkipBMCConfig: true})
 	if err != nil {
-		return m.Machine, fmt.Errorf("commission %s: %w", m.SystemID, err)
+		return current, fmt.Errorf("commission %s: %w", m.SystemID, err)
 	}
 	log.Info("commissioning started", "hostname", commissioned.Hostname)
 	return commissioned, nil
@@ -246,15 +472,13 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 
 // reconcileCredentials copies the BMC Secret into the power parameters when
 // they differ. It reports whether MaaS has (or, in a dry run, would have) the
-// Secret's credentials.
-func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, m managedMachine, record func(Change)) (bool, error) {
-	creds, err := r.Cluster.BMCCredentials(ctx, m.vm)
-	if errors.Is(err, ErrNotFound) {
-		return false, nil
+// Secret's credentials; the error wraps ErrNotFound when the Secret is
+// missing.
+func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, m managedMachine, vm *EnrolledVM, record func(Change)) (bool, error) {
+	if vm.CredentialsErr != nil {
+		return false, vm.CredentialsErr
 	}
-	if err != nil {
-		return false, fmt.Errorf("machine %s: %w", m.SystemID, err)
-	}
+	creds := vm.Credentials
 	changed := map[string]string{}
 	if m.params.String(PowerUser) != creds.Username {
 		changed[PowerUser] = creds.Username
@@ -268,7 +492,7 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	if len(changed) == 0 {
 		return true, nil
 	}
-	record(Change{Action: ActionSetCredentials, SystemID: m.SystemID, VM: m.vm, Detail: changedKeys(changed) + " from secret " + BMCSecretName(m.vm.Name)})
+	record(Change{Action: ActionSetCredentials, SystemID: m.SystemID, VM: m.vm, Detail: changedKeys(changed) + " from the BMC's credentials Secret"})
 	if r.DryRun {
 		return true, nil
 	}
@@ -279,17 +503,16 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	return true, nil
 }
 
-// reconcileIdentity gives a machine its hostname and pool. It reports
-// whether both are (or, in a dry run, would be) in place.
-func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m managedMachine, holders map[string]string, poolErrs map[string]error, record func(Change)) (bool, error) {
-	if poolErrs[m.vm.Namespace] != nil {
-		// The pool failure is reported once, by ensurePools.
-		log.Info("waiting for resource pool", "pool", m.vm.Namespace)
-		return false, nil
+// reconcileIdentity gives a machine its hostname and pool. It returns the
+// machine as MaaS last showed it, and whether both are (or, in a dry run,
+// would be) in place.
+func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m managedMachine, holders map[string]string, poolErrs map[string]error, record func(Change)) (Machine, bool, error) {
+	if err := poolErrs[m.vm.Namespace]; err != nil {
+		return m.Machine, false, err
 	}
 	hostname, err := claimHostname(m, holders)
 	if err != nil {
-		return false, err
+		return m.Machine, false, err
 	}
 	update := MachineUpdate{}
 	if m.Hostname != hostname {
@@ -299,27 +522,27 @@ func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m m
 		update.Pool = m.vm.Namespace
 	}
 	if update.Hostname == "" && update.Pool == "" {
-		return true, nil
+		return m.Machine, true, nil
 	}
 	record(Change{Action: ActionSetIdentity, SystemID: m.SystemID, VM: m.vm,
 		Detail: fmt.Sprintf("hostname %q → %q, pool %q → %q", m.Hostname, hostname, m.Pool.Name, m.vm.Namespace)})
 	if r.DryRun {
-		return true, nil
+		return m.Machine, true, nil
 	}
-	_, err = r.MaaS.UpdateMachine(ctx, m.SystemID, update)
+	updated, err := r.MaaS.UpdateMachine(ctx, m.SystemID, update)
 	if hostnameRefused(err) && update.Hostname == Hostname(m.vm) {
 		// A node the machine list does not show (a device, a controller)
 		// holds the name: take the VM's other name.
 		log.Info("hostname taken by another node, using the hashed one", "hostname", update.Hostname, "reason", err.Error())
 		hostname = HashedHostname(m.vm)
 		update.Hostname = hostname
-		_, err = r.MaaS.UpdateMachine(ctx, m.SystemID, update)
+		updated, err = r.MaaS.UpdateMachine(ctx, m.SystemID, update)
 	}
 	if err != nil {
-		return false, fmt.Errorf("set hostname and pool of %s: %w", m.SystemID, err)
+		return m.Machine, false, fmt.Errorf("set hostname and pool of %s: %w", m.SystemID, err)
 	}
 	log.Info("hostname and pool set", "hostname", hostname, "pool", m.vm.Namespace)
-	return true, nil
+	return updated, true, nil
 }
 
 // hostnameRefused tells whether MaaS refused a form for its hostname field.
@@ -348,41 +571,127 @@ func claimHostname(m managedMachine, holders map[string]string) (string, error) 
 		m.SystemID, candidates, m.vm, ErrConflict)
 }
 
-func (r *Reconciler) report(ctx context.Context, log logr.Logger, m managedMachine, current Machine, record func(Change)) error {
-	status := current.StatusName
-	if status == "" {
-		status = "status " + strconv.Itoa(current.Status)
+// wantedStatus is what the VM's VirtualMachineBMC status should say of its
+// MaaS machine; LastSync and LastTransitionTime are left to report.
+func wantedStatus(b binding, current map[string]Machine, failure error) MachineStatus {
+	condition := func(status metav1.ConditionStatus, reason, message string) *metav1.Condition {
+		return &metav1.Condition{Type: v1beta1.ConditionMaaSMachine, Status: status, Reason: reason, Message: message}
 	}
-	want := report{systemID: current.SystemID, status: status}
-	if r.reported[m.vm] == want {
+	var others []string
+	for i, c := range b.claims {
+		if i != b.winner {
+			others = append(others, c.m.SystemID+" ("+c.why+")")
+		}
+	}
+	if b.winner < 0 {
+		switch {
+		case len(b.claims) == 0:
+			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonNoMachine, "no MaaS machine's power address names this VM's BMC")}
+		case b.tie:
+			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonDuplicated,
+				"machines "+strings.Join(others, ", ")+" all claim this VM equally; none gets its credentials until the others are deleted from MaaS")}
+		}
+		return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonUnverified,
+			"no machine claiming this VM is proven to be it, so none gets its credentials: "+strings.Join(others, ", "))}
+	}
+	winner := b.claims[b.winner]
+	m := current[winner.m.SystemID]
+	status := MachineStatus{MaaS: &v1beta1.MaaSStatus{SystemID: m.SystemID, StatusName: statusName(m), Hostname: m.Hostname, Pool: m.Pool.Name}}
+	switch {
+	case failure != nil:
+		status.Condition = condition(metav1.ConditionFalse, ReasonFailing, failure.Error())
+	case len(others) > 0:
+		status.Condition = condition(metav1.ConditionFalse, ReasonDuplicated,
+			"machine "+m.SystemID+" is this VM ("+winner.why+"); machines "+strings.Join(others, ", ")+" also claim it and get no credentials")
+	default:
+		status.Condition = condition(metav1.ConditionTrue, ReasonBound, "machine "+m.SystemID+" is this VM: "+winner.why)
+	}
+	return status
+}
+
+func statusName(m Machine) string {
+	if m.StatusName != "" {
+		return m.StatusName
+	}
+	return "status " + strconv.Itoa(m.Status)
+}
+
+// upToDate tells whether the reported status says what is wanted, timestamps
+// aside; a timestamp someone removed makes it out of date.
+func upToDate(want, reported MachineStatus) bool {
+	if (want.MaaS == nil) != (reported.MaaS == nil) || reported.Condition == nil {
+		return false
+	}
+	if w, r := want.MaaS, reported.MaaS; w != nil && (w.SystemID != r.SystemID || w.StatusName != r.StatusName ||
+		w.Hostname != r.Hostname || w.Pool != r.Pool || r.LastSync == nil) {
+		return false
+	}
+	w, r := want.Condition, reported.Condition
+	return w.Status == r.Status && w.Reason == r.Reason && w.Message == r.Message && !r.LastTransitionTime.IsZero()
+}
+
+// report writes the VM's status when it differs from what the
+// VirtualMachineBMC shows, and records an Event when the condition's status
+// or reason changes. The status itself is the memory of what was reported.
+func (r *Reconciler) report(ctx context.Context, b binding, current map[string]Machine, failure error, record func(Change)) error {
+	want, reported := wantedStatus(b, current, failure), b.vm.Reported
+	if upToDate(want, reported) {
 		return nil
 	}
-	record(Change{Action: ActionReport, SystemID: m.SystemID, VM: m.vm, Detail: "MaaS status " + status})
+	now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
+	c := want.Condition
+	c.LastTransitionTime = now
+	if reported.Condition != nil && reported.Condition.Status == c.Status && !reported.Condition.LastTransitionTime.IsZero() {
+		c.LastTransitionTime = reported.Condition.LastTransitionTime
+	}
+	log := r.Log.WithValues("namespace", b.vm.VM.Namespace, "vm", b.vm.VM.Name)
+	if want.MaaS != nil {
+		want.MaaS.LastSync = &now
+		log = log.WithValues("systemID", want.MaaS.SystemID)
+	}
+	log.Info("MaaS machine status", "condition", string(c.Status), "reason", c.Reason, "message", c.Message)
+	record(Change{Action: ActionReport, SystemID: systemIDOf(want), VM: b.vm.VM, Detail: c.Reason + ": " + c.Message})
 	if r.DryRun {
 		return nil
 	}
-	err := r.Cluster.ReportMachine(ctx, m.vm, want.systemID, want.status)
-	if errors.Is(err, ErrNotFound) {
-		log.Info("VM not found; MaaS machine left as it is")
-		return nil
+	if err := r.Cluster.ReportStatus(ctx, b.vm.VM, want); err != nil {
+		return fmt.Errorf("report status: %w", err)
 	}
-	if err != nil {
-		return fmt.Errorf("report machine %s: %w", m.SystemID, err)
+	if reported.Condition == nil || reported.Condition.Status != c.Status || reported.Condition.Reason != c.Reason {
+		eventType := corev1.EventTypeWarning
+		if c.Status == metav1.ConditionTrue {
+			eventType = corev1.EventTypeNormal
+		}
+		if err := r.Cluster.RecordEvent(ctx, b.vm, eventType, "MaaSMachine"+c.Reason, c.Message); err != nil {
+			// The condition says it already; an Event is a courtesy.
+			log.Error(err, "recording event")
+		}
 	}
-	if r.reported == nil {
-		r.reported = map[VMRef]report{}
-	}
-	r.reported[m.vm] = want
 	return nil
+}
+
+func systemIDOf(s MachineStatus) string {
+	if s.MaaS == nil {
+		return ""
+	}
+	return s.MaaS.SystemID
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
 }
 
 func changedKeys(changed map[string]string) string {
 	return fmt.Sprint(slices.Sorted(maps.Keys(changed)))
 }
 
-// Run reconciles every interval until ctx ends. After a failed cycle it
-// waits longer each time (see RetryDelay) so a struggling MaaS is not
-// hammered; the next successful cycle restores the interval.
+// Run reconciles every interval until ctx ends. After a cycle that failed as
+// a whole it waits longer each time (see RetryDelay) so a struggling MaaS or
+// API server is not hammered; the next successful cycle restores the
+// interval. A single machine's failure does not slow the fleet.
 func (r *Reconciler) Run(ctx context.Context, interval, maxBackoff time.Duration) error {
 	failures := 0
 	for {

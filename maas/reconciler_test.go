@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
@@ -19,6 +21,7 @@ var (
 	vmB = maas.VMRef{Namespace: "tenant-b", Name: "vm-0"} // same VM name, other namespace
 )
 
+// reconcile runs a cycle that must not fail as a whole.
 func reconcile(t *testing.T, r *maas.Reconciler) maas.CycleResult {
 	t.Helper()
 	result, err := r.Reconcile(context.Background())
@@ -26,6 +29,15 @@ func reconcile(t *testing.T, r *maas.Reconciler) maas.CycleResult {
 		t.Fatalf("Reconcile: %v", err)
 	}
 	return result
+}
+
+// failures joins a cycle's machine failures, for errors.Is.
+func failures(result maas.CycleResult) error {
+	var errs []error
+	for _, f := range result.Failures {
+		errs = append(errs, f)
+	}
+	return errors.Join(errs...)
 }
 
 func TestNewMachineLifecycle(t *testing.T) {
@@ -56,15 +68,22 @@ func TestNewMachineLifecycle(t *testing.T) {
 	if commission.Form["skip_bmc_config"] != "1" {
 		t.Errorf("commission form = %v, want skip_bmc_config=1 so the password survives", commission.Form)
 	}
-	if a := cluster.annotations(vmA); a[maas.AnnotationSystemID] != "m1" || a[maas.AnnotationStatus] != "Commissioning" {
-		t.Errorf("annotations = %v", a)
+	if st, c := cluster.status(vmA); st.SystemID != "m1" || st.StatusName != "Commissioning" || st.Hostname != "vm-0-tenant-a" ||
+		st.Pool != "tenant-a" || st.LastSync == nil || c.Status != metav1.ConditionTrue || c.Reason != maas.ReasonBound {
+		t.Errorf("status = %+v, condition %+v", st, c)
+	}
+	if ev := cluster.eventsOf(vmA); len(ev) != 1 || ev[0].eventType != "Normal" || ev[0].reason != "MaaSMachineBound" {
+		t.Errorf("events = %+v", ev)
 	}
 
 	s.Step()
 	s.ResetRequests()
 	reconcile(t, r)
-	if a := cluster.annotations(vmA); a[maas.AnnotationStatus] != "Ready" {
-		t.Errorf("status annotation after commissioning = %q, want Ready", a[maas.AnnotationStatus])
+	if st, _ := cluster.status(vmA); st.StatusName != "Ready" {
+		t.Errorf("status after commissioning = %q, want Ready", st.StatusName)
+	}
+	if ev := cluster.eventsOf(vmA); len(ev) != 1 {
+		t.Errorf("a status change that keeps the condition made an Event: %+v", ev)
 	}
 	if m, _ := s.Machine("m1"); m.PowerParameters[maas.PowerPass] != "s3cret" {
 		t.Errorf("password lost by commissioning: %v", m.PowerParameters)
@@ -309,19 +328,20 @@ func TestOutages(t *testing.T) {
 		match   maastest.Match
 		fault   maastest.Fault
 		wantErr error
+		fleet   bool // the cycle fails as a whole; else each machine does
 	}{
-		{"machine list 503", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultServerError, maas.ErrUnavailable},
-		{"machine list connection drop", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultDropConnection, maas.ErrUnavailable},
-		{"bulk power parameters malformed", maastest.Match{Op: "power_parameters"}, maastest.FaultMalformedJSON, maas.ErrUnavailable},
-		{"pool list 503", maastest.Match{Method: "GET", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable},
-		{"pool creation 503", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable},
-		{"pool creation 409", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultConflict, maas.ErrInvalidArgument},
-		{"pool created but answer lost", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultDropResponse, maas.ErrUnavailable},
-		{"machine update 503", maastest.Match{Method: "PUT"}, maastest.FaultServerError, maas.ErrUnavailable},
-		{"machine update 409", maastest.Match{Method: "PUT"}, maastest.FaultConflict, maas.ErrConflict},
-		{"commission 409", maastest.Match{Op: "commission"}, maastest.FaultConflict, maas.ErrConflict},
-		{"commission malformed reply", maastest.Match{Op: "commission"}, maastest.FaultMalformedJSON, maas.ErrUnavailable},
-		{"commissioned but answer lost", maastest.Match{Op: "commission"}, maastest.FaultDropResponse, maas.ErrUnavailable},
+		{"machine list 503", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultServerError, maas.ErrUnavailable, true},
+		{"machine list connection drop", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultDropConnection, maas.ErrUnavailable, true},
+		{"bulk power parameters malformed", maastest.Match{Op: "power_parameters"}, maastest.FaultMalformedJSON, maas.ErrUnavailable, true},
+		{"pool list 503", maastest.Match{Method: "GET", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable, false},
+		{"pool creation 503", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable, false},
+		{"pool creation 409", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultConflict, maas.ErrInvalidArgument, false},
+		{"pool created but answer lost", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultDropResponse, maas.ErrUnavailable, false},
+		{"machine update 503", maastest.Match{Method: "PUT"}, maastest.FaultServerError, maas.ErrUnavailable, false},
+		{"machine update 409", maastest.Match{Method: "PUT"}, maastest.FaultConflict, maas.ErrConflict, false},
+		{"commission 409", maastest.Match{Op: "commission"}, maastest.FaultConflict, maas.ErrConflict, false},
+		{"commission malformed reply", maastest.Match{Op: "commission"}, maastest.FaultMalformedJSON, maas.ErrUnavailable, false},
+		{"commissioned but answer lost", maastest.Match{Op: "commission"}, maastest.FaultDropResponse, maas.ErrUnavailable, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -332,17 +352,25 @@ func TestOutages(t *testing.T) {
 			r := newReconciler(t, s, cluster)
 
 			s.FailMatching(tt.match, -1, tt.fault)
-			_, err := r.Reconcile(context.Background())
-			if !errors.Is(err, tt.wantErr) {
+			result, err := r.Reconcile(context.Background())
+			if tt.fleet && !errors.Is(err, tt.wantErr) {
 				t.Fatalf("faulted cycle: err = %v, want %v", err, tt.wantErr)
 			}
+			if !tt.fleet && (err != nil || len(result.Failures) != 2 || !errors.Is(failures(result), tt.wantErr)) {
+				t.Fatalf("faulted cycle: err = %v, failures %v; want both machines failing with %v", err, result.Failures, tt.wantErr)
+			}
+			if !tt.fleet {
+				if _, c := cluster.status(vmA); c.Reason != maas.ReasonFailing || c.Status != metav1.ConditionFalse {
+					t.Errorf("condition after the fault = %+v, want Failing", c)
+				}
+			}
 			s.ClearFaults()
-			if _, err := r.Reconcile(context.Background()); err != nil {
-				t.Fatalf("clean cycle: %v", err)
+			if result := reconcile(t, r); len(result.Failures) != 0 {
+				t.Fatalf("clean cycle: %v", result.Failures)
 			}
 			s.ResetRequests()
-			if _, err := r.Reconcile(context.Background()); err != nil || writes(s) != 0 {
-				t.Fatalf("third cycle: err %v, writes %d", err, writes(s))
+			if result := reconcile(t, r); len(result.Failures) != 0 || writes(s) != 0 {
+				t.Fatalf("third cycle: failures %v, writes %d", result.Failures, writes(s))
 			}
 
 			if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a", "tenant-b"}) {
@@ -353,8 +381,8 @@ func TestOutages(t *testing.T) {
 				if m.Status != maastest.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.Pool != vm.Namespace {
 					t.Errorf("%s = status %d hostname %q pool %q", id, m.Status, m.Hostname, m.Pool)
 				}
-				if a := cluster.annotations(vm); a[maas.AnnotationStatus] != "Commissioning" {
-					t.Errorf("%s annotations = %v", id, a)
+				if st, c := cluster.status(vm); st.StatusName != "Commissioning" || c.Reason != maas.ReasonBound {
+					t.Errorf("%s status = %+v, condition %+v", id, st, c)
 				}
 			}
 		})
@@ -418,47 +446,66 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
 
 func TestClusterFailures(t *testing.T) {
-	t.Run("credentials unavailable: machine untouched, error, report still made", func(t *testing.T) {
+	t.Run("enrolled VMs unreadable: the cycle fails, MaaS untouched", func(t *testing.T) {
 		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
 		cluster := newFakeCluster().withVM(vmA, "pw")
-		cluster.credentialsErr = maas.ErrUnavailable
+		cluster.enrolledErr = maas.ErrUnavailable
 		r := newReconciler(t, s, cluster)
 		if _, err := r.Reconcile(context.Background()); !errors.Is(err, maas.ErrUnavailable) {
 			t.Fatalf("err = %v", err)
 		}
-		if n := s.Count(maastest.Match{Method: http.MethodPut}) + s.Count(maastest.Match{Op: "commission"}); n != 0 {
-			t.Errorf("changed the machine without credentials: %+v", s.Requests())
-		}
-		if a := cluster.annotations(vmA); a[maas.AnnotationSystemID] != "m1" || a[maas.AnnotationStatus] != "New" {
-			t.Errorf("annotations = %v", a)
-		}
-		cluster.credentialsErr = nil
-		reconcile(t, r)
-		if m, _ := s.Machine("m1"); m.Status != maastest.StatusCommissioning {
-			t.Errorf("status after recovery = %d", m.Status)
+		if writes(s) != 0 {
+			t.Errorf("changed MaaS without knowing the VMs: %+v", s.Requests())
 		}
 	})
-	t.Run("report fails, is retried next cycle", func(t *testing.T) {
-		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
-		cluster := newFakeCluster().withVM(vmA, "pw")
-		cluster.reportErr = maas.ErrUnavailable
+	t.Run("status write fails in one namespace: the others converge, retried next cycle", func(t *testing.T) {
+		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
+		cluster := newFakeCluster().withVM(vmA, "pa").withVM(vmB, "pb")
+		cluster.reportErr[vmA.Namespace] = maas.ErrForbidden
 		r := newReconciler(t, s, cluster)
-		if _, err := r.Reconcile(context.Background()); !errors.Is(err, maas.ErrUnavailable) {
-			t.Fatalf("err = %v", err)
+		result := reconcile(t, r)
+		if len(result.Failures) != 1 || result.Failures[0].VM != vmA || !errors.Is(result.Failures[0], maas.ErrForbidden) {
+			t.Fatalf("failures = %v, want vm A's status write only", result.Failures)
 		}
-		cluster.reportErr = nil
+		for _, id := range []string{"m1", "m2"} {
+			if m, _ := s.Machine(id); m.Status != maastest.StatusCommissioning {
+				t.Errorf("%s status = %d, want commissioned", id, m.Status)
+			}
+		}
+		if st, _ := cluster.status(vmB); st.SystemID != "m2" {
+			t.Errorf("vm B status = %+v", st)
+		}
+		delete(cluster.reportErr, vmA.Namespace)
 		reconcile(t, r)
-		if a := cluster.annotations(vmA); a[maas.AnnotationStatus] != "Commissioning" {
-			t.Errorf("annotations = %v", a)
+		if st, _ := cluster.status(vmA); st.StatusName != "Commissioning" {
+			t.Errorf("vm A status after recovery = %+v", st)
 		}
 	})
-	t.Run("VM gone: machine left, no error", func(t *testing.T) {
+	t.Run("one VM's Secret missing: that machine only, named but not commissioned", func(t *testing.T) {
+		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
+		cluster := newFakeCluster().withVM(vmA, "").withVM(vmB, "pb")
+		r := newReconciler(t, s, cluster)
+		result := reconcile(t, r)
+		if len(result.Failures) != 1 || result.Failures[0].SystemID != "m1" || !errors.Is(result.Failures[0], maas.ErrNotFound) {
+			t.Fatalf("failures = %v", result.Failures)
+		}
+		if m, _ := s.Machine("m1"); m.Status != maastest.StatusNew || m.PowerParameters[maas.PowerPass] != "" || m.Pool != "tenant-a" {
+			t.Errorf("m1 = %+v", m)
+		}
+		if m, _ := s.Machine("m2"); m.Status != maastest.StatusCommissioning {
+			t.Errorf("m2 status = %d", m.Status)
+		}
+		if _, c := cluster.status(vmA); c.Reason != maas.ReasonFailing || !strings.Contains(c.Message, "credentials Secret") {
+			t.Errorf("vm A condition = %+v", c)
+		}
+	})
+	t.Run("VM not enrolled: machine left alone, nothing reported", func(t *testing.T) {
 		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusReady))
 		cluster := newFakeCluster()
 		r := newReconciler(t, s, cluster)
-		reconcile(t, r)
-		if writes(s) != 0 {
-			t.Errorf("orphan machine was changed: %+v", s.Requests())
+		result := reconcile(t, r)
+		if writes(s) != 0 || cluster.reportCalls != 0 || result.Bound != 0 || result.Managed != 1 {
+			t.Errorf("orphan machine was changed or reported: %+v, %d reports", s.Requests(), cluster.reportCalls)
 		}
 	})
 }
@@ -473,7 +520,7 @@ func TestDryRun(t *testing.T) {
 	r.DryRun, r.Out = true, &out
 
 	result := reconcile(t, r)
-	if writes(s) != 0 || cluster.reportCalls != 0 {
+	if writes(s) != 0 || cluster.reportCalls != 0 || len(cluster.events) != 0 {
 		t.Fatalf("dry run wrote: %d MaaS writes, %d reports", writes(s), cluster.reportCalls)
 	}
 	printed := out.String()
@@ -482,7 +529,7 @@ func TestDryRun(t *testing.T) {
 		"would set power credentials m1 (vm tenant-a/vm-0)",
 		"would set hostname and pool m1",
 		"would commission m1",
-		"would annotate VM m1",
+		"would report status m1",
 		"would set power credentials m2 (vm tenant-b/vm-0)",
 	} {
 		if !strings.Contains(printed, want) {

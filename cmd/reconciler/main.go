@@ -1,14 +1,18 @@
-// Command reconciler keeps the MaaS machines of virtmetal VMs in shape: BMC
-// credentials from each VM's Secret, hostname, resource pool, commissioning
-// of New machines, and their MaaS state reported on the VM (see package maas).
+// Command reconciler keeps the MaaS machines of virtmetal VMs in shape: it
+// binds each machine to the enrolled VM its hardware proves it is, then sets
+// BMC credentials from the VM's Secret, hostname, resource pool,
+// commissioning of New machines, and reports the machine in the
+// VirtualMachineBMC status (see package maas).
 //
 //	reconciler --maas-url http://maas:5240/MAAS --domain bmc.example.org --once
 //
 // The MaaS API key comes from --maas-api-key-file (a mounted Secret) or the
 // MAAS_API_KEY environment variable, never from the command line. Without
-// --once it runs every --interval until SIGTERM; --once runs one cycle and
-// exits non-zero if anything failed (for a CronJob). --dry-run prints what
-// would change and changes nothing in MaaS or Kubernetes.
+// --once it runs every --interval until SIGTERM; --once runs one cycle (for a
+// CronJob), prints the machines that failed and exits non-zero only when the
+// cycle failed as a whole (MaaS or the API server unreachable or refusing the
+// lists). --dry-run prints what would change and changes nothing in MaaS or
+// Kubernetes.
 package main
 
 import (
@@ -24,10 +28,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/funcr"
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	kubevirtv1 "kubevirt.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/virtmetal/virtmetal/maas"
@@ -62,7 +62,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.StringVar(&o.domain, "domain", getenv("VIRTMETAL_BMC_DOMAIN"), "DNS domain of the BMCs, <vm>.<namespace>.<domain> (env VIRTMETAL_BMC_DOMAIN)")
 	fs.DurationVar(&o.interval, "interval", time.Minute, "time between cycles")
 	fs.DurationVar(&o.maxBackoff, "max-backoff", 10*time.Minute, "longest wait after repeated failed cycles")
-	fs.BoolVar(&o.once, "once", false, "run one cycle and exit, non-zero on any failure")
+	fs.BoolVar(&o.once, "once", false, "run one cycle and exit, non-zero when it failed as a whole")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would change; change nothing")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
@@ -124,18 +124,7 @@ func kubeCluster() (maas.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes config: %w", err)
 	}
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	if err := kubevirtv1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return maas.KubeCluster{Client: c}, nil
+	return maas.NewKubeCluster(cfg)
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, newCluster func() (maas.Cluster, error)) error {
@@ -165,8 +154,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		Log:     log.WithName("maas"),
 	}
 	if o.once {
-		_, err := r.Reconcile(ctx)
-		return err
+		result, err := r.Reconcile(ctx)
+		if err != nil {
+			return err
+		}
+		for _, f := range result.Failures {
+			fmt.Fprintln(stderr, "reconciler: failed:", f)
+		}
+		return nil
 	}
 	return r.Run(ctx, o.interval, o.maxBackoff)
 }

@@ -4,24 +4,27 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
@@ -118,34 +121,83 @@ func TestLoadAPIKey(t *testing.T) {
 	}
 }
 
-var testVM = maas.VMRef{Namespace: "tenant-a", Name: "vm-0"}
+// env is the package's one API server.
+var kubeEnv *kubetest.Env
 
-// fakeKube is a real KubeCluster on controller-runtime's fake client with
-// one VM and its BMC Secret.
-func fakeKube(t *testing.T) (client.Client, func() (maas.Cluster, error)) {
-	t.Helper()
-	scheme := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+func runMain(m *testing.M) int {
+	ctrllog.SetLogger(logr.Discard()) // controller-runtime's client logs through the global logger
+	var err error
+	kubeEnv, err = kubetest.Start(kubetest.Options{WithoutCDI: true})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envtest:", err)
+		return 1
 	}
-	if err := kubevirtv1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(
-		&kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: testVM.Namespace, Name: testVM.Name}},
-		&corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Namespace: testVM.Namespace, Name: maas.BMCSecretName(testVM.Name)},
-			Data:       map[string][]byte{maas.BMCSecretUsernameKey: []byte("admin"), maas.BMCSecretPasswordKey: []byte("pw")},
-		},
-	).Build()
-	return c, func() (maas.Cluster, error) { return maas.KubeCluster{Client: c}, nil }
+	defer func() { _ = kubeEnv.Stop() }()
+	return m.Run()
 }
 
-func newMaaS(t *testing.T) *maastest.Server {
-	return maastest.New(t).WithMachine(maastest.Machine{
-		SystemID: "m1", Hostname: "enlisted", PowerType: "redfish",
-		PowerParameters: map[string]string{"power_address": maas.BMCAddress(testVM, "bmc.example.org"), "node_id": testVM.Name},
-	})
+var namespaces atomic.Int64
+
+const testMAC, testUUID = "02:00:00:00:00:01", "6f1e2a9c-0000-4000-8000-000000000001"
+
+// enrolledVM creates, in a fresh namespace, a VM and what the controller
+// gives it: a credentials Secret and a VirtualMachineBMC.
+func enrolledVM(t *testing.T) maas.VMRef {
+	t.Helper()
+	ctx := context.Background()
+	ref := maas.VMRef{Namespace: fmt.Sprintf("cmd-%d", namespaces.Add(1)), Name: "vm-0"}
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ref.Namespace}},
+		&kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name},
+			Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{
+					Firmware: &kubevirtv1.Firmware{UUID: testUUID},
+					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
+						Name: "default", MacAddress: testMAC,
+						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+					}}},
+				}},
+			}},
+		},
+		&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: v1beta1.CredentialsSecretName(ref.Name),
+				Labels: map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelVM: ref.Name}},
+			Data: map[string][]byte{v1beta1.SecretUsernameKey: []byte("admin"), v1beta1.SecretPasswordKey: []byte("pw")},
+		},
+		&v1beta1.VirtualMachineBMC{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ref.Namespace, Name: ref.Name},
+			Spec:       v1beta1.VirtualMachineBMCSpec{VMName: ref.Name},
+		},
+	} {
+		if err := kubeEnv.Client.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ref
+}
+
+func maasStatus(t *testing.T, vm maas.VMRef) *v1beta1.MaaSStatus {
+	t.Helper()
+	var bmc v1beta1.VirtualMachineBMC
+	if err := kubeEnv.Client.Get(context.Background(), types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}, &bmc); err != nil {
+		t.Fatal(err)
+	}
+	return bmc.Status.MaaS
+}
+
+// kube connects as cmd/reconciler does, to the test API server.
+func kube() (maas.Cluster, error) { return maas.NewKubeCluster(kubeEnv.Config) }
+
+// machineOf is vm's machine as it enlists: its BMC address and hardware.
+func machineOf(systemID string, vm maas.VMRef) maastest.Machine {
+	return maastest.Machine{
+		SystemID: systemID, Hostname: "enlisted-" + systemID, PowerType: "redfish",
+		HardwareUUID: testUUID, MACs: []string{testMAC},
+		PowerParameters: map[string]string{"power_address": maas.BMCAddress(vm, "bmc.example.org"), "node_id": vm.Name},
+	}
 }
 
 func args(s *maastest.Server, extra ...string) []string {
@@ -155,22 +207,18 @@ func args(s *maastest.Server, extra ...string) []string {
 var keyEnv = env(map[string]string{"MAAS_API_KEY": maastest.APIKey})
 
 func TestRunOnce(t *testing.T) {
-	s := newMaaS(t)
-	kube, newCluster := fakeKube(t)
+	vm := enrolledVM(t)
+	s := maastest.New(t).WithMachine(machineOf("m1", vm))
 	var stderr bytes.Buffer
-	if err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, &stderr, newCluster); err != nil {
+	if err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, &stderr, kube); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
 	m, _ := s.Machine("m1")
-	if m.Status != maastest.StatusCommissioning || m.Hostname != "vm-0-tenant-a" || m.PowerParameters["power_pass"] != "pw" {
+	if m.Status != maastest.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.PowerParameters["power_pass"] != "pw" {
 		t.Errorf("machine = %+v", m)
 	}
-	var vm kubevirtv1.VirtualMachine
-	if err := kube.Get(context.Background(), types.NamespacedName{Namespace: testVM.Namespace, Name: testVM.Name}, &vm); err != nil {
-		t.Fatal(err)
-	}
-	if vm.Annotations[maas.AnnotationSystemID] != "m1" || vm.Annotations[maas.AnnotationStatus] != "Commissioning" {
-		t.Errorf("annotations = %v", vm.Annotations)
+	if st := maasStatus(t, vm); st == nil || st.SystemID != "m1" || st.StatusName != "Commissioning" {
+		t.Errorf("status.maas = %+v", st)
 	}
 	if strings.Contains(stderr.String(), "tokensecret") || strings.Contains(stderr.String(), `"pw"`) {
 		t.Errorf("log leaks a secret:\n%s", stderr.String())
@@ -181,20 +229,68 @@ func TestRunOnce(t *testing.T) {
 }
 
 func TestRunOnceFailsWhenMaaSDoes(t *testing.T) {
-	s := newMaaS(t)
+	vm := enrolledVM(t)
+	s := maastest.New(t).WithMachine(machineOf("m1", vm))
 	s.FailMatching(maastest.Match{}, -1, maastest.FaultServerError)
-	_, newCluster := fakeKube(t)
-	err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, io.Discard, newCluster)
+	err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, io.Discard, kube)
 	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
 }
 
+// TestRunOnceFailsWhenKubernetesDoes: an identity that may not list the
+// VirtualMachineBMCs fails the whole run.
+func TestRunOnceFailsWhenKubernetesDoes(t *testing.T) {
+	vm := enrolledVM(t)
+	s := maastest.New(t).WithMachine(machineOf("m1", vm))
+	cfg, err := kubeEnv.ConfigFor("nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nobody := func() (maas.Cluster, error) { return maas.NewKubeCluster(cfg) }
+	if err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, io.Discard, nobody); !errors.Is(err, maas.ErrForbidden) {
+		t.Fatalf("err = %v, want ErrForbidden", err)
+	}
+	if m, _ := s.Machine("m1"); m.PowerParameters["power_pass"] != "" || m.Status != maastest.StatusNew {
+		t.Errorf("machine changed without knowing the VMs: %+v", m)
+	}
+}
+
+// TestRunOnceReportsMachineFailures: one machine MaaS refuses does not fail
+// the run; it is printed, and the other machine converges.
+func TestRunOnceReportsMachineFailures(t *testing.T) {
+	good, bad := enrolledVM(t), enrolledVM(t)
+	badMachine := machineOf("m-bad", bad)
+	badMachine.MACs, badMachine.HardwareUUID = []string{"02:00:00:00:00:02"}, ""
+	s := maastest.New(t).WithMachine(machineOf("m-good", good)).WithMachine(badMachine)
+	// The bad VM's machine is proven by MAC; MaaS refuses its changes.
+	var vm kubevirtv1.VirtualMachine
+	ctx := context.Background()
+	if err := kubeEnv.Client.Get(ctx, types.NamespacedName{Namespace: bad.Namespace, Name: bad.Name}, &vm); err != nil {
+		t.Fatal(err)
+	}
+	vm.Spec.Template.Spec.Domain.Devices.Interfaces[0].MacAddress = "02:00:00:00:00:02"
+	if err := kubeEnv.Client.Update(ctx, &vm); err != nil {
+		t.Fatal(err)
+	}
+	s.FailMatching(maastest.Match{Path: "machines/m-bad/"}, -1, maastest.FaultConflict)
+	var stderr bytes.Buffer
+	if err := run(ctx, args(s, "--once"), keyEnv, io.Discard, &stderr, kube); err != nil {
+		t.Fatalf("run failed for one machine's fault: %v", err)
+	}
+	if !strings.Contains(stderr.String(), "reconciler: failed: machine m-bad") {
+		t.Errorf("failure not reported:\n%s", stderr.String())
+	}
+	if m, _ := s.Machine("m-good"); m.Status != maastest.StatusCommissioning {
+		t.Errorf("good machine = %+v", m)
+	}
+}
+
 func TestRunDryRun(t *testing.T) {
-	s := newMaaS(t)
-	kube, newCluster := fakeKube(t)
+	vm := enrolledVM(t)
+	s := maastest.New(t).WithMachine(machineOf("m1", vm))
 	var stdout bytes.Buffer
-	if err := run(context.Background(), args(s, "--once", "--dry-run"), keyEnv, &stdout, io.Discard, newCluster); err != nil {
+	if err := run(context.Background(), args(s, "--once", "--dry-run"), keyEnv, &stdout, io.Discard, kube); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(stdout.String(), "would commission m1") {
@@ -205,21 +301,16 @@ func TestRunDryRun(t *testing.T) {
 			t.Errorf("dry run sent %s %s", r.Method, r.Path)
 		}
 	}
-	var vm kubevirtv1.VirtualMachine
-	if err := kube.Get(context.Background(), types.NamespacedName{Namespace: testVM.Namespace, Name: testVM.Name}, &vm); err != nil {
-		t.Fatal(err)
-	}
-	if len(vm.Annotations) != 0 {
-		t.Errorf("dry run annotated the VM: %v", vm.Annotations)
+	if st := maasStatus(t, vm); st != nil {
+		t.Errorf("dry run wrote the status: %+v", st)
 	}
 }
 
 func TestRunLoopUntilCanceled(t *testing.T) {
-	s := newMaaS(t)
-	_, newCluster := fakeKube(t)
+	s := maastest.New(t).WithMachine(machineOf("m1", enrolledVM(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- run(ctx, args(s, "--interval", "5ms"), keyEnv, io.Discard, io.Discard, newCluster) }()
+	go func() { done <- run(ctx, args(s, "--interval", "5ms"), keyEnv, io.Discard, io.Discard, kube) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for s.Count(maastest.Match{Method: "GET", Path: "machines/", Op: ""}) < 3 {
 		if time.Now().After(deadline) {
@@ -234,7 +325,6 @@ func TestRunLoopUntilCanceled(t *testing.T) {
 }
 
 func TestRunConfigErrors(t *testing.T) {
-	_, newCluster := fakeKube(t)
 	for name, tc := range map[string]struct {
 		args []string
 		env  func(string) string
@@ -243,7 +333,7 @@ func TestRunConfigErrors(t *testing.T) {
 		"bad URL": {[]string{"--maas-url", "127.0.0.1/MAAS", "--domain", "d.org", "--once"}, keyEnv},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if err := run(context.Background(), tc.args, tc.env, io.Discard, io.Discard, newCluster); err == nil {
+			if err := run(context.Background(), tc.args, tc.env, io.Discard, io.Discard, kube); err == nil {
 				t.Fatal("run succeeded")
 			}
 		})

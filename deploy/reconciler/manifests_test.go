@@ -25,7 +25,7 @@ type manifests struct {
 	namespace      corev1.Namespace
 	serviceAccount corev1.ServiceAccount
 	clusterRole    rbacv1.ClusterRole
-	roleBinding    rbacv1.RoleBinding
+	roleBinding    rbacv1.ClusterRoleBinding
 	deployment     appsv1.Deployment
 	secret         corev1.Secret
 }
@@ -57,12 +57,12 @@ func load(t *testing.T) manifests {
 	t.Helper()
 	var m manifests
 	targets := map[string]any{
-		"Namespace":      &m.namespace,
-		"ServiceAccount": &m.serviceAccount,
-		"ClusterRole":    &m.clusterRole,
-		"RoleBinding":    &m.roleBinding,
-		"Deployment":     &m.deployment,
-		"Secret":         &m.secret,
+		"Namespace":          &m.namespace,
+		"ServiceAccount":     &m.serviceAccount,
+		"ClusterRole":        &m.clusterRole,
+		"ClusterRoleBinding": &m.roleBinding,
+		"Deployment":         &m.deployment,
+		"Secret":             &m.secret,
 	}
 	files, err := filepath.Glob("*.yaml")
 	if err != nil {
@@ -122,13 +122,18 @@ func TestKustomizationListsExistingFiles(t *testing.T) {
 	}
 }
 
-// TestRBACIsWhatTheReconcilerUses: KubeCluster gets Secrets, and gets and
-// merge-patches VirtualMachines; nothing more.
+// TestRBACIsWhatTheReconcilerUses: KubeCluster lists Secrets, VMs, VMIs and
+// VirtualMachineBMCs, applies VirtualMachineBMC status and creates Events;
+// nothing more (package maas runs the reconciler with this role against a
+// real API server).
 func TestRBACIsWhatTheReconcilerUses(t *testing.T) {
 	m := load(t)
 	want := []rbacv1.PolicyRule{
-		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}},
-		{APIGroups: []string{"kubevirt.io"}, Resources: []string{"virtualmachines"}, Verbs: []string{"get", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"kubevirt.io"}, Resources: []string{"virtualmachines", "virtualmachineinstances"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"bmc.virtmetal.io"}, Resources: []string{"virtualmachinebmcs"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"bmc.virtmetal.io"}, Resources: []string{"virtualmachinebmcs/status"}, Verbs: []string{"patch"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create"}},
 	}
 	if len(m.clusterRole.Rules) != len(want) {
 		t.Fatalf("rules = %+v", m.clusterRole.Rules)
@@ -141,10 +146,10 @@ func TestRBACIsWhatTheReconcilerUses(t *testing.T) {
 	}
 	rb := m.roleBinding
 	if rb.RoleRef.Kind != "ClusterRole" || rb.RoleRef.Name != m.clusterRole.Name {
-		t.Errorf("RoleBinding refers to %+v, want ClusterRole %s", rb.RoleRef, m.clusterRole.Name)
+		t.Errorf("ClusterRoleBinding refers to %+v, want ClusterRole %s", rb.RoleRef, m.clusterRole.Name)
 	}
 	if len(rb.Subjects) != 1 || rb.Subjects[0].Name != m.serviceAccount.Name || rb.Subjects[0].Namespace != m.serviceAccount.Namespace {
-		t.Errorf("RoleBinding subjects = %+v", rb.Subjects)
+		t.Errorf("ClusterRoleBinding subjects = %+v", rb.Subjects)
 	}
 	if m.deployment.Spec.Template.Spec.ServiceAccountName != m.serviceAccount.Name {
 		t.Errorf("Deployment runs as %q, not %q", m.deployment.Spec.Template.Spec.ServiceAccountName, m.serviceAccount.Name)

@@ -2,9 +2,10 @@
 // uses, statefully and with MaaS's own rules, so the maas package can be
 // tested against it with its real client:
 //
-//   - every request must carry a valid OAuth 1.0 PLAINTEXT header for the
-//     server's API key with a fresh nonce and an integer timestamp (else 401;
-//     a non-integer timestamp is 400, as in MaaS);
+//   - every request must carry a valid OAuth 1.0 PLAINTEXT header for one of
+//     the server's API keys (APIKey, an admin's, or NonAdminAPIKey) with a
+//     fresh nonce and an integer timestamp within 300 s of the server's clock
+//     (else 401; a non-integer timestamp is 400, as in MaaS);
 //   - hostnames are unique DNS names (400 otherwise), pool names are unique
 //     (400), PUT merges power_parameters_<key> fields into the machine's
 //     power parameters, and pool= must name an existing pool (400);
@@ -12,7 +13,11 @@
 //     Failed commissioning or Broken; Step moves Commissioning machines to
 //     Ready;
 //   - GET machines/ carries no power parameters; op=power_parameters gives
-//     them per machine or in bulk, keyed by system_id.
+//     them per machine or in bulk, keyed by system_id, to admins only (403
+//     for NonAdminAPIKey);
+//   - machine JSON has hardware_uuid (null when unknown), interface_set with
+//     each interface's mac_address, and boot_interface, as MaaS 3.x shows
+//     them.
 //
 // Faults (5xx, 409, malformed JSON, dropped connections) can be injected for
 // the next N requests or for matching requests, and every request is
@@ -32,6 +37,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/virtmetal/virtmetal/maas"
 )
@@ -68,8 +74,17 @@ var powerTypes = []string{"redfish", "ipmi", "manual", "virsh", "lxd", "webhook"
 // DefaultPool is the pool every MaaS has, id 0.
 const DefaultPool = "default"
 
-// APIKey is the key the server accepts; tests may use another one to see 401.
+// APIKey is an admin's key the server accepts; tests may use another one to
+// see 401.
 const APIKey = "consumerkey:tokenkey:tokensecret"
+
+// NonAdminAPIKey is an ordinary user's key: accepted, but refused (403) what
+// MaaS keeps for admins.
+const NonAdminAPIKey = "userconsumer:usertoken:usersecret"
+
+// TimestampWindow is how far an OAuth timestamp may be from the server's
+// clock, as MaaS's OAuth server allows.
+const TimestampWindow = 300 * time.Second
 
 // Machine is a simulated machine.
 type Machine struct {
@@ -79,6 +94,12 @@ type Machine struct {
 	PowerType       string
 	PowerParameters map[string]string
 	Pool            string // DefaultPool when empty
+	// HardwareUUID is the SMBIOS system UUID commissioning found; "" shows
+	// as null (never commissioned, or cleared by MaaS as a duplicate).
+	HardwareUUID string
+	// MACs are the machine's physical interfaces; the first is the boot
+	// interface.
+	MACs []string
 	// BMCConfig is what the machine's bmc-config commissioning scripts
 	// report. Commissioning without skip_bmc_config replaces the power
 	// parameters with it when it completes, as MaaS does with the
@@ -210,6 +231,7 @@ func (s *Server) WithMachine(m Machine) *Server {
 		m.PowerParameters = map[string]string{}
 	}
 	m.BMCConfig = maps.Clone(m.BMCConfig)
+	m.MACs = slices.Clone(m.MACs)
 	s.machines[m.SystemID] = &machineState{Machine: m}
 	return s
 }
@@ -290,6 +312,7 @@ func (s *Server) Machine(systemID string) (m Machine, ok bool) {
 	m = state.Machine
 	m.PowerParameters = maps.Clone(m.PowerParameters)
 	m.BMCConfig = maps.Clone(m.BMCConfig)
+	m.MACs = slices.Clone(m.MACs)
 	return m, true
 }
 
@@ -364,8 +387,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.write(w, r, path, op, textError(http.StatusNotFound, "Not Found"))
 		return
 	}
-	if rep, ok := s.authenticate(r); !ok {
+	admin, rep, ok := s.authenticate(r)
+	if !ok {
 		s.write(w, r, path, op, rep)
+		return
+	}
+	if op == "power_parameters" && !admin {
+		s.write(w, r, path, op, textError(http.StatusForbidden, "You do not have permission to perform this action."))
 		return
 	}
 
@@ -391,7 +419,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 
 	s.mu.Lock()
-	rep := s.route(r, path, op)
+	rep = s.route(r, path, op)
 	s.mu.Unlock()
 	rep.applied = rep.status >= 200 && rep.status <= 299
 	if fault == FaultDropResponse {
@@ -461,10 +489,11 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, path, op string, 
 	_, _ = w.Write([]byte(rep.text))
 }
 
-// authenticate checks the OAuth 1.0 PLAINTEXT header as MaaS (piston) does.
-func (s *Server) authenticate(r *http.Request) (reply, bool) {
-	unauthorized := func(why string) (reply, bool) {
-		return textError(http.StatusUnauthorized, "Authorization Error: "+why), false
+// authenticate checks the OAuth 1.0 PLAINTEXT header as MaaS (piston) does,
+// and tells whether the key is an admin's.
+func (s *Server) authenticate(r *http.Request) (admin bool, rep reply, ok bool) {
+	unauthorized := func(why string) (bool, reply, bool) {
+		return false, textError(http.StatusUnauthorized, "Authorization Error: "+why), false
 	}
 	header, ok := strings.CutPrefix(r.Header.Get("Authorization"), "OAuth ")
 	if !ok {
@@ -476,8 +505,9 @@ func (s *Server) authenticate(r *http.Request) (reply, bool) {
 			return unauthorized(name + " is missing")
 		}
 	}
-	if _, err := strconv.ParseInt(params["oauth_timestamp"], 10, 64); err != nil {
-		return textError(http.StatusBadRequest, "Bad Request: oauth_timestamp has an unexpected type"), false
+	timestamp, err := strconv.ParseInt(params["oauth_timestamp"], 10, 64)
+	if err != nil {
+		return false, textError(http.StatusBadRequest, "Bad Request: oauth_timestamp has an unexpected type"), false
 	}
 	if v := params["oauth_version"]; v != "" && v != "1.0" {
 		return unauthorized("OAuth version " + v + " not supported")
@@ -485,12 +515,23 @@ func (s *Server) authenticate(r *http.Request) (reply, bool) {
 	if params["oauth_signature_method"] != "PLAINTEXT" {
 		return unauthorized("Signature method " + params["oauth_signature_method"] + " not supported")
 	}
-	key := strings.SplitN(APIKey, ":", 3)
-	if params["oauth_consumer_key"] != key[0] || params["oauth_token"] != key[1] {
+	var key []string
+	for _, candidate := range []string{APIKey, NonAdminAPIKey} {
+		parts := strings.SplitN(candidate, ":", 3)
+		if params["oauth_consumer_key"] == parts[0] && params["oauth_token"] == parts[1] {
+			key, admin = parts, candidate == APIKey
+		}
+	}
+	if key == nil {
 		return unauthorized("Invalid API key.")
 	}
 	if params["oauth_signature"] != "&"+key[2] {
 		return unauthorized("Invalid signature.")
+	}
+	now := time.Now().Unix()
+	if lapsed := now - timestamp; lapsed > int64(TimestampWindow/time.Second) || -lapsed > int64(TimestampWindow/time.Second) {
+		return unauthorized(fmt.Sprintf("Expired timestamp: given %d and now %d has a greater difference than threshold %d",
+			timestamp, now, int64(TimestampWindow/time.Second)))
 	}
 	nonce := params["oauth_consumer_key"] + ":" + params["oauth_token"] + ":" + params["oauth_nonce"]
 	s.mu.Lock()
@@ -499,7 +540,7 @@ func (s *Server) authenticate(r *http.Request) (reply, bool) {
 		return unauthorized("Nonce already used: " + params["oauth_nonce"])
 	}
 	s.nonces[nonce] = true
-	return reply{}, true
+	return admin, reply{}, true
 }
 
 var oauthParam = regexp.MustCompile(`^\s*([a-z_]+)="([^"]*)"\s*$`)
@@ -620,15 +661,37 @@ func (s *Server) machineList() []map[string]any {
 // machineJSON renders a machine with the fields MaaS's machine handler
 // shows that matter here; like MaaS, no power parameters.
 func (s *Server) machineJSON(m *machineState) map[string]any {
+	var hardwareUUID, bootInterface any
+	if m.HardwareUUID != "" {
+		hardwareUUID = m.HardwareUUID
+	}
+	interfaces := []map[string]any{}
+	for i, mac := range m.MACs {
+		iface := map[string]any{
+			"id":           i + 1,
+			"name":         fmt.Sprintf("eth%d", i),
+			"type":         "physical",
+			"enabled":      true,
+			"mac_address":  mac,
+			"resource_uri": fmt.Sprintf("/MAAS/api/2.0/nodes/%s/interfaces/%d/", m.SystemID, i+1),
+		}
+		interfaces = append(interfaces, iface)
+		if i == 0 {
+			bootInterface = iface
+		}
+	}
 	return map[string]any{
-		"system_id":    m.SystemID,
-		"hostname":     m.Hostname,
-		"fqdn":         m.Hostname + ".maas",
-		"status":       m.Status,
-		"status_name":  statusName(m.Status),
-		"power_type":   m.PowerType,
-		"pool":         *s.pool(m.Pool),
-		"resource_uri": "/MAAS/api/2.0/machines/" + m.SystemID + "/",
+		"hardware_uuid":  hardwareUUID,
+		"interface_set":  interfaces,
+		"boot_interface": bootInterface,
+		"system_id":      m.SystemID,
+		"hostname":       m.Hostname,
+		"fqdn":           m.Hostname + ".maas",
+		"status":         m.Status,
+		"status_name":    statusName(m.Status),
+		"power_type":     m.PowerType,
+		"pool":           *s.pool(m.Pool),
+		"resource_uri":   "/MAAS/api/2.0/machines/" + m.SystemID + "/",
 	}
 }
 

@@ -2,6 +2,7 @@ package maastest_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -75,6 +76,15 @@ func TestOAuth(t *testing.T) {
 		{name: "no timestamp", change: func(f map[string]string) { delete(f, "oauth_timestamp") }, want: http.StatusUnauthorized},
 		{name: "non-integer timestamp", change: func(f map[string]string) { f["oauth_timestamp"] = "soon" }, want: http.StatusBadRequest},
 		{name: "wrong version", change: func(f map[string]string) { f["oauth_version"] = "2.0" }, want: http.StatusUnauthorized},
+		{name: "timestamp at the window's edge", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(-maastest.TimestampWindow + 5*time.Second) }, want: http.StatusOK},
+		{name: "timestamp too old", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(-maastest.TimestampWindow - 10*time.Second) }, want: http.StatusUnauthorized},
+		{name: "timestamp too far ahead", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(maastest.TimestampWindow + 10*time.Second) }, want: http.StatusUnauthorized},
+		{name: "non-admin key", change: func(f map[string]string) {
+			f["oauth_consumer_key"], f["oauth_token"], f["oauth_signature"] = "userconsumer", "usertoken", "&usersecret"
+		}, want: http.StatusOK},
+		{name: "non-admin consumer with admin secret", change: func(f map[string]string) {
+			f["oauth_consumer_key"], f["oauth_token"] = "userconsumer", "usertoken"
+		}, want: http.StatusUnauthorized},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,6 +106,83 @@ func TestOAuth(t *testing.T) {
 				t.Errorf("recorded %d requests, want 1", got)
 			}
 		})
+	}
+}
+
+func unixIn(d time.Duration) string { return fmt.Sprint(time.Now().Add(d).Unix()) }
+
+// TestPowerParametersAreAdminOnly: an ordinary user's key lists machines but
+// MaaS keeps power parameters (passwords) to admins.
+func TestPowerParametersAreAdminOnly(t *testing.T) {
+	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_pass": "p"}})
+	key, err := maas.ParseAPIKey(maastest.NonAdminAPIKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := maas.NewClient(s.URL(), key, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if machines, err := c.Machines(ctx); err != nil || len(machines) != 1 {
+		t.Fatalf("non-admin machine list = %v, %v", machines, err)
+	}
+	var apiErr *maas.APIError
+	if _, err := c.PowerParameters(ctx); !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusForbidden || !errors.Is(err, maas.ErrUnauthorized) {
+		t.Fatalf("non-admin bulk power parameters: err = %v, want 403", err)
+	}
+	if params, err := s.Client(t).PowerParameters(ctx); err != nil || params["a"].String("power_pass") != "p" {
+		t.Fatalf("admin bulk power parameters = %v, %v", params, err)
+	}
+}
+
+// TestMachineHardwareJSON: hardware_uuid, interface_set and boot_interface
+// as MaaS 3.x shows them, null when unknown.
+func TestMachineHardwareJSON(t *testing.T) {
+	s := maastest.New(t).
+		WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", HardwareUUID: "6f1e2a9c-0000-4000-8000-000000000001", MACs: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}}).
+		WithMachine(maastest.Machine{SystemID: "b", Hostname: "beta"})
+	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", oauthHeader(validOAuth("hardware")))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var raw []map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) != 2 {
+		t.Fatalf("machines = %v", raw)
+	}
+	a, b := raw[0], raw[1]
+	if a["hardware_uuid"] != "6f1e2a9c-0000-4000-8000-000000000001" || b["hardware_uuid"] != nil || b["boot_interface"] != nil {
+		t.Errorf("hardware_uuid/boot_interface: a %v, b %v / %v", a["hardware_uuid"], b["hardware_uuid"], b["boot_interface"])
+	}
+	interfaces, _ := a["interface_set"].([]any)
+	boot, _ := a["boot_interface"].(map[string]any)
+	if len(interfaces) != 2 || boot["mac_address"] != "52:54:00:00:00:01" || boot["type"] != "physical" {
+		t.Errorf("interface_set %v, boot_interface %v", interfaces, boot)
+	}
+	if list, _ := b["interface_set"].([]any); list == nil || len(list) != 0 {
+		t.Errorf("machine without interfaces: interface_set = %#v, want []", b["interface_set"])
+	}
+
+	machines, err := s.Client(t).Machines(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := machines[0]
+	if got.HardwareUUID != "6f1e2a9c-0000-4000-8000-000000000001" || got.BootInterface == nil ||
+		fmt.Sprint(got.MACs()) != "[52:54:00:00:00:01 52:54:00:00:00:02 52:54:00:00:00:01]" {
+		t.Errorf("client reads %+v, MACs %v", got, got.MACs())
+	}
+	if machines[1].HardwareUUID != "" || machines[1].BootInterface != nil || len(machines[1].MACs()) != 0 {
+		t.Errorf("client reads %+v for a machine without hardware", machines[1])
 	}
 }
 
