@@ -185,7 +185,9 @@ type MaaSStatus struct {
 	// Pool is the machine's resource pool in MaaS.
 	// +optional
 	Pool string `json:"pool,omitempty"`
-	// LastSync is when the reconciler last compared the machine with the VM.
+	// LastSync is when the reconciler last wrote this report: it changes
+	// with what it reports, not every cycle (a write per machine per cycle
+	// would make idle cycles cost a request per machine).
 	// +optional
 	LastSync *metav1.Time `json:"lastSync,omitempty"`
 }
