@@ -295,25 +295,23 @@ func (s *statusBuilder) set(conditionType string, ok bool, reason, format string
 }
 
 func (s *statusBuilder) deployment(obj client.Object) {
+	// A Deployment created by this reconcile (nil) is not available either:
+	// one message for both, so the next reconcile writes no status.
 	d, _ := obj.(*appsv1.Deployment)
-	if d == nil {
-		s.set(v1beta1.ConditionDeploymentAvailable, false, "Created", "the bmc-server Deployment was just created")
+	if d == nil || !deploymentAvailable(d) {
+		s.set(v1beta1.ConditionDeploymentAvailable, false, "Unavailable", "bmc-server is not available yet")
 		return
 	}
-	available := meta.FindStatusCondition(deploymentConditions(d), string(appsv1.DeploymentAvailable))
-	if available == nil || available.Status != metav1.ConditionTrue {
-		s.set(v1beta1.ConditionDeploymentAvailable, false, "Unavailable", "bmc-server %s is not available yet", d.Name)
-		return
-	}
-	s.set(v1beta1.ConditionDeploymentAvailable, true, "Available", "bmc-server %s is available", d.Name)
+	s.set(v1beta1.ConditionDeploymentAvailable, true, "Available", "bmc-server is available")
 }
 
-func deploymentConditions(d *appsv1.Deployment) []metav1.Condition {
-	var out []metav1.Condition
+func deploymentAvailable(d *appsv1.Deployment) bool {
 	for _, c := range d.Status.Conditions {
-		out = append(out, metav1.Condition{Type: string(c.Type), Status: metav1.ConditionStatus(c.Status)})
+		if c.Type == appsv1.DeploymentAvailable {
+			return c.Status == corev1.ConditionTrue
+		}
 	}
-	return out
+	return false
 }
 
 // controllerConditions are the conditions Ready sums up.

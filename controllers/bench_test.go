@@ -1,0 +1,185 @@
+package controllers_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+)
+
+// benchVMs is 1,000 unless VIRTMETAL_BENCH_VMS says otherwise.
+var benchVMs = func() int {
+	if n, err := strconv.Atoi(os.Getenv("VIRTMETAL_BENCH_VMS")); err == nil && n > 0 {
+		return n
+	}
+	return 1000
+}()
+
+// countingTransport counts the requests a client sends.
+type countingTransport struct {
+	next  http.RoundTripper
+	count *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.count.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// BenchmarkEnrolExistingVMs measures a controller installed on a cluster
+// that already has 1,000 VMs in an opted-in namespace: the time until every
+// VM has a consistent set of children (envtest runs no pods, so "ready"
+// means every object created as wanted), the API requests per VM it took,
+// and the memory of this process (the controller, plus the test's client)
+// at that point.
+func BenchmarkEnrolExistingVMs(b *testing.B) {
+	stopSharedManager() // two managers would enrol the same VMs
+	ctx := context.Background()
+	for i := range b.N {
+		b.StopTimer()
+		ns := fmt.Sprintf("bench-%d-%d", time.Now().UnixNano(), i)
+		label := "virtmetal.io/bench-" + strconv.Itoa(i)
+		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metaWithLabels(ns, map[string]string{label: "true"})}); err != nil {
+			b.Fatal(err)
+		}
+		createVMs(b, ns, benchVMs)
+		var requests atomic.Int64
+		cfg := rest.CopyConfig(controllerConfig)
+		cfg.QPS, cfg.Burst = 1000, 2000 // as bmc-controller's --kube-api-qps/--kube-api-burst defaults
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &requests} })
+		config := defaultConfig()
+		config.NamespaceSelector = labels.SelectorFromSet(labels.Set{label: "true"})
+		b.StartTimer()
+		start := time.Now()
+		stop, err := startManager(cfg, config, testStamper{}, 8)
+		if err != nil {
+			b.Fatal(err)
+		}
+		waitConsistent(b, ns, benchVMs)
+		elapsed := time.Since(start)
+		b.StopTimer()
+		runtime.GC()
+		var mem runtime.MemStats
+		runtime.ReadMemStats(&mem)
+		b.ReportMetric(elapsed.Seconds(), "s-until-consistent")
+		b.ReportMetric(float64(requests.Load())/float64(benchVMs), "requests/VM")
+		b.ReportMetric(float64(mem.HeapInuse)/(1<<20), "heap-MB")
+		b.ReportMetric(rssMB(), "rss-MB")
+		stop()
+		b.StartTimer()
+	}
+}
+
+func metaWithLabels(name string, l map[string]string) (m metav1.ObjectMeta) {
+	m.Name, m.Labels = name, l
+	return m
+}
+
+func createVMs(b *testing.B, ns string, n int) {
+	b.Helper()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for range 16 {
+		wg.Go(func() {
+			for i := range next {
+				if err := admin.Create(ctx, newVM(ns, fmt.Sprintf("vm-%04d", i))); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
+
+// waitConsistent waits until n VMs of ns each have every child.
+func waitConsistent(b *testing.B, ns string, n int) {
+	b.Helper()
+	ctx := context.Background()
+	lists := []client.ObjectList{
+		&v1beta1.VirtualMachineBMCList{}, &corev1.SecretList{}, &corev1.ServiceAccountList{},
+		&rbacv1.RoleList{}, &rbacv1.RoleBindingList{}, &appsv1.DeploymentList{},
+		&corev1.ServiceList{}, &networkingv1.IngressList{},
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		complete := true
+		var missing string
+		for _, list := range lists {
+			if err := admin.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
+				b.Fatal(err)
+			}
+			if got := meta.LenList(list); got < n {
+				complete, missing = false, fmt.Sprintf("%T has %d of %d", list, got, n)
+				break
+			}
+		}
+		if complete {
+			var vms kubevirtv1.VirtualMachineList
+			if err := admin.List(ctx, &vms, client.InNamespace(ns)); err != nil {
+				b.Fatal(err)
+			}
+			stamped := 0
+			for _, vm := range vms.Items {
+				if fw := vm.Spec.Template.Spec.Domain.Firmware; fw != nil && fw.Serial == vm.Name+"."+ns {
+					stamped++
+				}
+			}
+			if stamped == n {
+				return
+			}
+			complete, missing = false, fmt.Sprintf("%d of %d VMs stamped", stamped, n)
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("not consistent after 5 minutes: %s", missing)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// rssMB is this process's resident set size.
+func rssMB() float64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
