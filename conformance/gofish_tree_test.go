@@ -101,7 +101,9 @@ func TestGofishWalksTheWholeTree(t *testing.T) {
 	}
 	ids := func(list any) []string {
 		t.Helper()
-		var objs []struct{ ID string `json:"Id"` }
+		var objs []struct {
+			ID string `json:"Id"`
+		}
 		if err := json.Unmarshal([]byte(mustJSON(t, list)), &objs); err != nil {
 			t.Fatal(err)
 		}
