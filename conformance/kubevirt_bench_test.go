@@ -9,10 +9,8 @@ import (
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -21,16 +19,10 @@ import (
 // a real API server: a status poll (served from the informer cache) and a
 // power action, timed until the API server's VM shows the new runStrategy.
 func BenchmarkKubeVirtRedfish(b *testing.B) {
-	ctrl.SetLogger(logr.Discard())
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		b.Fatalf("envtest: %v", err)
-	}
-	b.Cleanup(func() { _ = env.Stop() })
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
 
-	const ns, name = "default", "bench"
+	ns, name := newNamespace(b), "bench"
 	halted := kubevirtv1.RunStrategyHalted
 	vm := &kubevirtv1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -48,10 +40,10 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 			}},
 		},
 	}
-	if err := env.Client.Create(ctx, vm); err != nil {
+	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		b.Fatalf("creating VM: %v", err)
 	}
-	backend, err := kubevirt.New(env.Config, ns, name, kubevirt.Options{})
+	backend, err := kubevirt.New(kubeEnv.Config, ns, name, kubevirt.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -93,7 +85,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 				b.Fatalf("Reset %s: %d", step.reset, status)
 			}
 			got := &kubevirtv1.VirtualMachine{}
-			if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
+			if err := kubeEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
 				b.Fatal(err)
 			}
 			if got.Spec.RunStrategy == nil || *got.Spec.RunStrategy != step.want {

@@ -10,19 +10,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -32,22 +28,11 @@ import (
 // bootOrder, the VMI starts with the NIC first, and the VM's own order is
 // back afterwards.
 func TestKubeVirtMaaSPowerSequence(t *testing.T) {
-	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		t.Fatalf("envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	sim, err := virtsim.New(env.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, StopDelay: 200 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = sim.Start(ctx) }()
 
 	// A running VM that boots from its disk (bootOrder 1), as MaaS finds it.
-	const ns, name = "default", "node-1"
+	ns, name := newNamespace(t), "node-1"
 	one := uint(1)
 	always := kubevirtv1.RunStrategyAlways
 	memory := resource.MustParse("2Gi")
@@ -74,15 +59,15 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 			}},
 		},
 	}
-	if err := env.Client.Create(ctx, vm); err != nil {
+	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
 	kvEventually(t, "the VM running", func() bool {
 		got := &kubevirtv1.VirtualMachine{}
-		return env.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
+		return kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
 	})
 
-	backend, err := kubevirt.New(env.Config, ns, name, kubevirt.Options{Logger: testr.New(t)})
+	backend, err := kubevirt.New(kubeEnv.Config, ns, name, kubevirt.Options{Logger: testr.New(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,12 +117,12 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	}
 	kvWaitPower(t, ts, system, "On")
 
-	if boots := sim.Boots(ns, name); !slices.Equal(boots, []machine.BootTarget{machine.BootHdd, machine.BootPxe}) {
+	if boots := kubeSim.Boots(ns, name); !slices.Equal(boots, []machine.BootTarget{machine.BootHdd, machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Hdd Pxe]: the first VMI from disk, the one after On from the NIC", boots)
 	}
 	kvEventually(t, "the VM's own boot order back", func() bool {
 		got := &kubevirtv1.VirtualMachine{}
-		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(vm), got); err != nil {
+		if err := kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got); err != nil {
 			return false
 		}
 		devices := got.Spec.Template.Spec.Domain.Devices

@@ -12,7 +12,6 @@ import (
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -47,22 +46,21 @@ func (l *requestLog) count() int {
 // every poll must be answered from the informer cache, on clusters with
 // and without CDI, never by a request to the API server.
 func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
-	for _, withoutCDI := range []bool{false, true} {
-		name := "with CDI"
-		if withoutCDI {
-			name = "without CDI"
-		}
-		t.Run(name, func(t *testing.T) {
-			env, err := kubetest.Start(kubetest.Options{WithoutCDI: withoutCDI})
-			if err != nil {
-				t.Fatalf("envtest: %v", err)
+	for _, tt := range []struct {
+		name string
+		cdi  bool
+	}{{"with CDI", true}, {"without CDI", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := newNamespace(t)
+			cfg := kubeEnv.Config
+			if !tt.cdi {
+				cfg = withoutCDI(cfg)
 			}
-			t.Cleanup(func() { _ = env.Stop() })
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
 			halted := kubevirtv1.RunStrategyHalted
 			vm := &kubevirtv1.VirtualMachine{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "polled"},
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "polled"},
 				Spec: kubevirtv1.VirtualMachineSpec{
 					RunStrategy: &halted,
 					Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
@@ -70,13 +68,13 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 					}},
 				},
 			}
-			if err := env.Client.Create(ctx, vm); err != nil {
+			if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 				t.Fatalf("creating VM: %v", err)
 			}
 			log := &requestLog{}
-			cfg := rest.CopyConfig(env.Config)
+			cfg = rest.CopyConfig(cfg)
 			cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { log.next = next; return log })
-			backend, err := kubevirt.New(cfg, "default", "polled", kubevirt.Options{})
+			backend, err := kubevirt.New(cfg, ns, "polled", kubevirt.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,9 +93,14 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 			ts := httptest.NewTLSServer(server)
 			t.Cleanup(ts.Close)
 
-			// The first request may look up what the cluster serves.
-			if status, _, _ := kvRequest(t, ts, http.MethodGet, "/redfish/v1/Systems/polled", nil, ""); status != http.StatusOK {
+			// The first request may look up what the cluster serves; the
+			// system offers virtual media exactly where CDI is installed.
+			status, _, body := kvRequest(t, ts, http.MethodGet, "/redfish/v1/Systems/polled", nil, "")
+			if status != http.StatusOK {
 				t.Fatalf("GET system: %d", status)
+			}
+			if _, media := body["VirtualMedia"]; media != tt.cdi {
+				t.Fatalf("system offers VirtualMedia: %v, want %v (CDI installed: %v)", media, tt.cdi, tt.cdi)
 			}
 			before := log.count()
 			for range 20 {

@@ -11,27 +11,22 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
 // TestSuiteOnKubeVirtBackend runs the whole conformance suite, writes
-// included, against a BMC on the KubeVirt backend (envtest API server, CDI
+// included, against a BMC on the KubeVirt backend (the package's envtest API server, CDI
 // installed so that virtual media is served): no warning, no failure.
 func TestSuiteOnKubeVirtBackend(t *testing.T) {
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		t.Fatalf("envtest: %v", err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
+	ns := newNamespace(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
 	halted := kubevirtv1.RunStrategyHalted
 	memory := resource.MustParse("1Gi")
 	vm := &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "conformant"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "conformant"},
 		Spec: kubevirtv1.VirtualMachineSpec{
 			RunStrategy: &halted,
 			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
@@ -46,10 +41,10 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 			}},
 		},
 	}
-	if err := env.Client.Create(ctx, vm); err != nil {
+	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	backend, err := kubevirt.New(env.Config, "default", "conformant", kubevirt.Options{})
+	backend, err := kubevirt.New(kubeEnv.Config, ns, "conformant", kubevirt.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,9 +50,10 @@ func (p *maasPatchRecorder) ifMatches() []string {
 	return slices.Clone(p.seen)
 }
 
-// startMaaSBMC serves the memory backend over TLS, with vm-0 already running
-// (booted from disk), as MaaS usually finds a machine it takes over.
-func startMaaSBMC(t *testing.T) (*httptest.Server, *memory.Backend, *maasPatchRecorder) {
+// newMaaSServer builds the Redfish service on a two-machine memory backend
+// with vm-0 already running (booted from disk), as MaaS usually finds a
+// machine it takes over, and an Operator account for MaaS.
+func newMaaSServer(t *testing.T) (*redfish.Server, *memory.Backend) {
 	t.Helper()
 	backend := memory.New(memory.Options{Machines: 2, TransitionDelay: maasTransitionDelay})
 	vm := backend.Get("vm-0")
@@ -75,6 +76,13 @@ func startMaaSBMC(t *testing.T) (*httptest.Server, *memory.Backend, *maasPatchRe
 	if err != nil {
 		t.Fatal(err)
 	}
+	return srv, backend
+}
+
+// startMaaSBMC serves newMaaSServer over TLS behind a PATCH recorder.
+func startMaaSBMC(t *testing.T) (*httptest.Server, *memory.Backend, *maasPatchRecorder) {
+	t.Helper()
+	srv, backend := newMaaSServer(t)
 	recorder := &maasPatchRecorder{next: srv}
 	ts := httptest.NewUnstartedServer(recorder)
 	ts.StartTLS()

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/virtmetal/virtmetal/redfish"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden.json from the current output")
@@ -43,7 +45,7 @@ func TestGoldenBodies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, nil)
+			f := newFixture(t, func(c *redfish.Config, _ *stubBackend) { c.FirmwareVersion = "v0.0.0-golden" })
 			if tt.setup != nil {
 				tt.setup(f)
 			}

@@ -1,7 +1,10 @@
 package redfish
 
 import (
+	"crypto/sha1"
+	"fmt"
 	"net/url"
+	"runtime/debug"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -14,6 +17,36 @@ func chassisPath(id string) string { return "/redfish/v1/Chassis/" + url.PathEsc
 // managerResetTypes are what Manager.Reset accepts; restarting a simulated
 // BMC has nothing to do, so both succeed at once.
 var managerResetTypes = []string{string(machine.ResetGracefulRestart), string(machine.ResetForceRestart)}
+
+// managerUUIDNamespace names virtmetal's BMCs: a Manager's UUID is the
+// name-based (SHA-1) UUID of its machine's system UUID in this namespace, so
+// it is stable across restarts and differs from the system's own.
+var managerUUIDNamespace = [16]byte{0x6d, 0x1e, 0x0b, 0x7a, 0x3c, 0x52, 0x4f, 0x8e, 0x9a, 0x41, 0x2d, 0x67, 0xc0, 0x13, 0xf5, 0x88}
+
+// managerUUID derives the Manager's UUID from the system UUID, or from the
+// machine ID where the backend reports no system UUID.
+func managerUUID(inv machine.Inventory, id string) string {
+	name := inv.UUID
+	if name == "" {
+		name = "machine:" + id
+	}
+	h := sha1.New()
+	h.Write(managerUUIDNamespace[:])
+	h.Write([]byte(name))
+	b := h.Sum(nil)[:16]
+	b[6] = b[6]&0x0f | 0x50 // version 5
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// buildVersion is the main module's version as the Go toolchain stamped it
+// (a tag, or a pseudo-version from the commit; "(devel)" when unknown).
+func buildVersion() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" {
+		return info.Main.Version
+	}
+	return "(devel)"
+}
 
 func (s *Server) getManagers(c *call) (result, error) {
 	members, err := s.machineIDs(c, "ManagerCollection", managerPath)
@@ -29,10 +62,16 @@ func (s *Server) getManager(c *call) (result, error) {
 		return result{}, err
 	}
 	id := m.ID()
+	inv, err := m.Inventory(c.ctx())
+	if err != nil {
+		return result{}, s.mapBackendError(err, operation{resourceType: "Manager", resourceID: id})
+	}
 	path := managerPath(id)
 	body := resource(typeManager, path, id, "Manager for "+id)
 	body["ManagerType"] = "BMC"
 	body["Model"] = "virtmetal"
+	body["UUID"] = managerUUID(inv, id)
+	body["FirmwareVersion"] = s.firmwareVersion
 	body["PowerState"] = string(machine.PowerOn)
 	body["Status"] = statusOK()
 	body["Links"] = map[string]any{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -187,6 +188,48 @@ func TestManagerReset(t *testing.T) {
 	}
 	if p, _ := f.backend.Get("vm-0").PowerState(t.Context()); p != machine.PowerOff {
 		t.Errorf("a BMC restart changed the host's power to %s", p)
+	}
+}
+
+// TestManagerIdentity: each Manager's UUID is a name-based UUID of its
+// machine's system UUID (stable across servers, distinct from the system's
+// and from the other BMCs'), derived from the machine ID when the system
+// has no UUID; FirmwareVersion is the configured build version.
+func TestManagerIdentity(t *testing.T) {
+	uuidOf := func(f *fixture, path string) string {
+		t.Helper()
+		res := f.do(asAdmin("GET", path, ""))
+		if res.status != http.StatusOK {
+			t.Fatalf("GET %s: %d", path, res.status)
+		}
+		id, _ := res.json["UUID"].(string)
+		return id
+	}
+	version := func(c *redfish.Config, _ *stubBackend) { c.FirmwareVersion = "v1.2.3" }
+	first, second := newFixture(t, version), newFixture(t, version)
+	m0, m1 := uuidOf(first, manager0), uuidOf(first, "/redfish/v1/Managers/vm-1")
+	if !regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`).MatchString(m0) {
+		t.Fatalf("Manager UUID %q is not a lower-case version 5 UUID", m0)
+	}
+	if again := uuidOf(second, manager0); again != m0 {
+		t.Errorf("Manager UUID differs between two servers on the same machine: %q, %q", m0, again)
+	}
+	if m1 == m0 || m0 == uuidOf(first, system0) {
+		t.Errorf("Manager UUID %q is shared (vm-1's manager %q, vm-0's system %q)", m0, m1, uuidOf(first, system0))
+	}
+	if got := first.do(asAdmin("GET", manager0, "")).json["FirmwareVersion"]; got != "v1.2.3" {
+		t.Errorf("FirmwareVersion = %v, want the configured v1.2.3", got)
+	}
+
+	noUUID := newFixture(t, func(_ *redfish.Config, b *stubBackend) {
+		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), decorate: func(inv *machine.Inventory) { inv.UUID = "" }}
+	})
+	fromID := uuidOf(noUUID, manager0)
+	if fromID == "" || fromID == m0 || fromID != uuidOf(noUUID, manager0) {
+		t.Errorf("Manager UUID without a system UUID = %q; want a stable one of its own", fromID)
+	}
+	if got, _ := noUUID.do(asAdmin("GET", manager0, "")).json["FirmwareVersion"].(string); got == "" {
+		t.Error("FirmwareVersion is empty by default; want the build version")
 	}
 }
 

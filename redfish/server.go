@@ -47,6 +47,9 @@ type Config struct {
 	RetryAfter time.Duration
 	// ServiceUUID is ServiceRoot.UUID (default random).
 	ServiceUUID string
+	// FirmwareVersion is each Manager's FirmwareVersion (default the
+	// virtmetal build version).
+	FirmwareVersion string
 	// Now is the clock (default time.Now); tests inject one.
 	Now func() time.Time
 }
@@ -72,6 +75,9 @@ type Server struct {
 	serviceUUID string
 	metadata    []byte
 	router      *mux.Router
+
+	// firmwareVersion is Manager.FirmwareVersion.
+	firmwareVersion string
 
 	// patchLocks serialises If-Match checks with the writes they guard, per
 	// machine.
@@ -159,6 +165,7 @@ func NewServer(cfg Config) (*Server, error) {
 		metadata:    metadata,
 		patchLocks:  map[string]*sync.Mutex{},
 	}
+	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
 	s.router = s.newRouter()
 	return s, nil
 }

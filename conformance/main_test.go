@@ -1,0 +1,126 @@
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+)
+
+// One API server (CDI installed) and one simulated virt-controller for the
+// package's KubeVirt tests; each test works in a namespace of its own.
+var (
+	kubeEnv *kubetest.Env
+	kubeSim *virtsim.Simulator
+)
+
+func TestMain(m *testing.M) { os.Exit(runMain(m)) }
+
+func runMain(m *testing.M) int {
+	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
+	var err error
+	kubeEnv, err = kubetest.Start(kubetest.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "envtest:", err)
+		return 1
+	}
+	defer func() { _ = kubeEnv.Stop() }()
+	kubeSim, err = virtsim.New(kubeEnv.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, StopDelay: 200 * time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "virtsim:", err)
+		return 1
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		if err := kubeSim.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "virtsim:", err)
+		}
+	}()
+	return m.Run()
+}
+
+var namespaces atomic.Int64
+
+// newNamespace creates a fresh namespace (envtest cannot delete them).
+func newNamespace(t testing.TB) string {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("conformance-%d", namespaces.Add(1))}}
+	if err := kubeEnv.Client.Create(t.Context(), ns); err != nil {
+		t.Fatalf("creating namespace: %v", err)
+	}
+	return ns.Name
+}
+
+// withoutCDI returns a copy of cfg through which the API server looks like
+// a cluster without CDI: discovery does not list the group and its
+// resources answer 404, as they do where CDI was never installed.
+func withoutCDI(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { return hideCDI{next: next} })
+	return cfg
+}
+
+type hideCDI struct{ next http.RoundTripper }
+
+func (h hideCDI) RoundTrip(r *http.Request) (*http.Response, error) {
+	cdiPrefix := "/apis/" + cdiv1beta1.SchemeGroupVersion.Group
+	if r.URL.Path == cdiPrefix || strings.HasPrefix(r.URL.Path, cdiPrefix+"/") {
+		body := `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}`
+		return &http.Response{
+			StatusCode: http.StatusNotFound, Status: "404 Not Found", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(strings.NewReader(body)),
+			ContentLength: int64(len(body)), Request: r,
+		}, nil
+	}
+	if r.URL.Path != "/apis" {
+		return h.next.RoundTrip(r)
+	}
+	// Ask for the plain group list (not the aggregated document) and drop
+	// CDI's group from it.
+	r = r.Clone(r.Context())
+	r.Header.Set("Accept", "application/json")
+	res, err := h.next.RoundTrip(r)
+	if err != nil || res.StatusCode != http.StatusOK {
+		return res, err
+	}
+	defer res.Body.Close()
+	var groups metav1.APIGroupList
+	if err := json.NewDecoder(res.Body).Decode(&groups); err != nil {
+		return nil, fmt.Errorf("decoding /apis: %w", err)
+	}
+	kept := groups.Groups[:0]
+	for _, g := range groups.Groups {
+		if g.Name != cdiv1beta1.SchemeGroupVersion.Group {
+			kept = append(kept, g)
+		}
+	}
+	groups.Groups = kept
+	data, err := json.Marshal(groups)
+	if err != nil {
+		return nil, err
+	}
+	res.Body = io.NopCloser(bytes.NewReader(data))
+	res.ContentLength = int64(len(data))
+	res.Header = res.Header.Clone()
+	res.Header.Set("Content-Type", "application/json")
+	res.Header.Del("Content-Length")
+	return res, nil
+}
