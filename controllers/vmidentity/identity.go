@@ -60,7 +60,9 @@ type EnrolledFunc func(ctx context.Context, vm *kubevirtv1.VirtualMachine) (bool
 // Stamper sets and checks VM identities. Reader should be the manager's
 // cache with the indexes of SetupIndexes.
 type Stamper struct {
-	Reader   client.Reader
+	Reader client.Reader
+	// MACs is where missing MACs come from; the zero MACRange assigns none
+	// (for clusters where KubeMacPool or the like does it).
 	MACs     MACRange
 	Enrolled EnrolledFunc
 }
@@ -192,8 +194,10 @@ func (s *Stamper) Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) ([]s
 		warnings = append(warnings, uuidWarning)
 	}
 
-	if err := s.stampMACs(ctx, vm, domain.Devices.Interfaces); err != nil {
-		return nil, err
+	if s.MACs.size() > 0 {
+		if err := s.stampMACs(ctx, vm, domain.Devices.Interfaces); err != nil {
+			return nil, err
+		}
 	}
 	return warnings, nil
 }
@@ -259,9 +263,6 @@ func (s *Stamper) stampMACs(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 
 func (s *Stamper) freeMAC(ctx context.Context, vm *kubevirtv1.VirtualMachine, iface string, taken map[string]bool) (string, error) {
 	size := s.MACs.size()
-	if size == 0 {
-		return "", fmt.Errorf("%w: no MAC range configured", ErrMACRangeExhausted)
-	}
 	sum := sha256.Sum256([]byte(vm.Namespace + "/" + vm.Name + "/" + iface))
 	start := binary.BigEndian.Uint64(sum[:8]) % size
 	for probe := range min(size, maxMACProbes) {

@@ -84,7 +84,7 @@ func mustRange(t testing.TB, s string) MACRange {
 const testRange = "02:00:00:00:00:00-02:00:00:ff:ff:ff"
 
 // newStamper has a fake client holding existing, with the indexes of
-// SetupIndexes, failing as funcs says.
+// SetupIndexes, failing as funcs says; macRange "none" is the zero range.
 func newStamper(t testing.TB, macRange string, funcs interceptor.Funcs, existing ...*kubevirtv1.VirtualMachine) *Stamper {
 	objs := make([]client.Object, len(existing))
 	for i, vm := range existing {
@@ -94,7 +94,11 @@ func newStamper(t testing.TB, macRange string, funcs interceptor.Funcs, existing
 		WithIndex(&kubevirtv1.VirtualMachine{}, MACIndex, IndexMACs).
 		WithIndex(&kubevirtv1.VirtualMachine{}, UUIDIndex, IndexUUID).
 		WithInterceptorFuncs(funcs).Build()
-	return &Stamper{Reader: c, MACs: mustRange(t, macRange), Enrolled: fakeEnrolled}
+	s := &Stamper{Reader: c, Enrolled: fakeEnrolled}
+	if macRange != "none" {
+		s.MACs = mustRange(t, macRange)
+	}
+	return s
 }
 
 func macs(vm *kubevirtv1.VirtualMachine) []string {
@@ -145,7 +149,7 @@ func TestStamp(t *testing.T) {
 		existing     []*kubevirtv1.VirtualMachine
 		vm           *kubevirtv1.VirtualMachine
 		wantUUID     string
-		wantMACs     []string // "" means "any address of the range"
+		wantMACs     []string // "" means "any address of the range", "-" none
 		wantWarnings []string
 		wantError    error
 	}{
@@ -225,6 +229,12 @@ func TestStamp(t *testing.T) {
 			wantError: ErrMACRangeExhausted,
 		},
 		{
+			name:     "no MAC range: MACs left to others",
+			macRange: "none",
+			vm:       newVM("team-a", "web1", withInterface("default", "")),
+			wantUUID: derivedA, wantMACs: []string{"-"},
+		},
+		{
 			name:      "no template",
 			vm:        &kubevirtv1.VirtualMachine{},
 			wantError: ErrInvalidVM,
@@ -265,7 +275,9 @@ func TestStamp(t *testing.T) {
 					t.Errorf("MAC %s given twice: %v", mac, got)
 				}
 				seen[mac] = true
-				if want := tc.wantMACs[i]; want != "" && mac != want {
+				if want := tc.wantMACs[i]; want == "-" && mac != "" {
+					t.Errorf("MAC[%d] = %s, want none", i, mac)
+				} else if want != "" && want != "-" && mac != want {
 					t.Errorf("MAC[%d] = %s, want %s", i, mac, want)
 				}
 				if tc.wantMACs[i] == "" && !strings.HasPrefix(mac, "02:00:00:") {
