@@ -67,11 +67,12 @@ func decodeVM(decoder admission.Decoder, req admission.Request) (*kubevirtv1.Vir
 		resp := admission.Allowed("being deleted")
 		return nil, &resp
 	}
-	// The request names the object; the body may omit the namespace.
-	if vm.Namespace == "" {
+	// The request, not the body, says which object this is (the body may
+	// omit the namespace).
+	if req.Namespace != "" {
 		vm.Namespace = req.Namespace
 	}
-	if vm.Name == "" {
+	if req.Name != "" {
 		vm.Name = req.Name
 	}
 	return vm, nil
