@@ -1,0 +1,188 @@
+package vmidentity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// Webhook paths, as in the markers below and the generated configurations.
+const (
+	MutatePath   = "/mutate-kubevirt-io-v1-virtualmachine"
+	ValidatePath = "/validate-kubevirt-io-v1-virtualmachine"
+)
+
+// +kubebuilder:webhook:path=/mutate-kubevirt-io-v1-virtualmachine,mutating=true,failurePolicy=fail,sideEffects=None,groups=kubevirt.io,resources=virtualmachines,verbs=create;update,versions=v1,name=mvirtualmachine.bmc.virtmetal.io,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-kubevirt-io-v1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=kubevirt.io,resources=virtualmachines,verbs=create;update,versions=v1,name=vvirtualmachine.bmc.virtmetal.io,admissionReviewVersions=v1
+
+// SetupWebhooks registers the mutating and validating webhooks on mgr's
+// webhook server.
+func (s *Stamper) SetupWebhooks(mgr ctrl.Manager) {
+	server := mgr.GetWebhookServer()
+	server.Register(MutatePath, &admission.Webhook{Handler: s.MutatingHandler()})
+	server.Register(ValidatePath, &admission.Webhook{Handler: s.ValidatingHandler()})
+}
+
+// MutatingHandler stamps enrolled VMs on create and update.
+func (s *Stamper) MutatingHandler() admission.Handler {
+	return &mutatingHandler{stamper: s, decoder: newDecoder()}
+}
+
+// ValidatingHandler refuses VMs that claim an enrolled VM's identity, in
+// every namespace.
+func (s *Stamper) ValidatingHandler() admission.Handler {
+	return &validatingHandler{stamper: s, decoder: newDecoder()}
+}
+
+func newDecoder() admission.Decoder {
+	scheme := runtime.NewScheme()
+	if err := kubevirtv1.AddToScheme(scheme); err != nil {
+		panic(err) // static registration: cannot fail
+	}
+	return admission.NewDecoder(scheme)
+}
+
+// decodeVM returns the VM of a create or update, or nil for operations the
+// webhooks leave alone (and VMs being deleted: deletion must never be
+// blocked, e.g. KubeVirt removing its finalizer).
+func decodeVM(decoder admission.Decoder, req admission.Request) (*kubevirtv1.VirtualMachine, *admission.Response) {
+	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
+		resp := admission.Allowed("")
+		return nil, &resp
+	}
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := decoder.Decode(req, vm); err != nil {
+		resp := admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding VirtualMachine: %w", err))
+		return nil, &resp
+	}
+	if vm.DeletionTimestamp != nil {
+		resp := admission.Allowed("being deleted")
+		return nil, &resp
+	}
+	// The request, not the body, says which object this is (the body may
+	// omit the namespace).
+	if req.Namespace != "" {
+		vm.Namespace = req.Namespace
+	}
+	if req.Name != "" {
+		vm.Name = req.Name
+	}
+	return vm, nil
+}
+
+type mutatingHandler struct {
+	stamper *Stamper
+	decoder admission.Decoder
+}
+
+func (h *mutatingHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	vm, done := decodeVM(h.decoder, req)
+	if done != nil {
+		return *done
+	}
+	if vm.Name == "" {
+		// generateName: the serial, UUID and MACs derive from the name, which
+		// the API server picks after admission. The reconciler stamps it.
+		return admission.Allowed("no name yet")
+	}
+	enrolled, err := h.stamper.enrolled(ctx, vm)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	if !enrolled {
+		return admission.Allowed("not enrolled")
+	}
+	warnings, err := h.stamper.Stamp(ctx, vm)
+	switch {
+	case errors.Is(err, ErrInvalidVM):
+		return admission.Denied(err.Error())
+	case err != nil:
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	patched, err := applyIdentity(req.Object.Raw, vm)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
+	return admission.PatchResponseFromRaw(req.Object.Raw, patched).WithWarnings(warnings...)
+}
+
+// applyIdentity writes vm's identity fields into the raw object, leaving
+// every other field as sent: re-encoding the typed VM would drop fields
+// this kubevirt.io/api version does not know, and the patch would delete
+// them.
+func applyIdentity(raw []byte, vm *kubevirtv1.VirtualMachine) ([]byte, error) {
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, fmt.Errorf("decoding VirtualMachine: %w", err)
+	}
+	domainPath := []string{"spec", "template", "spec", "domain"}
+	fw := vm.Spec.Template.Spec.Domain.Firmware
+	firmware, err := objectAt(obj, append(domainPath, "firmware")...)
+	if err != nil {
+		return nil, err
+	}
+	firmware["serial"] = fw.Serial
+	firmware["uuid"] = string(fw.UUID)
+	if ifaces := vm.Spec.Template.Spec.Domain.Devices.Interfaces; len(ifaces) > 0 {
+		devices, err := objectAt(obj, append(domainPath, "devices")...)
+		if err != nil {
+			return nil, err
+		}
+		list, ok := devices["interfaces"].([]any)
+		if !ok || len(list) != len(ifaces) {
+			return nil, errors.New("spec.template.spec.domain.devices.interfaces: not the list that was decoded")
+		}
+		for i, iface := range ifaces {
+			entry, ok := list[i].(map[string]any)
+			if !ok {
+				return nil, fmt.Errorf("spec.template.spec.domain.devices.interfaces[%d] is not an object", i)
+			}
+			entry["macAddress"] = iface.MacAddress
+		}
+	}
+	return json.Marshal(obj)
+}
+
+// objectAt returns the object at path, creating missing or null levels.
+func objectAt(obj map[string]any, path ...string) (map[string]any, error) {
+	for i, key := range path {
+		switch next := obj[key].(type) {
+		case map[string]any:
+			obj = next
+		case nil:
+			created := map[string]any{}
+			obj[key], obj = created, created
+		default:
+			return nil, fmt.Errorf("%v is not an object", path[:i+1])
+		}
+	}
+	return obj, nil
+}
+
+type validatingHandler struct {
+	stamper *Stamper
+	decoder admission.Decoder
+}
+
+func (h *validatingHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+	vm, done := decodeVM(h.decoder, req)
+	if done != nil {
+		return *done
+	}
+	err := h.stamper.Validate(ctx, vm)
+	switch {
+	case errors.Is(err, ErrIdentityClaimed), errors.Is(err, ErrDuplicateMAC):
+		return admission.Denied(err.Error())
+	case err != nil:
+		return admission.Errored(http.StatusInternalServerError, err)
+	}
+	return admission.Allowed("")
+}
