@@ -72,7 +72,7 @@ func BenchmarkEnrolExistingVMs(b *testing.B) {
 		config.NamespaceSelector = labels.SelectorFromSet(labels.Set{label: "true"})
 		b.StartTimer()
 		start := time.Now()
-		stop, err := startManager(cfg, config, testStamper{}, 8)
+		stop, err := startManager(cfg, config, 8)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -477,9 +477,15 @@ func TestClusterInstancetypeRBAC(t *testing.T) {
 func TestTwoNamespacesSameVMName(t *testing.T) {
 	a := enrolledVM(t, "team-a", "web1")
 	b := enrolledVM(t, "team-b", "web1")
-	hosts := map[string]bool{}
-	users := map[string]bool{}
+	hosts, users, macs, uuids := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, vm := range []types.NamespacedName{a, b} {
+		waitFor(t, "identity", func() error { return serialIs(vm, "web1."+vm.Namespace) })
+		vmObj := &kubevirtv1.VirtualMachine{}
+		if err := get(vm, vmObj); err != nil {
+			t.Fatal(err)
+		}
+		macs[vmObj.Spec.Template.Spec.Domain.Devices.Interfaces[0].MacAddress] = true
+		uuids[string(vmObj.Spec.Template.Spec.Domain.Firmware.UUID)] = true
 		in := &networkingv1.Ingress{}
 		if err := get(workloadKey(vm), in); err != nil {
 			t.Fatal(err)
@@ -491,8 +497,10 @@ func TestTwoNamespacesSameVMName(t *testing.T) {
 		}
 		users[string(s.Data["username"])] = true
 	}
-	if len(hosts) != 2 || len(users) != 2 {
-		t.Errorf("hosts %v users %v: want two of each", hosts, users)
+	delete(macs, "")
+	delete(uuids, "")
+	if len(hosts) != 2 || len(users) != 2 || len(macs) != 2 || len(uuids) != 2 {
+		t.Errorf("hosts %v users %v MACs %v UUIDs %v: want two of each", hosts, users, macs, uuids)
 	}
 }
 

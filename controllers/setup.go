@@ -131,6 +131,9 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 			return allVMs(ctx, ns.GetName())
 		}), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		Watches(&v1beta1.VirtualMachineBMC{}, sameName).
+		// The BMC reconciler may recreate credentials from a stale cache
+		// after enrolment removed them: enrolment looks again.
+		Watches(&corev1.Secret{}, byVMLabel).
 		WithOptions(concurrency)
 	bmcBuilder := ctrl.NewControllerManagedBy(mgr).Named("virtualmachinebmc").
 		For(&v1beta1.VirtualMachineBMC{}).

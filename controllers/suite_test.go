@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtmetal/virtmetal/controllers"
+	"github.com/virtmetal/virtmetal/controllers/vmidentity"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 )
 
@@ -116,6 +117,14 @@ func bindGeneratedRole(ctx context.Context) (*rest.Config, error) {
 	return env.ConfigFor(controllerUser)
 }
 
+var testMACs = func() vmidentity.MACRange {
+	r, err := vmidentity.ParseMACRange("02:00:00:00:00:00-02:00:00:ff:ff:ff")
+	if err != nil {
+		panic(err)
+	}
+	return r
+}()
+
 func defaultConfig() controllers.Config {
 	return controllers.Config{
 		Domain:            testDomain,
@@ -127,7 +136,7 @@ func defaultConfig() controllers.Config {
 
 // startManager runs a manager as the controller's user until the returned
 // stop is called.
-func startManager(cfg *rest.Config, config controllers.Config, stamper controllers.IdentityStamper, concurrency int) (stop func(), err error) {
+func startManager(cfg *rest.Config, config controllers.Config, concurrency int) (stop func(), err error) {
 	configMap := types.NamespacedName{Namespace: configNamespace, Name: configName}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  admin.Scheme(),
@@ -140,9 +149,15 @@ func startManager(cfg *rest.Config, config controllers.Config, stamper controlle
 		return nil, err
 	}
 	source := &controllers.ConfigSource{Defaults: config, ConfigMap: configMap, Reader: mgr.GetClient()}
-	if _, err := controllers.Setup(mgr, controllers.Options{Config: source, Identity: stamper, MaxConcurrentReconciles: concurrency}); err != nil {
+	stamper := &vmidentity.Stamper{Reader: mgr.GetClient(), MACs: testMACs}
+	if err := vmidentity.SetupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return nil, err
 	}
+	enrolment, err := controllers.Setup(mgr, controllers.Options{Config: source, Identity: stamper, MaxConcurrentReconciles: concurrency})
+	if err != nil {
+		return nil, err
+	}
+	stamper.Enrolled = enrolment.Enrolled
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
@@ -165,7 +180,7 @@ var shared struct {
 func sharedManager(t testing.TB) {
 	t.Helper()
 	shared.once.Do(func() {
-		shared.stop, shared.err = startManager(controllerConfig, defaultConfig(), testStamper{}, 4)
+		shared.stop, shared.err = startManager(controllerConfig, defaultConfig(), 4)
 	})
 	if shared.err != nil {
 		t.Fatal(shared.err)
@@ -257,16 +272,4 @@ func gone(key types.NamespacedName, obj client.Object) error {
 		return fmt.Errorf("%T %s still exists", obj, key)
 	}
 	return err
-}
-
-// testStamper stands in for the identity webhook's stamper: the serial is
-// all that these tests need of it.
-type testStamper struct{}
-
-func (testStamper) Stamp(_ context.Context, vm *kubevirtv1.VirtualMachine) ([]string, error) {
-	if vm.Spec.Template.Spec.Domain.Firmware == nil {
-		vm.Spec.Template.Spec.Domain.Firmware = &kubevirtv1.Firmware{}
-	}
-	vm.Spec.Template.Spec.Domain.Firmware.Serial = vm.Name + "." + vm.Namespace
-	return nil, nil
 }

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+)
+
+var env *kubetest.Env
+
+func TestMain(m *testing.M) {
+	var err error
+	if env, err = kubetest.Start(kubetest.Options{}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+func TestParseFlags(t *testing.T) {
+	required := []string{"--domain", "bmc.example.org", "--bmc-image", "img"}
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"defaults", required, ""},
+		{"no domain", []string{"--bmc-image", "img"}, "domain is required"},
+		{"no image", []string{"--domain", "bmc.example.org"}, "image is required"},
+		{"bad domain", []string{"--domain", "Not A Domain", "--bmc-image", "img"}, "not a DNS name"},
+		{"bad selector", append([]string{"--namespace-selector", "a in (b"}, required...), "--namespace-selector"},
+		{"both issuers", append([]string{"--tls-issuer", "a", "--tls-cluster-issuer", "b"}, required...), "exclude each other"},
+		{"bad config name", append([]string{"--config", "just-a-name"}, required...), "NAMESPACE/NAME"},
+		{"bad webhook port", append([]string{"--webhook-port", "70000"}, required...), "--webhook-port"},
+		{"stray argument", append(required, "extra"), "unexpected arguments"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseFlags(tc.args, &bytes.Buffer{})
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("parseFlags = %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("parseFlags = %v, want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestRunRefusesABadMACRange(t *testing.T) {
+	err := run(context.Background(), []string{"--domain", "bmc.example.org", "--bmc-image", "img", "--mac-range", "03:00:00:00:00:00-03:00:00:00:00:ff"}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "--mac-range") {
+		t.Fatalf("run = %v, want a --mac-range error", err)
+	}
+}
+
+// TestRunServesAnOptedInNamespace runs the command itself, as its
+// Deployment does (a kubeconfig instead of in-cluster config, no webhook),
+// and sees a VM get its BMC, its serial, and the manager's probes answer.
+func TestRunServesAnOptedInNamespace(t *testing.T) {
+	kubeconfig, err := env.AdminKubeConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(path, kubeconfig, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	probes := freePort(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var logs bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{
+			"--kubeconfig", path, "--domain", "bmc.example.org", "--bmc-image", "virtmetal/bmc-server:test",
+			"--webhook-port", "0", "--metrics-bind-address", "0", "--health-probe-bind-address", probes,
+		}, &logs)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run = %v; logs:\n%s", err, logs.String())
+		}
+	}()
+
+	c := env.Client
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "cmd", Labels: map[string]string{"virtmetal.io/enabled": "true"}}}
+	if err := c.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "cmd", Name: "web1"},
+		Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+			Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{
+				Interfaces: []kubevirtv1.Interface{{Name: "pxe", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}},
+			}}},
+		}},
+	}
+	if err := c.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := &kubevirtv1.VirtualMachine{}
+		d := &appsv1.Deployment{}
+		errVM := c.Get(ctx, types.NamespacedName{Namespace: "cmd", Name: "web1"}, got)
+		errD := c.Get(ctx, types.NamespacedName{Namespace: "cmd", Name: "bmc-web1"}, d)
+		fw := got.Spec.Template.Spec.Domain.Firmware
+		if errVM == nil && errD == nil && fw != nil && fw.Serial == "web1.cmd" && fw.UUID != "" &&
+			got.Spec.Template.Spec.Domain.Devices.Interfaces[0].MacAddress != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no BMC and identity after 30s: VM %v firmware %+v, Deployment %v; logs:\n%s", errVM, fw, errD, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + probes + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s = %d", path, resp.StatusCode)
+		}
+	}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
