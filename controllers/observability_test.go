@@ -1,0 +1,84 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+func TestEventsSayWhatHappened(t *testing.T) {
+	vm := enrolledVM(t, "events", "web1")
+	want := []string{"Enrolled", "CredentialsCreated", "IdentityRepaired"}
+	waitFor(t, "events", func() error {
+		var list eventsv1.EventList
+		if err := admin.List(context.Background(), &list, client.InNamespace(vm.Namespace)); err != nil {
+			return err
+		}
+		var reasons []string
+		for _, e := range list.Items {
+			reasons = append(reasons, e.Reason)
+		}
+		for _, r := range want {
+			if !slices.Contains(reasons, r) {
+				return fmt.Errorf("reasons %v lack %s", reasons, r)
+			}
+		}
+		return nil
+	})
+}
+
+func TestEnrolledVMsMetric(t *testing.T) {
+	enrolledVM(t, "metrics", "web1")
+	waitFor(t, "virtmetal_enrolled_vms", func() error {
+		families, err := metrics.Registry.Gather()
+		if err != nil {
+			return err
+		}
+		for _, f := range families {
+			if f.GetName() == "virtmetal_enrolled_vms" {
+				if v := f.GetMetric()[0].GetGauge().GetValue(); v < 1 {
+					return fmt.Errorf("value %v", v)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("not exported")
+	})
+}
+
+// TestRoleFollowsTheInstancetype changes a VM from a cluster instancetype to
+// a namespaced one: the BMC's Role gains read access to that instancetype
+// alone and the cluster RBAC goes.
+func TestRoleFollowsTheInstancetype(t *testing.T) {
+	sharedManager(t)
+	ns := namespace(t, "instancetype-change", true)
+	vm := newVM(ns, "web1")
+	vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
+	createVM(t, vm)
+	key := client.ObjectKeyFromObject(vm)
+	clusterName := types.NamespacedName{Name: "virtmetal-bmc-instancetype-change-web1"}
+	waitFor(t, "cluster RBAC", func() error { return get(clusterName, &rbacv1.ClusterRole{}) })
+	update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
+		obj.(*kubevirtv1.VirtualMachine).Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Kind: "VirtualMachineInstancetype", Name: "team-small"}
+	})
+	waitFor(t, "the Role in step", func() error {
+		role := &rbacv1.Role{}
+		if err := get(workloadKey(key), role); err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
+			return slices.Equal(r.Resources, []string{"virtualmachineinstancetypes"}) && slices.Equal(r.ResourceNames, []string{"team-small"})
+		}) {
+			return fmt.Errorf("rules %+v", role.Rules)
+		}
+		return gone(clusterName, &rbacv1.ClusterRole{})
+	})
+}
