@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/google/uuid"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -65,6 +67,28 @@ type Stamper struct {
 	// (for clusters where KubeMacPool or the like does it).
 	MACs     MACRange
 	Enrolled EnrolledFunc
+
+	// reserved holds the MACs this process handed out lately, which the
+	// cache may not show yet. A Stamper must not be copied after first use.
+	reserved macReservations
+}
+
+// macReservationTTL is how long a MAC handed out stays reserved for its VM
+// without the cache showing it: long enough for the VM's create to reach
+// the cache, short enough that MACs of refused creates come back.
+const macReservationTTL = time.Minute
+
+// macReservations keep two admissions in flight from picking the same MAC
+// before either VM is in the cache. Per process: webhook replicas do not
+// share them.
+type macReservations struct {
+	mu    sync.Mutex
+	byMAC map[string]macReservation
+}
+
+type macReservation struct {
+	vm    types.NamespacedName
+	until time.Time
 }
 
 // SetupIndexes adds the MAC and UUID indexes Stamper queries.
@@ -241,6 +265,19 @@ func (s *Stamper) setDerivedUUID(ctx context.Context, vm *kubevirtv1.VirtualMach
 const maxMACProbes = 4096
 
 func (s *Stamper) stampMACs(ctx context.Context, vm *kubevirtv1.VirtualMachine, ifaces []kubevirtv1.Interface) error {
+	// One VM at a time from the probe to the reservation.
+	s.reserved.mu.Lock()
+	defer s.reserved.mu.Unlock()
+	now := time.Now()
+	if s.reserved.byMAC == nil {
+		s.reserved.byMAC = map[string]macReservation{}
+	}
+	for mac, r := range s.reserved.byMAC {
+		if now.After(r.until) {
+			delete(s.reserved.byMAC, mac)
+		}
+	}
+	self := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
 	ownMACs := map[string]bool{}
 	for _, iface := range ifaces {
 		if iface.MacAddress != "" {
@@ -257,17 +294,19 @@ func (s *Stamper) stampMACs(ctx context.Context, vm *kubevirtv1.VirtualMachine, 
 		}
 		ifaces[i].MacAddress = mac
 		ownMACs[mac] = true
+		s.reserved.byMAC[mac] = macReservation{vm: self, until: now.Add(macReservationTTL)}
 	}
 	return nil
 }
 
+// freeMAC is called with s.reserved.mu held.
 func (s *Stamper) freeMAC(ctx context.Context, vm *kubevirtv1.VirtualMachine, iface string, taken map[string]bool) (string, error) {
 	size := s.MACs.size()
 	sum := sha256.Sum256([]byte(vm.Namespace + "/" + vm.Name + "/" + iface))
 	start := binary.BigEndian.Uint64(sum[:8]) % size
 	for probe := range min(size, maxMACProbes) {
 		candidate := s.MACs.at(start + probe)
-		if taken[candidate] {
+		if r, ok := s.reserved.byMAC[candidate]; taken[candidate] || ok && (r.vm.Namespace != vm.Namespace || r.vm.Name != vm.Name) {
 			continue
 		}
 		holders, err := s.holders(ctx, vm, MACIndex, candidate)

@@ -3,8 +3,10 @@ package vmidentity
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/uuid"
@@ -317,6 +319,48 @@ func TestStampSameNameInTwoNamespaces(t *testing.T) {
 	if fa.UUID == fb.UUID || fa.Serial == fb.Serial || macs(a)[0] == macs(b)[0] {
 		t.Errorf("team-a/web1 and team-b/web1 share identity: %+v %v, %+v %v", fa, macs(a), fb, macs(b))
 	}
+}
+
+// Admissions in flight: the cache shows neither VM yet, the MACs handed
+// out must still differ.
+func TestStampReservesMACsNotYetCached(t *testing.T) {
+	ctx := context.Background()
+	t.Run("one after the other", func(t *testing.T) {
+		s := newStamper(t, "02:00:00:00:00:00-02:00:00:00:00:00", interceptor.Funcs{})
+		first := newVM("team-a", "web1", withInterface("default", ""))
+		if _, err := s.Stamp(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Stamp(ctx, newVM("team-b", "web1", withInterface("default", ""))); !errors.Is(err, ErrMACRangeExhausted) {
+			t.Fatalf("second VM: Stamp error = %v, want %v (the only MAC is reserved)", err, ErrMACRangeExhausted)
+		}
+		retry := newVM("team-a", "web1", withInterface("default", ""))
+		if _, err := s.Stamp(ctx, retry); err != nil || macs(retry)[0] != macs(first)[0] {
+			t.Fatalf("the same VM again: MAC %v, %v; want its reserved %s", macs(retry), err, macs(first)[0])
+		}
+	})
+	t.Run("in parallel", func(t *testing.T) {
+		s := newStamper(t, "02:00:00:00:00:00-02:00:00:00:00:07", interceptor.Funcs{})
+		vms := make([]*kubevirtv1.VirtualMachine, 8)
+		errs := make([]error, len(vms))
+		var wg sync.WaitGroup
+		for i := range vms {
+			vms[i] = newVM("team-a", fmt.Sprintf("vm%d", i), withInterface("default", ""))
+			wg.Go(func() { _, errs[i] = s.Stamp(ctx, vms[i]) })
+		}
+		wg.Wait()
+		seen := map[string]string{}
+		for i, vm := range vms {
+			if errs[i] != nil {
+				t.Fatalf("%s: %v", vm.Name, errs[i])
+			}
+			mac := macs(vm)[0]
+			if other, ok := seen[mac]; ok {
+				t.Errorf("%s and %s both got %s", other, vm.Name, mac)
+			}
+			seen[mac] = vm.Name
+		}
+	})
 }
 
 func TestStampReaderFailures(t *testing.T) {
