@@ -42,6 +42,8 @@ const (
 	msgPreconditionFailed            = "PreconditionFailed"
 	msgServiceTemporarilyUnavailable = "ServiceTemporarilyUnavailable"
 	msgInternalError                 = "InternalError"
+	msgHeaderMissing                 = "HeaderMissing"
+	msgHeaderInvalid                 = "HeaderInvalid"
 )
 
 // registryEntry is a message of the DMTF Base registry; the texts are the
@@ -78,6 +80,8 @@ var baseRegistry = map[string]registryEntry{
 	msgPreconditionFailed:            {"The ETag supplied did not match the ETag required to change this resource.", "Critical"},
 	msgServiceTemporarilyUnavailable: {"The service is temporarily unavailable.  Retry in %1 seconds.", "Critical"},
 	msgInternalError:                 {"The request failed due to an internal service error.  The service is still operational.", "Critical"},
+	msgHeaderMissing:                 {"Required header '%1' is missing in the request.", "Critical"},
+	msgHeaderInvalid:                 {"Header '%1' is invalid.", "Critical"},
 }
 
 // message is one entry of @Message.ExtendedInfo.
