@@ -43,7 +43,9 @@ func requireTool(t *testing.T, name string) string {
 func udpServer(t *testing.T, edit func(*Config)) (host, port string, m *memory.Machine) {
 	t.Helper()
 	m = memory.New(memory.Options{}).Get("vm-0")
-	cfg := Config{Machine: m, Username: testUser, Password: testPassword, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+	// IPMI 1.5 on, so the lan interface can be tested; TestIPMI15OffByDefault
+	// shows the default.
+	cfg := Config{Machine: m, Username: testUser, Password: testPassword, EnableV15: true, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
 	if edit != nil {
 		edit(&cfg)
 	}

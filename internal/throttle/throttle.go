@@ -42,8 +42,10 @@ type Policy struct {
 	// ForgetAfter is the quiet time after which failures and successes are
 	// forgotten (default 15 minutes).
 	ForgetAfter time.Duration
-	// HandshakeRate and HandshakeBurst bound the password-keyed handshakes
-	// a source may start (defaults 2 per second, burst 8).
+	// HandshakeRate and HandshakeBurst bound the handshake messages a
+	// source may send (defaults 4 per second, burst 24: a dozen IPMI
+	// sessions at once, as a provisioning sequence opens, then two a
+	// second).
 	HandshakeRate  float64
 	HandshakeBurst int
 	// MaxEntries bounds the memory spent on sources and usernames (default
@@ -72,9 +74,9 @@ func (p Policy) withDefaults() Policy {
 	def(&p.UserFreeFailures, 20)
 	defDur(&p.ForgetAfter, 15*time.Minute)
 	if p.HandshakeRate == 0 {
-		p.HandshakeRate = 2
+		p.HandshakeRate = 4
 	}
-	def(&p.HandshakeBurst, 8)
+	def(&p.HandshakeBurst, 24)
 	def(&p.MaxEntries, 4096)
 	if p.Now == nil {
 		p.Now = time.Now
@@ -93,10 +95,9 @@ type record struct {
 	seen   time.Time
 }
 
-// Limiter is safe for concurrent use. A nil *Limiter allows everything; it
-// is what a deployment that throttles in front of the BMC (and the
-// benchmark's reference) uses.
+// Limiter is safe for concurrent use.
 type Limiter struct {
+	off     bool
 	p       Policy
 	mu      sync.Mutex
 	sources map[string]*record
@@ -108,14 +109,15 @@ func New(p Policy) *Limiter {
 	return &Limiter{p: p.withDefaults(), sources: map[string]*record{}, users: map[string]*record{}}
 }
 
-// Unlimited is the limiter that never refuses.
-var Unlimited *Limiter
+// Unlimited is the limiter that never refuses: for a deployment that
+// throttles in front of the BMC, and as the benchmarks' reference.
+var Unlimited = &Limiter{off: true}
 
 // Allow reports whether an authentication attempt from source for username
 // may be checked now; if not, retryAfter is how long the source must wait.
 // username is the account the attempt names, or "" when it names none.
 func (l *Limiter) Allow(source, username string) (retryAfter time.Duration, ok bool) {
-	if l == nil {
+	if l.off {
 		return 0, true
 	}
 	l.mu.Lock()
@@ -155,7 +157,7 @@ func (l *Limiter) wait(r *record, now time.Time, free int, block bool) time.Dura
 // Failed records a failed attempt from source naming username ("" for an
 // unknown name, which is counted against the source only).
 func (l *Limiter) Failed(source, username string) {
-	if l == nil {
+	if l.off {
 		return
 	}
 	l.mu.Lock()
@@ -179,7 +181,7 @@ func (l *Limiter) fail(r *record, now time.Time) {
 // forgotten, and it is trusted past a username's delay for a while. The
 // username's own count is kept, so a distributed guess stays slowed.
 func (l *Limiter) Succeeded(source string) {
-	if l == nil {
+	if l.off {
 		return
 	}
 	l.mu.Lock()
@@ -192,7 +194,7 @@ func (l *Limiter) Succeeded(source string) {
 
 // AllowHandshake takes one token of source's handshake bucket.
 func (l *Limiter) AllowHandshake(source string) bool {
-	if l == nil {
+	if l.off {
 		return true
 	}
 	l.mu.Lock()
