@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 )
 

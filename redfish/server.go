@@ -56,12 +56,12 @@ type Config struct {
 }
 
 const (
-	defaultSessionTimeout  = 30 * time.Minute
-	minSessionTimeout      = 30 * time.Second
-	maxSessionTimeout      = 24 * time.Hour
-	defaultMaxSessions     = 64
-	defaultMaxBodyBytes    = 64 << 10
-	defaultRetryAfter      = 5 * time.Second
+	defaultSessionTimeout = 30 * time.Minute
+	minSessionTimeout     = 30 * time.Second
+	maxSessionTimeout     = 24 * time.Hour
+	defaultMaxSessions    = 64
+	defaultMaxBodyBytes   = 64 << 10
+	defaultRetryAfter     = 5 * time.Second
 )
 
 // Server is the Redfish service; it implements http.Handler.
