@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/machine"
 )
 
 // RMCP+ status codes (spec table 13-15).
@@ -140,6 +141,7 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 	}
 	username := p[rakp1MinLength : rakp1MinLength+nameLength]
 	priv := privilege(role & privMask)
+	s.abandonedHandshakes(sess, source, now)
 	password, known := s.creds.choose(username, source, now)
 	named := ""
 	if known {
@@ -162,10 +164,19 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 	if s.sessions.byID[sess.id] != sess || sess.state != stateOpened && sess.state != stateRAKP2Sent {
 		return nil, errors.New("handshake ended while the machine was asked for its GUID")
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, machine.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// The session can still open, and its commands answer "node
+		// busy" until the machine is back: a client is told to retry
+		// rather than that the BMC is gone. The GUID is then unknown,
+		// which the spec writes as zeros.
+		s.log.V(1).Info("machine unavailable, RAKP 2 carries a zero GUID", "reason", err.Error())
+		guid = [16]byte{}
+	case err != nil:
 		s.log.Error(err, "cannot read the system GUID for RAKP 2")
 		return refuse(rmcpStatusNoResources, "no system GUID")
 	}
+	sess.guid = guid
 	copy(sess.rm[:], p[8:24])
 	rand.Read(sess.rc[:])
 	sess.role = role
@@ -178,6 +189,22 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 		le32(sess.consoleID), le32(sess.id), sess.rm[:], sess.rc[:], guid[:],
 		[]byte{role, byte(nameLength)}, username)
 	return handshakeReply(payloadRAKP2, tag, rmcpStatusOK, 0, sess.consoleID, sess.rc[:], guid[:], mac), nil
+}
+
+// abandonedHandshakes treats a console that got RAKP 2 and started over
+// instead of answering RAKP 3 as one that rejected RAKP 2 (ipmitool does
+// not always send the RAKP 3 that says so): during a grace window, its
+// source switches password like an explicit abort.
+func (s *Server) abandonedHandshakes(current *session, source string, now time.Time) {
+	if !now.Before(s.creds.prevUntil) {
+		return
+	}
+	for _, other := range s.sessions.byID {
+		if other != current && other.state == stateRAKP2Sent && throttle.Source(other.remote) == source {
+			s.creds.aborted(source, candidate{password: other.password, previous: other.previous}, now)
+			s.endSession(other, "abandoned after RAKP 2")
+		}
+	}
 }
 
 // rakp3 checks RAKP Message 3, activates the session and answers with RAKP
@@ -209,7 +236,7 @@ func (s *Server) rakp3(p []byte, remote string, now time.Time) ([]byte, error) {
 		return handshakeReply(payloadRAKP4, tag, rmcpStatusInvalidIntegrity, 0, sess.consoleID), nil
 	}
 	s.limiter.Succeeded(source)
-	guid := *s.guid // cached by RAKP 1
+	guid := sess.guid
 	sik, keys := deriveKeys(suite, sess.password, sess.rm[:], sess.rc[:], sess.role, sess.username)
 	sess.keys = keys
 	sess.state = stateActive

@@ -116,6 +116,7 @@ type session struct {
 	rm, rc   [16]byte
 	role     byte // RAKP 1 role byte, as hashed
 	username []byte
+	guid     [16]byte // as sent in RAKP 2
 	keys     sessionKeys
 
 	// password is the one this session authenticated with; previous

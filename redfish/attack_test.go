@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -268,5 +269,36 @@ func TestSetAccountsGraceWindow(t *testing.T) {
 	}
 	if err := f.server.SetAccounts(nil, 0); err == nil || !strings.Contains(err.Error(), "at least one") {
 		t.Errorf("SetAccounts(nil) = %v", err)
+	}
+}
+
+// readinessBackend is not ready until told.
+type readinessBackend struct {
+	*stubBackend
+	err error
+}
+
+func (b *readinessBackend) Ready() error { return b.err }
+
+// TestNotReadyAnswers503: until the backend is ready, resources answer 503
+// with Retry-After, never 404 or a partial view; the service root works.
+func TestNotReadyAnswers503(t *testing.T) {
+	var rb *readinessBackend
+	f := newFixture(t, func(c *redfish.Config, b *stubBackend) {
+		rb = &readinessBackend{stubBackend: b, err: machine.Errorf(machine.ErrUnavailable, "cache not synced")}
+		c.Backend = rb
+	})
+	for _, path := range []string{system0, "/redfish/v1/Systems", "/redfish/v1/Systems/no-such-vm", manager0} {
+		res := f.do(asAdmin("GET", path, ""))
+		if res.status != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" {
+			t.Errorf("GET %s before ready: %d, Retry-After %q; want 503 with Retry-After", path, res.status, res.header.Get("Retry-After"))
+		}
+	}
+	if res := f.do(request{method: "GET", path: "/redfish/v1/"}); res.status != http.StatusOK {
+		t.Errorf("service root before ready: %d", res.status)
+	}
+	rb.err = nil
+	if res := f.do(asAdmin("GET", system0, "")); res.status != http.StatusOK {
+		t.Errorf("after ready: %d", res.status)
 	}
 }

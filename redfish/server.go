@@ -74,6 +74,7 @@ type Server struct {
 	serviceUUID string
 	metadata    []byte
 	router      *mux.Router
+	ready       machine.Readiness // nil when the backend is always ready
 
 	// patchLocks serialises If-Match checks with the writes they guard, per
 	// machine.
@@ -144,6 +145,7 @@ func NewServer(cfg Config) (*Server, error) {
 		metadata:    metadata,
 		patchLocks:  map[string]*sync.Mutex{},
 	}
+	s.ready, _ = cfg.Backend.(machine.Readiness)
 	s.router = s.newRouter()
 	return s, nil
 }
@@ -235,7 +237,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(r.Context())
 		r.URL = &trimmed
 	}
+	if err := s.notReady(r); err != nil {
+		s.writeError(rec, r, s.mapBackendError(err, operation{}))
+		return
+	}
 	s.router.ServeHTTP(rec, r)
+}
+
+// notReady says why r cannot be served yet: until the backend is ready
+// (a KubeVirt cache before its first sync, or an unreachable API server)
+// every resource would be missing or partial, so the answer is 503 with
+// Retry-After. The service root and the schema documents need no backend.
+func (s *Server) notReady(r *http.Request) error {
+	if s.ready == nil {
+		return nil
+	}
+	switch p := r.URL.Path; {
+	case !strings.HasPrefix(p, "/redfish/v1/"), p == "/redfish/v1/$metadata", p == "/redfish/v1/odata":
+		return nil
+	}
+	return s.ready.Ready()
 }
 
 // recordingWriter remembers the status for logging and for the panic

@@ -90,13 +90,30 @@ type Backend struct {
 	// then go to the API server, whose answer tells a stale cache from an
 	// outage.
 	watchFailing atomic.Bool
+	// synced is set once the cache has read the VM and VMI.
+	synced atomic.Bool
 	// changed wakes the loop that consumes Once overrides.
 	changed chan struct{}
 
 	instancetypes instancetypeMemo
 }
 
-var _ machine.Backend = (*Backend)(nil)
+var (
+	_ machine.Backend   = (*Backend)(nil)
+	_ machine.Readiness = (*Backend)(nil)
+)
+
+// Ready reports whether the backend can answer: its cache has synced and
+// the API server is reachable. Before that, reads would miss the VMI.
+func (b *Backend) Ready() error {
+	switch {
+	case !b.synced.Load():
+		return machine.Errorf(machine.ErrUnavailable, "the cache of VM %s/%s has not synced yet", b.namespace, b.vmName)
+	case b.watchFailing.Load():
+		return machine.Errorf(machine.ErrUnavailable, "the API server is unreachable")
+	}
+	return nil
+}
 
 // Scheme has the types the backend reads and writes.
 func Scheme() *runtime.Scheme {
@@ -209,13 +226,16 @@ func (b *Backend) Start(ctx context.Context) error {
 	b.cacheMu.Lock()
 	b.cache = c
 	b.cacheMu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		b.consumeOnceLoop(ctx)
-	}()
+	var loops sync.WaitGroup
+	loops.Go(func() { b.consumeOnceLoop(ctx) })
+	loops.Go(func() {
+		if c.WaitForCacheSync(ctx) {
+			b.synced.Store(true)
+		}
+	})
+	loops.Go(func() { b.probeLoop(ctx) })
 	err = c.Start(ctx)
-	<-done
+	loops.Wait()
 	return err
 }
 
@@ -260,6 +280,33 @@ func (b *Backend) unreachable(err error) {
 func (b *Backend) reachable() {
 	if b.watchFailing.Swap(false) {
 		b.log.Info("API server reachable again")
+	}
+}
+
+// probeInterval is how often the API server is probed. A watch on a
+// connection whose packets are silently dropped reports nothing for
+// minutes; a probe with a deadline notices within probeInterval plus the
+// request timeout.
+const probeInterval = 5 * time.Second
+
+// probeLoop asks the API server for the VM now and then, through the same
+// transport as every other request, so reachability tracks a blackholed
+// server as well as a refused one.
+func (b *Backend) probeLoop(ctx context.Context) {
+	ticker := time.NewTicker(probeInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		probeCtx, cancel := context.WithTimeout(ctx, b.timeout)
+		err := b.client.Get(probeCtx, types.NamespacedName{Namespace: b.namespace, Name: b.vmName}, &kubevirtv1.VirtualMachine{})
+		cancel()
+		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
+			b.unreachable(err)
+		}
 	}
 }
 
