@@ -49,7 +49,9 @@ func startServer(t *testing.T, args []string, env map[string]string, tune tuning
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &started{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan error, 1), cancel: cancel}
-	go func() { s.done <- runTuned(ctx, args, func(k string) string { return env[k] }, s.stdout, s.stderr, tune) }()
+	go func() {
+		s.done <- runTuned(ctx, args, func(k string) string { return env[k] }, s.stdout, s.stderr, tune)
+	}()
 	urlPattern := regexp.MustCompile(`(https?://\S+)/redfish/v1/`)
 	ipmiPattern := regexp.MustCompile(`at udp \S+:(\d+)`)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
