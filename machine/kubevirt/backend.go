@@ -77,6 +77,8 @@ type Backend struct {
 	// group (no virt-api), so the fallback is logged once, not per call.
 	subresourcesMissing atomic.Bool
 
+	// mediaMu makes inserts and ejects take turns.
+	mediaMu sync.Mutex
 	// cdiMu guards the remembered answer of cdiInstalledRecently.
 	cdiMu           sync.Mutex
 	cdiKnown        bool
@@ -342,7 +344,7 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalledRecently()}, nil
+	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalledRecently(ctx)}, nil
 }
 
 // read returns the VM and its VMI (nil when there is none).
@@ -539,24 +541,51 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 // later shows within this time; InsertMedia always asks afresh.
 const cdiRecheck = time.Minute
 
-// cdiInstalledRecently is cdiInstalled, remembered for cdiRecheck.
-func (b *Backend) cdiInstalledRecently() bool {
+// cdiInstalledRecently is cdiInstalled, remembered for cdiRecheck. The
+// lock guards the remembered answer only, never the lookup: a discovery
+// request to a slow API server must not queue every other request.
+func (b *Backend) cdiInstalledRecently(ctx context.Context) bool {
 	b.cdiMu.Lock()
-	defer b.cdiMu.Unlock()
-	if time.Now().Before(b.cdiTrustedUntil) {
-		return b.cdiKnown
+	known, trusted := b.cdiKnown, time.Now().Before(b.cdiTrustedUntil)
+	b.cdiMu.Unlock()
+	if trusted {
+		return known
 	}
-	installed, definite := b.lookUpCDI()
+	installed, definite := b.lookUpCDIWithin(ctx)
 	if definite {
+		b.cdiMu.Lock()
 		b.cdiKnown, b.cdiTrustedUntil = installed, time.Now().Add(cdiRecheck)
+		b.cdiMu.Unlock()
 	}
 	return installed
 }
 
 // cdiInstalled reports whether the API server serves CDI's DataVolume.
-func (b *Backend) cdiInstalled() bool {
-	installed, _ := b.lookUpCDI()
+func (b *Backend) cdiInstalled(ctx context.Context) bool {
+	installed, _ := b.lookUpCDIWithin(ctx)
 	return installed
+}
+
+// lookUpCDIWithin is lookUpCDI bounded by the request timeout. The REST
+// mapper's discovery takes no context, so it runs aside and is abandoned
+// (it ends with its connection) when it takes too long; the answer is then
+// unknown.
+func (b *Backend) lookUpCDIWithin(ctx context.Context) (installed, definite bool) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	type answer struct{ installed, definite bool }
+	done := make(chan answer, 1)
+	go func() {
+		installed, definite := b.lookUpCDI()
+		done <- answer{installed, definite}
+	}()
+	select {
+	case a := <-done:
+		return a.installed, a.definite
+	case <-ctx.Done():
+		b.log.V(1).Info("CDI discovery timed out; offering virtual media until known", "timeout", b.timeout)
+		return true, false
+	}
 }
 
 // lookUpCDI asks the REST mapper for CDI's DataVolume. definite is false
