@@ -12,6 +12,7 @@
 package kubevirt
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,6 +53,10 @@ type Options struct {
 	// RequestTimeout bounds every API call, so an unreachable API server
 	// yields ErrUnavailable rather than a hung request. Zero means 10s.
 	RequestTimeout time.Duration
+	// ProbeInterval is how often the API server is probed, so one that
+	// silently drops traffic is noticed (a watch on such a connection
+	// reports nothing for minutes). Zero means 5s.
+	ProbeInterval time.Duration
 	// MediaSize is the size of the DataVolume an inserted image is imported
 	// into. Zero means 8Gi.
 	MediaSize resource.Quantity
@@ -66,6 +71,7 @@ type Backend struct {
 	vmName    string
 	log       logr.Logger
 	timeout   time.Duration
+	probe     time.Duration
 	mediaSize resource.Quantity
 	mediaSC   string
 
@@ -141,6 +147,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		vmName:    vmName,
 		log:       opts.Logger.WithValues("namespace", namespace, "vm", vmName),
 		timeout:   opts.RequestTimeout,
+		probe:     cmp.Or(opts.ProbeInterval, 5*time.Second),
 		mediaSize: opts.MediaSize,
 		mediaSC:   opts.MediaStorageClass,
 		changed:   make(chan struct{}, 1),
@@ -285,17 +292,12 @@ func (b *Backend) reachable() {
 	}
 }
 
-// probeInterval is how often the API server is probed. A watch on a
-// connection whose packets are silently dropped reports nothing for
-// minutes; a probe with a deadline notices within probeInterval plus the
-// request timeout.
-const probeInterval = 5 * time.Second
-
-// probeLoop asks the API server for the VM now and then, through the same
-// transport as every other request, so reachability tracks a blackholed
-// server as well as a refused one.
+// probeLoop asks the API server for the VM every probe interval, through
+// the same transport as every other request, so reachability tracks a
+// blackholed server (noticed within the interval plus the request timeout)
+// as well as a refused one.
 func (b *Backend) probeLoop(ctx context.Context) {
-	ticker := time.NewTicker(probeInterval)
+	ticker := time.NewTicker(b.probe)
 	defer ticker.Stop()
 	for {
 		select {
