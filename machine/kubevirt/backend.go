@@ -263,7 +263,11 @@ func (b *Backend) WaitForCacheSync(ctx context.Context) bool {
 		c = b.startedCache()
 		return c != nil, nil
 	})
-	return err == nil && c.WaitForCacheSync(ctx)
+	if err != nil || !c.WaitForCacheSync(ctx) {
+		return false
+	}
+	b.synced.Store(true) // now, not when Start's own wait notices
+	return true
 }
 
 // observed runs for every informer event: the watch works, and the VM or
