@@ -382,3 +382,15 @@ func TestIpmitoolDuringHandshakeFlood(t *testing.T) {
 	}
 	t.Logf("flood: %d Open Session requests in %v, %d RAKP 2 hashes collected", sent.Load(), elapsed.Round(time.Millisecond), hashes.Load())
 }
+
+// TestIpmitoolLan15OffByDefault: with the default configuration ipmitool's
+// IPMI 1.5 interface finds no authentication type to use, and lanplus works.
+func TestIpmitoolLan15OffByDefault(t *testing.T) {
+	ipmitool := requireTool(t, "ipmitool")
+	host, port, _ := udpServer(t, func(c *Config) { c.EnableV15 = false })
+	out, err := runTool(t, ipmitool, "-I", "lan", "-H", host, "-p", port, "-U", testUser, "-P", testPassword, "-N", "1", "-R", "1", "power", "status")
+	if err == nil || strings.Contains(out, "Chassis Power is") {
+		t.Fatalf("ipmitool -I lan against the default BMC: %v\n%s", err, out)
+	}
+	mustRun(t, ipmitool, "-I", "lanplus", "-H", host, "-p", port, "-U", testUser, "-P", testPassword, "power", "status")
+}

@@ -282,9 +282,10 @@ func writeCredentials(t *testing.T, dir, user, pass string) {
 // during and after the grace window.
 func TestCredentialRotationUnderLiveServer(t *testing.T) {
 	ipmitool := lookTool(t, "ipmitool")
+	ipmipower := lookTool(t, "ipmipower")
 	dir := t.TempDir()
 	writeCredentials(t, dir, "maas", "old-secret")
-	const grace = 3 * time.Second
+	const grace = 6 * time.Second // room for the clients of the window on a loaded machine
 	s := startServer(t, []string{"--listen", "127.0.0.1:0", "--credentials-dir", dir, "--credentials-grace", grace.String(),
 		"--ipmi-listen", "127.0.0.1:0"}, nil, fastTuning)
 	client := insecureClient()
@@ -300,6 +301,17 @@ func TestCredentialRotationUnderLiveServer(t *testing.T) {
 	ipmiWorks := func(pass string) error {
 		out, err := runIPMITool(t, ipmitool, s.ipmiPort, "maas", pass, "chassis", "power", "status")
 		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	// MaaS's own client: freeipmi's ipmipower, as its power driver runs it.
+	ipmipowerWorks := func(pass string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, ipmipower, "--driver-type", "LAN_2_0", "-W", "opensesspriv", "-h", "127.0.0.1:"+s.ipmiPort,
+			"-u", "maas", "-p", pass, "-l", "OPERATOR", "--stat").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), ": off") {
 			return fmt.Errorf("%v: %s", err, out)
 		}
 		return nil
@@ -336,6 +348,9 @@ func TestCredentialRotationUnderLiveServer(t *testing.T) {
 	if err := ipmiWorks("old-secret"); err != nil {
 		t.Errorf("ipmitool with the old password in the window: %v", err)
 	}
+	if err := ipmipowerWorks("old-secret"); err != nil {
+		t.Errorf("ipmipower with the old password in the window: %v", err)
+	}
 	if err := ipmiWorks("new-secret"); err != nil {
 		if err := ipmiWorks("new-secret"); err != nil {
 			t.Errorf("ipmitool with the new password in the window, retried: %v\n%s", err, s.stderr.String())
@@ -361,6 +376,12 @@ func TestCredentialRotationUnderLiveServer(t *testing.T) {
 	}
 	if err := ipmiWorks("new-secret"); err != nil {
 		t.Errorf("ipmitool after the window: %v", err)
+	}
+	if err := ipmipowerWorks("new-secret"); err != nil {
+		t.Errorf("ipmipower after the window: %v", err)
+	}
+	if err := ipmipowerWorks("old-secret"); err == nil {
+		t.Error("ipmipower with the old password after the window: accepted")
 	}
 }
 
