@@ -2,6 +2,8 @@ package main
 
 import (
 	"net"
+	"net/netip"
+	"slices"
 	"sync"
 
 	"github.com/virtmetal/virtmetal/internal/throttle"
@@ -10,16 +12,23 @@ import (
 // perSourceListener caps the connections one client address holds open, so
 // a few hosts cannot take every file descriptor with idle or slow
 // connections. A connection over the cap is closed as soon as accepted.
+// Trusted proxies carry every client's connections and are not capped.
 type perSourceListener struct {
 	net.Listener
-	max int
+	max    int
+	exempt []netip.Prefix
 
 	mu   sync.Mutex
 	open map[string]int
 }
 
-func limitPerSource(l net.Listener, max int) *perSourceListener {
-	return &perSourceListener{Listener: l, max: max, open: map[string]int{}}
+func limitPerSource(l net.Listener, max int, exempt []netip.Prefix) *perSourceListener {
+	return &perSourceListener{Listener: l, max: max, exempt: exempt, open: map[string]int{}}
+}
+
+func (l *perSourceListener) exempted(addr net.Addr) bool {
+	ap, err := netip.ParseAddrPort(addr.String())
+	return err == nil && slices.ContainsFunc(l.exempt, func(p netip.Prefix) bool { return p.Contains(ap.Addr().Unmap()) })
 }
 
 func (l *perSourceListener) Accept() (net.Conn, error) {
@@ -27,6 +36,9 @@ func (l *perSourceListener) Accept() (net.Conn, error) {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
+		}
+		if l.exempted(c.RemoteAddr()) {
+			return c, nil
 		}
 		source := throttle.Source(c.RemoteAddr().String())
 		l.mu.Lock()

@@ -122,7 +122,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		}
 		return nil
 	})
-	fs.IntVar(&o.maxConns, "max-connections-per-source", 32, "connections one client address may hold open")
+	fs.IntVar(&o.maxConns, "max-connections-per-source", 32, "connections one client address may hold open (trusted proxies are not capped)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity (1 logs every request)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -228,7 +228,7 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	listener = limitPerSource(listener, o.maxConns)
+	listener = limitPerSource(listener, o.maxConns, o.trustedProxies)
 	if o.ipmiListen != "" {
 		ipmiSrv, addr, err := startIPMI(ctx, cancel, o, backend, creds, limiter, log.WithName("ipmi"))
 		if err != nil {

@@ -92,6 +92,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--password", "x"}, "not defined"},
 		{[]string{"extra"}, "unexpected"},
 		{[]string{"--backend", "kubevirt", "--vm", "node-1"}, "needs --namespace and --vm"},
+		{[]string{"--trusted-proxies", "10.0.0.0/8,not-a-cidr"}, "not-a-cidr"},
+		{[]string{"--max-connections-per-source", "0"}, "at least 1"},
+		{[]string{"--credentials-grace", "-1m"}, "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

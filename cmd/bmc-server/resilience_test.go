@@ -174,6 +174,22 @@ func TestSlowClientsAreCut(t *testing.T) {
 	}
 }
 
+// TestTrustedProxyNotCapped: an Ingress carries every client's connections,
+// so a trusted proxy's address is not held to the per-source cap.
+func TestTrustedProxyNotCapped(t *testing.T) {
+	env := map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}
+	s := startServer(t, []string{"--listen", "127.0.0.1:0", "--insecure-http", "--max-connections-per-source", "2",
+		"--trusted-proxies", "127.0.0.4/32"}, env, fastTuning)
+	addr := strings.TrimPrefix(s.base, "http://")
+	for i := range 5 {
+		c := dialFrom(t, "127.0.0.4", addr)
+		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+			t.Fatalf("proxy connection %d: %v", i+1, err)
+		}
+	}
+}
+
 // TestHealthEndpoints: /healthz and /readyz answer without credentials and
 // say nothing beyond ok.
 func TestHealthEndpoints(t *testing.T) {
