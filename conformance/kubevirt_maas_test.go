@@ -19,6 +19,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -132,6 +133,61 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	if boot, _ := body["Boot"].(map[string]any); boot["BootSourceOverrideEnabled"] != "Disabled" {
 		t.Fatalf("Boot after the one-time boot = %v, want the override Disabled", body["Boot"])
 	}
+
+	// The same sequence against a VM caught mid-start: its VMI exists but
+	// the guest has not booted. MaaS reads PoweringOn as off, so it skips
+	// ForceOff, sets the one-time PXE boot and sends On; the start under
+	// way must boot from the network.
+	t.Run("VM caught mid-start", func(t *testing.T) {
+		const starting = "node-2"
+		caught := vm.DeepCopy()
+		caught.ObjectMeta = metav1.ObjectMeta{Namespace: ns, Name: starting, Annotations: map[string]string{virtsim.HoldStartAnnotation: "test"}}
+		caught.Status = kubevirtv1.VirtualMachineStatus{}
+		always := kubevirtv1.RunStrategyAlways
+		caught.Spec.RunStrategy = &always
+		if err := kubeEnv.Client.Create(ctx, caught); err != nil {
+			t.Fatalf("creating VM: %v", err)
+		}
+		backend, err := kubevirt.New(kubeEnv.Config, ns, starting, kubevirt.Options{Logger: testr.New(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = backend.Start(ctx) }()
+		if !backend.WaitForCacheSync(ctx) {
+			t.Fatal("backend cache did not sync")
+		}
+		server, err := redfish.NewServer(redfish.Config{
+			Backend:  backend,
+			Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
+			Logger:   testr.New(t),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := httptest.NewTLSServer(server)
+		t.Cleanup(ts.Close)
+		system := "/redfish/v1/Systems/" + starting
+		kvWaitPower(t, ts, system, "PoweringOn")
+		_, header, _ := kvRequest(t, ts, http.MethodGet, system, nil, "")
+		if status, _, body := kvRequest(t, ts, http.MethodPatch, system, patch, header.Get("ETag")); status/100 != 2 {
+			t.Fatalf("PATCH Boot: %d %v", status, body)
+		}
+		if status, _, body := kvRequest(t, ts, http.MethodPost, system+"/Actions/ComputerSystem.Reset", map[string]any{"ResetType": "On"}, ""); status/100 != 2 {
+			t.Fatalf("On: %d %v", status, body)
+		}
+		got := &kubevirtv1.VirtualMachine{}
+		if err := kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(caught), got); err != nil {
+			t.Fatal(err)
+		}
+		delete(got.Annotations, virtsim.HoldStartAnnotation)
+		if err := kubeEnv.Client.Update(ctx, got); err != nil {
+			t.Fatalf("letting the start finish: %v", err)
+		}
+		kvWaitPower(t, ts, system, "On")
+		if boots := kubeSim.Boots(ns, starting); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+			t.Fatalf("boots = %v, want [Pxe]: the start under way must use the one-time PXE boot", boots)
+		}
+	})
 }
 
 func kvRequest(t testing.TB, ts *httptest.Server, method, path string, body any, ifMatch string) (int, http.Header, map[string]any) {

@@ -10,6 +10,8 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+
+	"github.com/virtmetal/virtmetal/internal/throttle"
 )
 
 const (
@@ -116,7 +118,7 @@ func (s *Server) getChannelAuthCaps(_ context.Context, r *request) (byte, []byte
 	for _, t := range s.v15Auth {
 		authTypes |= 1 << t
 	}
-	if len(s.username) > 0 {
+	if len(s.creds.username) > 0 {
 		status |= nonNullUsers
 	} else {
 		status |= nullUser
@@ -184,16 +186,31 @@ func (s *Server) getSessionChallenge(_ context.Context, r *request) (byte, []byt
 		return ccInvalidField, nil
 	}
 	name, _, _ := bytes.Cut(d[1:], []byte{0})
-	if len(name) == 0 && len(s.username) > 0 {
+	if len(name) == 0 && len(s.creds.username) > 0 {
 		return nullUserDisabled, nil
 	}
-	if !equalConstantTime(name, s.username) {
+	source := throttle.Source(r.remote)
+	if !s.limiter.AllowHandshake(source) {
+		return ccNodeBusy, nil
+	}
+	known := len(s.creds.candidates(name, r.now)) > 0
+	named := ""
+	if known {
+		named = string(name)
+	}
+	if _, ok := s.limiter.Allow(source, named); !ok {
+		s.limiter.Failed(source, named)
+		return ccNodeBusy, nil
+	}
+	if !known {
+		s.limiter.Failed(source, "")
 		return invalidUsername, nil
 	}
 	sess := &session{
 		remote:   r.remote,
 		state:    stateChallenged,
 		authType: authType,
+		username: slices.Clone(name),
 		created:  r.now,
 		lastSeen: r.now,
 	}
@@ -356,7 +373,7 @@ func (s *Server) getSessionInfo(_ context.Context, r *request) (byte, []byte) {
 	}
 	out[0] = target.handle
 	userID := byte(userIDNamed)
-	if len(s.username) == 0 {
+	if len(s.creds.username) == 0 {
 		userID = userIDNull
 	}
 	channel := byte(lanChannel)

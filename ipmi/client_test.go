@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 )
@@ -37,7 +38,9 @@ func testServer(t testing.TB, edit func(*Config)) (*Server, *memory.Machine, *fa
 	t.Helper()
 	clock := &fakeClock{t: time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)}
 	m := memory.New(memory.Options{}).Get("vm-0")
-	cfg := Config{Machine: m, Username: testUser, Password: testPassword, Now: clock.now}
+	// IPMI 1.5 on and throttling off, so tests of other features can run
+	// many handshakes; the tests of those two set their own.
+	cfg := Config{Machine: m, Username: testUser, Password: testPassword, Now: clock.now, EnableV15: true, Limiter: throttle.Unlimited}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -83,6 +86,9 @@ type lanplusClient struct {
 	seq                uint32
 	rqSeq              byte
 	guid               [16]byte
+	// afterOpen, when set, runs between Open Session and RAKP 1, where a
+	// flood would evict an unprotected handshake.
+	afterOpen func()
 }
 
 func newLanplusClient(s *Server, suiteID byte, username, password string) *lanplusClient {
@@ -165,6 +171,9 @@ func (c *lanplusClient) connect(openPriv, role byte) error {
 		return fmt.Errorf("server chose algorithms %d/%d/%d", p[16], p[24], p[32])
 	}
 	c.bmcID = binary.LittleEndian.Uint32(p[8:])
+	if c.afterOpen != nil {
+		c.afterOpen()
+	}
 
 	rm := make([]byte, 16)
 	rand.Read(rm)

@@ -50,7 +50,7 @@ func completionCode(err error) byte {
 	switch {
 	case err == nil:
 		return ccOK
-	case errors.Is(err, machine.ErrUnavailable):
+	case errors.Is(err, machine.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return ccNodeBusy
 	case errors.Is(err, machine.ErrNotSupported), errors.Is(err, machine.ErrInvalidArgument):
 		return ccInvalidField
@@ -84,27 +84,30 @@ type command struct {
 	// minPriv is the session privilege needed; zero means the command also
 	// runs outside a session.
 	minPriv privilege
-	run     func(s *Server, ctx context.Context, r *request) (cc byte, data []byte)
+	// usesMachine: the command calls the machine, so it answers "node
+	// busy" while the machine is not ready.
+	usesMachine bool
+	run         func(s *Server, ctx context.Context, r *request) (cc byte, data []byte)
 }
 
 func commandKey(netFn, cmd byte) uint16 { return uint16(netFn)<<8 | uint16(cmd) }
 
 var commands = map[uint16]command{
-	commandKey(netFnApp, cmdGetDeviceID):              {privUser, (*Server).getDeviceID},
-	commandKey(netFnApp, cmdGetSelfTestResults):       {privUser, (*Server).getSelfTestResults},
-	commandKey(netFnApp, cmdGetSystemGUID):            {0, (*Server).getSystemGUID},
-	commandKey(netFnApp, cmdGetChannelAuthCaps):       {0, (*Server).getChannelAuthCaps},
-	commandKey(netFnApp, cmdGetSessionChallenge):      {0, (*Server).getSessionChallenge},
-	commandKey(netFnApp, cmdActivateSession):          {0, (*Server).activateOutOfHandshake},
-	commandKey(netFnApp, cmdSetSessionPrivilegeLevel): {privCallback, (*Server).setSessionPrivilege},
-	commandKey(netFnApp, cmdCloseSession):             {privCallback, (*Server).closeSession},
-	commandKey(netFnApp, cmdGetSessionInfo):           {privUser, (*Server).getSessionInfo},
-	commandKey(netFnApp, cmdGetChannelCipherSuites):   {0, (*Server).getChannelCipherSuites},
+	commandKey(netFnApp, cmdGetDeviceID):              {privUser, false, (*Server).getDeviceID},
+	commandKey(netFnApp, cmdGetSelfTestResults):       {privUser, false, (*Server).getSelfTestResults},
+	commandKey(netFnApp, cmdGetSystemGUID):            {0, true, (*Server).getSystemGUID},
+	commandKey(netFnApp, cmdGetChannelAuthCaps):       {0, false, (*Server).getChannelAuthCaps},
+	commandKey(netFnApp, cmdGetSessionChallenge):      {0, false, (*Server).getSessionChallenge},
+	commandKey(netFnApp, cmdActivateSession):          {0, false, (*Server).activateOutOfHandshake},
+	commandKey(netFnApp, cmdSetSessionPrivilegeLevel): {privCallback, false, (*Server).setSessionPrivilege},
+	commandKey(netFnApp, cmdCloseSession):             {privCallback, false, (*Server).closeSession},
+	commandKey(netFnApp, cmdGetSessionInfo):           {privUser, false, (*Server).getSessionInfo},
+	commandKey(netFnApp, cmdGetChannelCipherSuites):   {0, false, (*Server).getChannelCipherSuites},
 
-	commandKey(netFnChassis, cmdGetChassisStatus):     {privUser, (*Server).getChassisStatus},
-	commandKey(netFnChassis, cmdChassisControl):       {privOperator, (*Server).chassisControl},
-	commandKey(netFnChassis, cmdSetSystemBootOptions): {privOperator, (*Server).setSystemBootOptions},
-	commandKey(netFnChassis, cmdGetSystemBootOptions): {privOperator, (*Server).getSystemBootOptions},
+	commandKey(netFnChassis, cmdGetChassisStatus):     {privUser, true, (*Server).getChassisStatus},
+	commandKey(netFnChassis, cmdChassisControl):       {privOperator, true, (*Server).chassisControl},
+	commandKey(netFnChassis, cmdSetSystemBootOptions): {privOperator, true, (*Server).setSystemBootOptions},
+	commandKey(netFnChassis, cmdGetSystemBootOptions): {privOperator, true, (*Server).getSystemBootOptions},
 }
 
 // dispatch runs r and returns the encoded response message and whether the
@@ -128,6 +131,12 @@ func (s *Server) run(ctx context.Context, r *request) (byte, []byte) {
 	}
 	if r.sess == nil && cmd.minPriv != 0 || r.sess != nil && r.sess.priv < cmd.minPriv {
 		return ccInsufficientPrivilege, nil
+	}
+	if cmd.usesMachine {
+		if err := s.ready(); err != nil {
+			s.log.V(1).Info("machine not ready", "reason", err.Error())
+			return ccNodeBusy, nil
+		}
 	}
 	return cmd.run(s, ctx, r)
 }

@@ -4,9 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/machine"
 )
 
 // RMCP+ status codes (spec table 13-15).
@@ -60,6 +64,9 @@ func (s *Server) openSession(p []byte, remote string, now time.Time) ([]byte, er
 	refuse := func(status byte) ([]byte, error) {
 		s.log.V(1).Info("open session refused", "remote", remote, "status", status)
 		return handshakeReply(payloadOpenSessionResponse, tag, status, 0, consoleID), nil
+	}
+	if !s.limiter.AllowHandshake(throttle.Source(remote)) {
+		return refuse(rmcpStatusNoResources)
 	}
 	for i, tagWant := range []byte{payloadTagAuthentication, payloadTagIntegrity, payloadTagConfidentiality} {
 		rec := p[8+8*i : 16+8*i]
@@ -121,6 +128,12 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 		s.endSession(sess, reason)
 		return handshakeReply(payloadRAKP2, tag, status, 0, sess.consoleID), nil
 	}
+	// RAKP 2 carries a hash keyed by the password, which anyone who knows
+	// the username can take away and attack offline: a source gets few.
+	source := throttle.Source(remote)
+	if !s.limiter.AllowHandshake(source) {
+		return refuse(rmcpStatusNoResources, "handshake rate exceeded")
+	}
 	role := p[24]
 	nameLength := int(p[27])
 	if nameLength > maxUsernameLength || len(p) < rakp1MinLength+nameLength {
@@ -128,30 +141,70 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 	}
 	username := p[rakp1MinLength : rakp1MinLength+nameLength]
 	priv := privilege(role & privMask)
+	s.abandonedHandshakes(sess, source, now)
+	password, known := s.creds.choose(username, source, now)
+	named := ""
+	if known {
+		named = string(username)
+	}
+	if _, ok := s.limiter.Allow(source, named); !ok {
+		s.limiter.Failed(source, named)
+		return refuse(rmcpStatusNoResources, "throttled after failed logins")
+	}
 	switch {
 	case !priv.valid():
 		return refuse(rmcpStatusInvalidRole, "invalid role")
 	case priv > sess.maxPriv:
 		return refuse(rmcpStatusUnauthorizedRole, "role above the requested maximum")
-	case !equalConstantTime(username, s.username):
+	case !known:
+		s.limiter.Failed(source, "")
 		return refuse(rmcpStatusUnauthorizedName, "unknown user name")
 	}
 	guid, err := s.systemGUID(ctx)
-	if err != nil {
+	if s.sessions.byID[sess.id] != sess || sess.state != stateOpened && sess.state != stateRAKP2Sent {
+		return nil, errors.New("handshake ended while the machine was asked for its GUID")
+	}
+	switch {
+	case errors.Is(err, machine.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// The session can still open, and its commands answer "node
+		// busy" until the machine is back: a client is told to retry
+		// rather than that the BMC is gone. The GUID is then unknown,
+		// which the spec writes as zeros.
+		s.log.V(1).Info("machine unavailable, RAKP 2 carries a zero GUID", "reason", err.Error())
+		guid = [16]byte{}
+	case err != nil:
 		s.log.Error(err, "cannot read the system GUID for RAKP 2")
 		return refuse(rmcpStatusNoResources, "no system GUID")
 	}
+	sess.guid = guid
 	copy(sess.rm[:], p[8:24])
 	rand.Read(sess.rc[:])
 	sess.role = role
 	sess.username = slices.Clone(username)
 	sess.maxPriv = priv
+	sess.password, sess.previous = password.password, password.previous
 	sess.state = stateRAKP2Sent
 	sess.lastSeen = now
-	mac := rakpHMAC(sess.suite.auth, s.password,
+	mac := rakpHMAC(sess.suite.auth, sess.password,
 		le32(sess.consoleID), le32(sess.id), sess.rm[:], sess.rc[:], guid[:],
 		[]byte{role, byte(nameLength)}, username)
 	return handshakeReply(payloadRAKP2, tag, rmcpStatusOK, 0, sess.consoleID, sess.rc[:], guid[:], mac), nil
+}
+
+// abandonedHandshakes treats a console that got RAKP 2 and started over
+// instead of answering RAKP 3 as one that rejected RAKP 2 (ipmitool does
+// not always send the RAKP 3 that says so): during a grace window, its
+// source switches password like an explicit abort.
+func (s *Server) abandonedHandshakes(current *session, source string, now time.Time) {
+	if !now.Before(s.creds.prevUntil) {
+		return
+	}
+	for _, other := range s.sessions.byID {
+		if other != current && other.state == stateRAKP2Sent && throttle.Source(other.remote) == source {
+			s.creds.aborted(source, candidate{password: other.password, previous: other.previous}, now)
+			s.endSession(other, "abandoned after RAKP 2")
+		}
+	}
 }
 
 // rakp3 checks RAKP Message 3, activates the session and answers with RAKP
@@ -165,21 +218,26 @@ func (s *Server) rakp3(p []byte, remote string, now time.Time) ([]byte, error) {
 	if sess == nil || !sess.v2 || sess.remote != remote || sess.state != stateRAKP2Sent {
 		return handshakeReply(payloadRAKP4, tag, rmcpStatusInvalidSessionID, 0, 0), nil
 	}
+	source := throttle.Source(remote)
 	if status != rmcpStatusOK {
-		// The console rejected RAKP 2 (typically a wrong password on its
-		// side); it expects no answer.
+		// The console rejected RAKP 2: it holds another password than
+		// the one RAKP 2 was keyed with. It expects no answer.
+		s.limiter.Failed(source, string(sess.username))
+		s.creds.aborted(source, candidate{password: sess.password, previous: sess.previous}, now)
 		s.endSession(sess, fmt.Sprintf("console aborted with RAKP 3 status %#x", status))
 		return nil, nil
 	}
 	suite := sess.suite
 	nameInfo := []byte{sess.role, byte(len(sess.username))}
-	want := rakpHMAC(suite.auth, s.password, sess.rc[:], le32(sess.consoleID), nameInfo, sess.username)
+	want := rakpHMAC(suite.auth, sess.password, sess.rc[:], le32(sess.consoleID), nameInfo, sess.username)
 	if !equalConstantTime(p[rakp3MinLength:], want) {
+		s.limiter.Failed(source, string(sess.username))
 		s.endSession(sess, "wrong password")
 		return handshakeReply(payloadRAKP4, tag, rmcpStatusInvalidIntegrity, 0, sess.consoleID), nil
 	}
-	guid := *s.guid // cached by RAKP 1
-	sik, keys := deriveKeys(suite, s.password, sess.rm[:], sess.rc[:], sess.role, sess.username)
+	s.limiter.Succeeded(source)
+	guid := sess.guid
+	sik, keys := deriveKeys(suite, sess.password, sess.rm[:], sess.rc[:], sess.role, sess.username)
 	sess.keys = keys
 	sess.state = stateActive
 	sess.priv = min(privUser, sess.maxPriv)

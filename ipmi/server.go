@@ -1,6 +1,7 @@
 package ipmi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -36,6 +38,22 @@ type Config struct {
 	// MaxSessions bounds the session table, handshakes included
 	// (default 32, at most 63).
 	MaxSessions int
+	// MaxHandshakesPerSource bounds the unfinished handshakes one source
+	// address holds in the table, so a flood cannot evict other clients'
+	// handshakes (default 4).
+	MaxHandshakesPerSource int
+	// EnableV15 serves IPMI 1.5 sessions. They are off by default: their
+	// MD5 auth codes are keyed by the bare password, so one captured packet
+	// allows an offline guess, and the password must fit 16 bytes. Only
+	// clients that cannot speak lanplus need them.
+	EnableV15 bool
+	// Limiter throttles failed logins and handshakes per source address.
+	// Share the Redfish server's, so failures over either protocol count
+	// against the same source. nil means a limiter of this server's own.
+	Limiter *throttle.Limiter
+	// CallTimeout bounds every call of the machine (default 5 s); a call
+	// that takes longer answers "node busy".
+	CallTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -52,25 +70,36 @@ const (
 	maxHandshakeTime = 10 * time.Second
 	// maxPacketSize is well above the largest IPMI LAN packet.
 	maxPacketSize = 1024
+	// defaultMaxHandshakesPerSource leaves room for a client's retries.
+	defaultMaxHandshakesPerSource = 4
+	defaultCallTimeout            = 5 * time.Second
+	// maxConcurrentPackets bounds the packets served at once; others wait
+	// in the socket buffer.
+	maxConcurrentPackets = 16
 )
 
 var defaultCipherSuites = []uint8{3, 17}
 
 // Server is the BMC of one machine. It is safe for concurrent use.
 type Server struct {
+	// machine is Config.Machine behind unlockedMachine: every call runs
+	// with a deadline and without mu.
 	machine   machine.Machine
-	username  []byte
-	password  []byte
+	ready     func() error
 	log       logr.Logger
 	suites    []cipherSuite
 	v15Auth   []byte // IPMI 1.5 auth types offered
 	timeout   time.Duration
 	handshake time.Duration
+	callLimit time.Duration
+	limiter   *throttle.Limiter
 	now       func() time.Time
 
-	// mu serialises packets: sessions, boot parameters and the cached GUID
-	// change only under it.
+	// mu guards the state of packets being served: sessions, credentials,
+	// boot parameters and the cached GUID change only under it. It is
+	// released while the machine is called.
 	mu       sync.Mutex
+	creds    credentials
 	sessions *sessionTable
 	boot     bootParameters
 	guid     *[16]byte
@@ -81,19 +110,24 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Machine == nil {
 		return nil, errors.New("ipmi: Config.Machine is required")
 	}
-	if len(cfg.Username) > maxUsernameLength || slices.Contains([]byte(cfg.Username), 0) {
-		return nil, fmt.Errorf("ipmi: username must be at most %d bytes without NUL", maxUsernameLength)
-	}
-	if len(cfg.Password) > maxPasswordLength {
-		return nil, fmt.Errorf("ipmi: password must be at most %d bytes", maxPasswordLength)
+	if err := checkCredentials(cfg.Username, cfg.Password); err != nil {
+		return nil, err
 	}
 	s := &Server{
-		machine:  cfg.Machine,
-		username: []byte(cfg.Username),
-		password: []byte(cfg.Password),
-		log:      cfg.Logger,
-		timeout:  cfg.SessionTimeout,
-		now:      cfg.Now,
+		creds:     credentials{username: []byte(cfg.Username), password: []byte(cfg.Password)},
+		log:       cfg.Logger,
+		timeout:   cfg.SessionTimeout,
+		callLimit: cmp.Or(cfg.CallTimeout, defaultCallTimeout),
+		limiter:   cfg.Limiter,
+		now:       cfg.Now,
+	}
+	s.machine = unlockedMachine{Machine: cfg.Machine, s: s}
+	s.ready = func() error { return nil }
+	if r, ok := cfg.Machine.(machine.Readiness); ok {
+		s.ready = r.Ready
+	}
+	if s.limiter == nil {
+		s.limiter = throttle.New(throttle.Policy{Now: cfg.Now})
 	}
 	ids := cfg.CipherSuites
 	if len(ids) == 0 {
@@ -108,7 +142,7 @@ func NewServer(cfg Config) (*Server, error) {
 			s.suites = append(s.suites, knownCipherSuites[i])
 		}
 	}
-	if len(cfg.Password) <= maxV15PasswordLength {
+	if cfg.EnableV15 && len(cfg.Password) <= maxV15PasswordLength {
 		s.v15Auth = append(s.v15Auth, authTypeMD5)
 		if cfg.AllowStraightPassword {
 			s.v15Auth = append(s.v15Auth, authTypePassword)
@@ -128,7 +162,11 @@ func NewServer(cfg Config) (*Server, error) {
 	if maxSessions < 1 || maxSessions > maxSessionsLimit {
 		return nil, fmt.Errorf("ipmi: MaxSessions must be between 1 and %d", maxSessionsLimit)
 	}
-	s.sessions = newSessionTable(maxSessions)
+	perSource := cmp.Or(cfg.MaxHandshakesPerSource, defaultMaxHandshakesPerSource)
+	if perSource < 1 {
+		return nil, errors.New("ipmi: MaxHandshakesPerSource must be positive")
+	}
+	s.sessions = newSessionTable(maxSessions, perSource)
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -141,8 +179,13 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	// Unblock the read below when ctx ends.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
-	buf := make([]byte, maxPacketSize)
+	// Packets are served concurrently, so one slow machine call does not
+	// stall every other client.
+	slots := make(chan struct{}, maxConcurrentPackets)
+	var inFlight sync.WaitGroup
+	defer inFlight.Wait()
 	for {
+		buf := make([]byte, maxPacketSize)
 		n, addr, err := conn.ReadFrom(buf)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -150,24 +193,36 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 			}
 			return fmt.Errorf("ipmi: read: %w", err)
 		}
-		reply := s.handlePacket(ctx, buf[:n], addr.String())
-		if reply == nil {
-			continue
-		}
-		if _, err := conn.WriteTo(reply, addr); err != nil {
-			s.log.Error(err, "cannot send reply", "remote", addr.String())
-		}
+		slots <- struct{}{}
+		inFlight.Go(func() {
+			defer func() { <-slots }()
+			reply := s.handlePacket(ctx, buf[:n], addr.String())
+			if reply == nil {
+				return
+			}
+			if _, err := conn.WriteTo(reply, addr); err != nil {
+				s.log.Error(err, "cannot send reply", "remote", addr.String())
+			}
+		})
 	}
 }
 
 // handlePacket answers one datagram from remote; nil means no answer.
-func (s *Server) handlePacket(ctx context.Context, pkt []byte, remote string) []byte {
+func (s *Server) handlePacket(ctx context.Context, pkt []byte, remote string) (reply []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// A bug in one handler costs its packet, not the BMC.
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error(fmt.Errorf("panic: %v", p), "packet handler panicked", "remote", remote)
+			reply = nil
+		}
+	}()
 	now := s.now()
 	for _, sess := range s.sessions.expired(now, s.timeout, s.handshake) {
 		s.endSession(sess, "timed out")
 	}
+	s.endRotatedOut(now)
 	reply, err := s.route(ctx, pkt, remote, now)
 	if err != nil {
 		s.log.V(1).Info("dropped packet", "remote", remote, "reason", err.Error())
@@ -222,11 +277,24 @@ func (s *Server) handleV15(ctx context.Context, body []byte, remote string, now 
 	if h.authType != sess.authType {
 		return nil, fmt.Errorf("auth type %#x, session uses %#x", h.authType, sess.authType)
 	}
-	want := authCodeV15(sess.authType, s.password16(), h.sessionID, h.seq, raw)
-	if !equalConstantTime(want[:], h.authCode[:]) {
-		if sess.state == stateChallenged {
-			s.endSession(sess, "wrong password")
+	if sess.state == stateChallenged {
+		// The console's first auth code tells which password it holds.
+		sess.password = nil
+		for _, c := range s.creds.candidates(sess.username, now) {
+			want := authCodeV15(sess.authType, password16(c.password), h.sessionID, h.seq, raw)
+			if equalConstantTime(want[:], h.authCode[:]) {
+				sess.password, sess.previous = c.password, c.previous
+				break
+			}
 		}
+		if sess.password == nil {
+			s.limiter.Failed(throttle.Source(remote), string(sess.username))
+			s.endSession(sess, "wrong password")
+			return nil, errors.New("IPMI 1.5 auth code mismatch")
+		}
+	}
+	want := authCodeV15(sess.authType, password16(sess.password), h.sessionID, h.seq, raw)
+	if !equalConstantTime(want[:], h.authCode[:]) {
 		return nil, errors.New("IPMI 1.5 auth code mismatch")
 	}
 	if sess.state == stateChallenged {
@@ -239,6 +307,7 @@ func (s *Server) handleV15(ctx context.Context, body []byte, remote string, now 
 			s.endSession(sess, "activation refused")
 			return reply, nil
 		}
+		s.limiter.Succeeded(throttle.Source(remote))
 		// The reply is the first packet of the session: freeipmi takes
 		// its sequence number as the start of the BMC's sequence.
 		return s.sealV15(sess, sess.nextOutSeq(), msg.encodeResponse(cc, data)), nil
@@ -258,13 +327,13 @@ func (s *Server) handleV15(ctx context.Context, body []byte, remote string, now 
 
 func (s *Server) sealV15(sess *session, seq uint32, msg []byte) []byte {
 	h := v15Header{authType: sess.authType, seq: seq, sessionID: sess.id}
-	h.authCode = authCodeV15(sess.authType, s.password16(), sess.id, seq, msg)
+	h.authCode = authCodeV15(sess.authType, password16(sess.password), sess.id, seq, msg)
 	return encodeV15(h, msg)
 }
 
-func (s *Server) password16() [authCodeLength]byte {
+func password16(password []byte) [authCodeLength]byte {
 	var p [authCodeLength]byte
-	copy(p[:], s.password)
+	copy(p[:], password)
 	return p
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"slices"
 	"time"
+
+	"github.com/virtmetal/virtmetal/internal/throttle"
 )
 
 // privilege is an IPMI privilege level (spec table 6-1).
@@ -114,7 +116,13 @@ type session struct {
 	rm, rc   [16]byte
 	role     byte // RAKP 1 role byte, as hashed
 	username []byte
+	guid     [16]byte // as sent in RAKP 2
 	keys     sessionKeys
+
+	// password is the one this session authenticated with; previous
+	// marks the rotated-out one, whose sessions end with its grace window.
+	password []byte
+	previous bool
 
 	maxPriv privilege
 	priv    privilege
@@ -137,30 +145,52 @@ func (s *session) nextOutSeq() uint32 {
 }
 
 // sessionTable holds at most max sessions of any state, so unauthenticated
-// handshakes cannot grow memory; a full table gives up its oldest
-// handshake before refusing a new one.
+// handshakes cannot grow memory. A source holds at most perSource
+// unfinished handshakes, so a flood from one address only ever evicts its
+// own; a full table gives up a handshake of the source holding the most
+// (one that never got past Open Session first: a spoofed source never
+// does) before refusing a new one.
 type sessionTable struct {
-	max  int
-	byID map[uint32]*session
+	max       int
+	perSource int
+	byID      map[uint32]*session
 }
 
-func newSessionTable(max int) *sessionTable {
-	return &sessionTable{max: max, byID: make(map[uint32]*session, max)}
+func newSessionTable(max, perSource int) *sessionTable {
+	return &sessionTable{max: max, perSource: perSource, byID: make(map[uint32]*session, max)}
 }
 
 // add assigns s a fresh ID and handle and stores it. It reports the
-// evicted handshake, if any, and false when every slot holds an active
-// session.
+// evicted handshake, if any, and false when no handshake may give way.
 func (t *sessionTable) add(s *session) (evicted *session, ok bool) {
-	if len(t.byID) >= t.max {
-		for _, c := range t.byID {
-			if c.state != stateActive && (evicted == nil || c.created.Before(evicted.created)) {
-				evicted = c
+	source := throttle.Source(s.remote)
+	pending := map[string][]*session{}
+	for _, c := range t.byID {
+		if c.state != stateActive {
+			src := throttle.Source(c.remote)
+			pending[src] = append(pending[src], c)
+		}
+	}
+	switch {
+	case len(pending[source]) >= t.perSource:
+		evicted = oldestHandshake(pending[source])
+	case len(t.byID) >= t.max:
+		most := 0
+		for _, list := range pending {
+			most = max(most, len(list))
+		}
+		var busiest []*session
+		for _, list := range pending {
+			if len(list) == most {
+				busiest = append(busiest, list...)
 			}
 		}
-		if evicted == nil {
+		if len(busiest) == 0 {
 			return nil, false
 		}
+		evicted = oldestHandshake(busiest)
+	}
+	if evicted != nil {
 		delete(t.byID, evicted.id)
 	}
 	for s.id == 0 || t.byID[s.id] != nil {
@@ -178,6 +208,19 @@ func (t *sessionTable) add(s *session) (evicted *session, ok bool) {
 	}
 	t.byID[s.id] = s
 	return evicted, true
+}
+
+// oldestHandshake prefers handshakes still waiting for RAKP 1: a console
+// that received the Open Session answer sends it at once.
+func oldestHandshake(list []*session) *session {
+	var best *session
+	for _, c := range list {
+		opened, bestOpened := c.state == stateOpened, best != nil && best.state == stateOpened
+		if best == nil || opened && !bestOpened || opened == bestOpened && c.created.Before(best.created) {
+			best = c
+		}
+	}
+	return best
 }
 
 // expired returns the sessions idle for longer than their limit.

@@ -3,6 +3,7 @@ package ipmi
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,7 +45,9 @@ func requireTool(t *testing.T, name string) string {
 func udpServer(t *testing.T, edit func(*Config)) (host, port string, m *memory.Machine) {
 	t.Helper()
 	m = memory.New(memory.Options{}).Get("vm-0")
-	cfg := Config{Machine: m, Username: testUser, Password: testPassword, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
+	// IPMI 1.5 on, so the lan interface can be tested; TestIPMI15OffByDefault
+	// shows the default.
+	cfg := Config{Machine: m, Username: testUser, Password: testPassword, EnableV15: true, Logger: testr.NewWithOptions(t, testr.Options{Verbosity: 1})}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -308,4 +312,85 @@ func TestIpmitoolRefusals(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIpmitoolDuringHandshakeFlood floods the BMC with unauthenticated Open
+// Session requests, and RAKP 1 for every answered one, from another
+// address while ipmitool opens sessions: every ipmitool session succeeds,
+// and the flood collects no more password hashes than the handshake
+// budget allows.
+func TestIpmitoolDuringHandshakeFlood(t *testing.T) {
+	ipmitool := requireTool(t, "ipmitool")
+	host, port, _ := udpServer(t, nil)
+	flooder, err := net.ListenPacket("udp4", "127.0.0.2:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer flooder.Close()
+	target, _ := net.ResolveUDPAddr("udp4", net.JoinHostPort(host, port))
+	suite := knownCipherSuites[len(knownCipherSuites)-1]
+	ctx, stop := context.WithCancel(context.Background())
+	var hashes atomic.Int32
+	var sent atomic.Int32
+	flooding := make(chan struct{})
+	go func() { // read answers: send RAKP 1 for each opened session, count RAKP 2
+		buf := make([]byte, maxPacketSize)
+		for {
+			n, _, err := flooder.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _, body, err := decodeRMCP(buf[:n])
+			if err != nil {
+				continue
+			}
+			h, p, _, err := decodeV20(body)
+			if err != nil || len(p) < 12 || p[1] != rmcpStatusOK {
+				continue
+			}
+			switch h.payloadType {
+			case payloadOpenSessionResponse:
+				bmcID := binary.LittleEndian.Uint32(p[8:])
+				_, _ = flooder.WriteTo(sessionKeys{}.seal(payloadRAKP1, 0, 0, rakp1Request(bmcID, make([]byte, 16), 0x14, []byte(testUser))), target)
+			case payloadRAKP2:
+				hashes.Add(1)
+			}
+		}
+	}()
+	go func() {
+		defer close(flooding)
+		for i := uint32(1); ctx.Err() == nil; i++ {
+			_, _ = flooder.WriteTo(sessionKeys{}.seal(payloadOpenSessionRequest, 0, 0, openSessionRequest(i, 0, suite)), target)
+			sent.Add(1)
+			time.Sleep(200 * time.Microsecond) // a flood, but one that leaves the shared CPUs to the test
+		}
+	}()
+	start := time.Now()
+	for i := range 10 {
+		out, err := runTool(t, ipmitool, "-I", "lanplus", "-H", host, "-p", port, "-U", testUser, "-P", testPassword, "power", "status")
+		if err != nil || !strings.Contains(out, "Chassis Power is") {
+			t.Errorf("ipmitool session %d during the flood: %v\n%s", i+1, err, out)
+		}
+	}
+	elapsed := time.Since(start)
+	stop()
+	<-flooding
+	// The default budget: a burst of 24 handshake messages, then 4 a
+	// second, shared by Open Session and RAKP 1.
+	if limit := int32(24 + 4*elapsed.Seconds() + 4); hashes.Load() > limit {
+		t.Errorf("the flood collected %d password hashes in %v, want at most %d", hashes.Load(), elapsed, limit)
+	}
+	t.Logf("flood: %d Open Session requests in %v, %d RAKP 2 hashes collected", sent.Load(), elapsed.Round(time.Millisecond), hashes.Load())
+}
+
+// TestIpmitoolLan15OffByDefault: with the default configuration ipmitool's
+// IPMI 1.5 interface finds no authentication type to use, and lanplus works.
+func TestIpmitoolLan15OffByDefault(t *testing.T) {
+	ipmitool := requireTool(t, "ipmitool")
+	host, port, _ := udpServer(t, func(c *Config) { c.EnableV15 = false })
+	out, err := runTool(t, ipmitool, "-I", "lan", "-H", host, "-p", port, "-U", testUser, "-P", testPassword, "-N", "1", "-R", "1", "power", "status")
+	if err == nil || strings.Contains(out, "Chassis Power is") {
+		t.Fatalf("ipmitool -I lan against the default BMC: %v\n%s", err, out)
+	}
+	mustRun(t, ipmitool, "-I", "lanplus", "-H", host, "-p", port, "-U", testUser, "-P", testPassword, "power", "status")
 }

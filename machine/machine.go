@@ -228,6 +228,16 @@ type Backend interface {
 	Machine(ctx context.Context, id string) (Machine, error)
 }
 
+// Readiness is implemented by backends, and machines, that cannot serve
+// until something outside the process answers (a cache's first sync, an
+// API server). Protocols ask it before calling, so a client is told "busy,
+// retry" (Redfish 503, IPMI node busy) rather than shown a partial view.
+type Readiness interface {
+	// Ready returns nil when calls can be served, else an error wrapping
+	// ErrUnavailable that says why. It never blocks.
+	Ready() error
+}
+
 // Validate checks that o uses known enum values only, independent of any
 // machine's capabilities.
 func (o BootOverride) Validate() error {

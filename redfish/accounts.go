@@ -75,11 +75,11 @@ func (s *Server) createSession(c *call) (result, error) {
 	if len(problems) > 0 {
 		return result{}, badRequest(problems...)
 	}
-	acc, ok := s.auth.checkPassword(credentials["UserName"], credentials["Password"])
+	acc, previous, ok := s.auth.checkPassword(s.auth.clients.source(c.r), credentials["UserName"], credentials["Password"])
 	if !ok {
 		return result{}, s.unauthorized()
 	}
-	sess, token, apiErr := s.auth.createSession(acc)
+	sess, token, apiErr := s.auth.createSession(acc, previous)
 	if apiErr != nil {
 		return result{}, apiErr
 	}
@@ -118,22 +118,21 @@ func (s *Server) deleteSession(c *call) (result, error) {
 }
 
 func (s *Server) getAccountService(*call) (result, error) {
-	policy := s.auth.lockout
 	body := resource(typeAccountService, "/redfish/v1/AccountService", "AccountService", "Account Service")
 	body["ServiceEnabled"] = true
 	body["Status"] = statusOK()
-	body["AccountLockoutThreshold"] = policy.threshold
-	body["AccountLockoutDuration"] = int(policy.duration / time.Second)
-	body["AccountLockoutCounterResetAfter"] = int(policy.resetAfter / time.Second)
-	body["AccountLockoutCounterResetEnabled"] = true
+	// Zero: accounts are never locked (failed logins throttle their source
+	// instead, which an attacker cannot turn against the account's owner).
+	body["AccountLockoutThreshold"] = 0
 	body["Accounts"] = link(accountsPath)
 	body["Roles"] = link(rolesPath)
 	return result{body: body}, nil
 }
 
 func (s *Server) getAccounts(*call) (result, error) {
-	members := make([]string, len(s.auth.accounts))
-	for i, acc := range s.auth.accounts {
+	accounts := s.auth.accountList()
+	members := make([]string, len(accounts))
+	for i, acc := range accounts {
 		members[i] = accountPath(acc.id)
 	}
 	return result{body: collection(typeAccountCollection, accountsPath, "Accounts Collection", members)}, nil
@@ -157,7 +156,7 @@ func (s *Server) getAccount(c *call) (result, error) {
 	body["UserName"] = acc.username
 	body["RoleId"] = string(acc.role)
 	body["Enabled"] = true
-	body["Locked"] = s.auth.locked(acc)
+	body["Locked"] = false
 	body["Password"] = nil
 	body["AccountTypes"] = []string{"Redfish"}
 	body["Links"] = map[string]any{"Role": link(rolePath(acc.role))}

@@ -10,7 +10,10 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/virtmetal/virtmetal/internal/throttle"
 )
 
 // Role is one of the standard Redfish roles.
@@ -60,18 +63,18 @@ type Account struct {
 	Role     Role
 }
 
-// account is an Account with its lockout state. Fields after role are
-// guarded by authenticator.mu.
+// account is an Account as the authenticator keeps it. It is immutable:
+// SetAccounts replaces the whole list.
 type account struct {
-	id           string // position in Config.Accounts, from 1
+	id           string // position in the account list, from 1
 	username     string
 	usernameHash [sha256.Size]byte
 	passwordHash [sha256.Size]byte
 	role         Role
-
-	failures    int
-	lastFailure time.Time
-	lockedUntil time.Time
+	// previousHash is the password before the last rotation, accepted
+	// until previousUntil so clients can catch up.
+	previousHash  [sha256.Size]byte
+	previousUntil time.Time
 }
 
 // session is a login session; the token itself is never stored.
@@ -80,6 +83,9 @@ type session struct {
 	username string
 	created  time.Time
 	lastUsed time.Time
+	// previousPassword: the login used a rotated-out password, so the
+	// session ends with that password's grace window.
+	previousPassword bool
 }
 
 // principal is who a request runs as.
@@ -93,92 +99,116 @@ func (p principal) has(priv privilege) bool {
 	return priv == privNoAuth || slices.Contains(p.role.privileges(), priv)
 }
 
-// lockoutPolicy is AccountService's lockout settings; threshold 0 disables
-// lockout.
-type lockoutPolicy struct {
-	threshold  int
-	duration   time.Duration
-	resetAfter time.Duration
-}
-
 // authenticator checks credentials and owns the sessions.
 type authenticator struct {
-	now         func() time.Time
-	timeout     time.Duration
-	maxSessions int
-	lockout     lockoutPolicy
-	accounts    []*account // in Config order
+	now                   func() time.Time
+	timeout               time.Duration
+	maxSessions           int
+	maxSessionsPerAccount int
+	limiter               *throttle.Limiter
+	clients               clientAddresses
+	accounts              atomic.Pointer[[]*account] // in Config order
 
 	mu       sync.Mutex
 	sessions map[[sha256.Size]byte]*session // by token hash
 }
 
-func newAuthenticator(accounts []Account, now func() time.Time, timeout time.Duration, maxSessions int, lockout lockoutPolicy) *authenticator {
+func newAuthenticator(accounts []Account, now func() time.Time, timeout time.Duration, maxSessions, maxPerAccount int, limiter *throttle.Limiter, clients clientAddresses) *authenticator {
 	a := &authenticator{
-		now:         now,
-		timeout:     timeout,
-		maxSessions: maxSessions,
-		lockout:     lockout,
-		sessions:    map[[sha256.Size]byte]*session{},
+		now:                   now,
+		timeout:               timeout,
+		maxSessions:           maxSessions,
+		maxSessionsPerAccount: maxPerAccount,
+		limiter:               limiter,
+		clients:               clients,
+		sessions:              map[[sha256.Size]byte]*session{},
 	}
+	a.setAccounts(accounts, 0)
+	return a
+}
+
+// setAccounts replaces the accounts. An account whose password changed
+// keeps accepting the old one for grace, and its sessions end with that
+// window; sessions of removed accounts end at once.
+func (a *authenticator) setAccounts(accounts []Account, grace time.Duration) {
+	now := a.now()
+	old := map[string]*account{}
+	if prev := a.accounts.Load(); prev != nil {
+		for _, acc := range *prev {
+			old[acc.username] = acc
+		}
+	}
+	list := make([]*account, len(accounts))
+	rotated := map[string]bool{}
 	for i, acc := range accounts {
-		a.accounts = append(a.accounts, &account{
+		next := &account{
 			id:           strconv.Itoa(i + 1),
 			username:     acc.Username,
 			usernameHash: sha256.Sum256([]byte(acc.Username)),
 			passwordHash: sha256.Sum256([]byte(acc.Password)),
 			role:         acc.Role,
-		})
+		}
+		if was := old[acc.Username]; was != nil {
+			switch {
+			case was.passwordHash != next.passwordHash:
+				rotated[acc.Username] = true
+				if grace > 0 {
+					next.previousHash, next.previousUntil = was.passwordHash, now.Add(grace)
+				}
+			case was.passwordHash == next.passwordHash:
+				next.previousHash, next.previousUntil = was.previousHash, was.previousUntil
+			}
+		}
+		list[i] = next
 	}
-	return a
+	a.accounts.Store(&list)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Sessions opened with a password now rotated out live as long as it
+	// is accepted.
+	for _, s := range a.sessions {
+		if rotated[s.username] {
+			s.previousPassword = true
+		}
+	}
+	a.expireLocked(now)
 }
 
-// checkPassword verifies a username and password and applies the lockout
-// policy. Comparing fixed-size hashes of every account keeps the time spent
-// independent of which names exist and of the secrets' lengths.
-func (a *authenticator) checkPassword(username, password string) (*account, bool) {
+// checkPassword verifies a username and password from source, subject to
+// throttling. Comparing fixed-size hashes of every account keeps the time
+// spent independent of which names exist and of the secrets' lengths.
+// previous reports that the rotated-out password matched.
+func (a *authenticator) checkPassword(source, username, password string) (acc *account, previous, ok bool) {
 	givenUser := sha256.Sum256([]byte(username))
 	given := sha256.Sum256([]byte(password))
-	var found *account
-	for _, acc := range a.accounts {
-		if subtle.ConstantTimeCompare(acc.usernameHash[:], givenUser[:]) == 1 {
-			found = acc
+	for _, candidate := range *a.accounts.Load() {
+		if subtle.ConstantTimeCompare(candidate.usernameHash[:], givenUser[:]) == 1 {
+			acc = candidate
 		}
 	}
-	if found == nil {
-		return nil, false
+	named := ""
+	if acc != nil {
+		named = acc.username
 	}
-	passwordOK := subtle.ConstantTimeCompare(found.passwordHash[:], given[:]) == 1
-
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	now := a.now()
-	if now.Before(found.lockedUntil) {
-		return nil, false
+	if _, allowed := a.limiter.Allow(source, named); !allowed {
+		// Not checked; counted, so a client that ignores the delay is
+		// soon refused for longer.
+		a.limiter.Failed(source, named)
+		return nil, false, false
 	}
-	if passwordOK {
-		found.failures = 0
-		return found, true
-	}
-	if a.lockout.threshold > 0 {
-		if now.Sub(found.lastFailure) >= a.lockout.resetAfter {
-			found.failures = 0
-		}
-		found.failures++
-		found.lastFailure = now
-		if found.failures >= a.lockout.threshold {
-			found.lockedUntil = now.Add(a.lockout.duration)
-			found.failures = 0
+	if acc != nil {
+		if subtle.ConstantTimeCompare(acc.passwordHash[:], given[:]) == 1 {
+			ok = true
+		} else if a.now().Before(acc.previousUntil) && subtle.ConstantTimeCompare(acc.previousHash[:], given[:]) == 1 {
+			ok, previous = true, true
 		}
 	}
-	return nil, false
-}
-
-// locked reports whether the lockout policy currently refuses acc.
-func (a *authenticator) locked(acc *account) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.now().Before(acc.lockedUntil)
+	if !ok {
+		a.limiter.Failed(source, named)
+		return nil, false, false
+	}
+	a.limiter.Succeeded(source)
+	return acc, previous, true
 }
 
 // authenticate identifies the caller from X-Auth-Token or HTTP Basic. A
@@ -191,7 +221,7 @@ func (a *authenticator) authenticate(r *http.Request) (principal, bool) {
 	if !ok {
 		return principal{}, false
 	}
-	acc, ok := a.checkPassword(username, password)
+	acc, _, ok := a.checkPassword(a.clients.source(r), username, password)
 	if !ok {
 		return principal{}, false
 	}
@@ -207,18 +237,24 @@ func (a *authenticator) sessionPrincipal(token string) (principal, bool) {
 	if !ok {
 		return principal{}, false
 	}
-	if now.Sub(s.lastUsed) >= a.timeout {
+	acc := a.account(s.username)
+	if a.endedLocked(s, acc, now) {
 		delete(a.sessions, key)
 		return principal{}, false
 	}
 	s.lastUsed = now
-	acc := a.account(s.username)
 	return principal{username: s.username, role: acc.role, sessionID: s.id}, true
+}
+
+// endedLocked reports whether s is over: idle too long, its account gone,
+// or made with a rotated-out password whose grace has ended.
+func (a *authenticator) endedLocked(s *session, acc *account, now time.Time) bool {
+	return now.Sub(s.lastUsed) >= a.timeout || acc == nil || s.previousPassword && !now.Before(acc.previousUntil)
 }
 
 // account returns the account with that username, or nil.
 func (a *authenticator) account(username string) *account {
-	for _, acc := range a.accounts {
+	for _, acc := range *a.accounts.Load() {
 		if acc.username == username {
 			return acc
 		}
@@ -226,9 +262,12 @@ func (a *authenticator) account(username string) *account {
 	return nil
 }
 
+// accountList returns the accounts in order.
+func (a *authenticator) accountList() []*account { return *a.accounts.Load() }
+
 // accountByID returns the account with that Id, or nil.
 func (a *authenticator) accountByID(id string) *account {
-	for _, acc := range a.accounts {
+	for _, acc := range *a.accounts.Load() {
 		if acc.id == id {
 			return acc
 		}
@@ -240,7 +279,7 @@ func (a *authenticator) accountByID(id string) *account {
 var errSessionLimit = newError(http.StatusServiceUnavailable, msgSessionLimitExceeded)
 
 // createSession starts a session for acc and returns its secret token.
-func (a *authenticator) createSession(acc *account) (session, string, *apiError) {
+func (a *authenticator) createSession(acc *account, previousPassword bool) (session, string, *apiError) {
 	token := randomHex(32)
 	id := randomHex(16)
 	a.mu.Lock()
@@ -250,19 +289,38 @@ func (a *authenticator) createSession(acc *account) (session, string, *apiError)
 	if len(a.sessions) >= a.maxSessions {
 		return session{}, "", errSessionLimit
 	}
-	s := &session{id: id, username: acc.username, created: now, lastUsed: now}
+	// One account cannot take every slot and keep the others out.
+	mine := 0
+	for _, s := range a.sessions {
+		if s.username == acc.username {
+			mine++
+		}
+	}
+	if mine >= a.maxSessionsPerAccount {
+		return session{}, "", errSessionLimit
+	}
+	s := &session{id: id, username: acc.username, created: now, lastUsed: now, previousPassword: previousPassword}
 	a.sessions[sha256.Sum256([]byte(token))] = s
 	return *s, token, nil
 }
 
-// expireLocked drops idle sessions; callers hold mu. Expiry is otherwise
-// lazy: a stale token is refused when presented.
+// expireLocked drops the sessions that are over; callers hold mu. Expiry
+// is otherwise lazy: a stale token is refused when presented.
 func (a *authenticator) expireLocked(now time.Time) {
 	for key, s := range a.sessions {
-		if now.Sub(s.lastUsed) >= a.timeout {
+		if a.endedLocked(s, a.account(s.username), now) {
 			delete(a.sessions, key)
 		}
 	}
+}
+
+// endAllSessions logs everyone out, as a BMC reset does.
+func (a *authenticator) endAllSessions() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := len(a.sessions)
+	clear(a.sessions)
+	return n
 }
 
 // listSessions returns the live sessions ordered by creation time.

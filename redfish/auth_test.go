@@ -165,77 +165,6 @@ func TestSessionLimit(t *testing.T) {
 	f.login(adminUser, adminPass) // the idle ones expired and made room
 }
 
-func TestAccountLockout(t *testing.T) {
-	f := newFixture(t, func(c *redfish.Config, _ *stubBackend) {
-		c.AccountLockoutThreshold = 3
-		c.AccountLockoutDuration = time.Minute
-		c.AccountLockoutCounterResetAfter = 30 * time.Second
-	})
-	service := f.do(asAdmin("GET", "/redfish/v1/AccountService", "")).json
-	for k, want := range map[string]float64{"AccountLockoutThreshold": 3, "AccountLockoutDuration": 60, "AccountLockoutCounterResetAfter": 30} {
-		if service[k] != want {
-			t.Errorf("%s = %v, want %v", k, service[k], want)
-		}
-	}
-	reader := func(pass string) int {
-		return f.do(request{method: "GET", path: system0, user: readerUser, pass: pass}).status
-	}
-	locked := func() any { return f.do(asAdmin("GET", "/redfish/v1/AccountService/Accounts/3", "")).json["Locked"] }
-
-	// Failures spread wider than CounterResetAfter never lock.
-	reader("wrong")
-	reader("wrong")
-	f.clock.Advance(31 * time.Second)
-	reader("wrong")
-	if got := reader(readerPass); got != http.StatusOK {
-		t.Fatalf("after spread-out failures: status %d, want 200", got)
-	}
-
-	// A success resets the counter, so three more failures are needed.
-	for range 3 {
-		reader("wrong")
-	}
-	if got := reader(readerPass); got != http.StatusUnauthorized {
-		t.Fatalf("locked account with the right password: status %d, want 401", got)
-	}
-	if locked() != true {
-		t.Errorf("Locked = %v, want true", locked())
-	}
-	// Sessions cannot be opened either.
-	res := f.do(request{method: "POST", path: sessionsURI, body: `{"UserName":"reader","Password":"reader-secret"}`})
-	if res.status != http.StatusUnauthorized {
-		t.Errorf("login while locked: status %d, want 401", res.status)
-	}
-	// Other accounts are unaffected.
-	if res := f.do(asAdmin("GET", system0, "")); res.status != http.StatusOK {
-		t.Errorf("admin while reader is locked: status %d", res.status)
-	}
-	f.clock.Advance(59 * time.Second)
-	if got := reader(readerPass); got != http.StatusUnauthorized {
-		t.Fatalf("59 s into the lockout: status %d, want 401", got)
-	}
-	f.clock.Advance(2 * time.Second)
-	if got := reader(readerPass); got != http.StatusOK {
-		t.Fatalf("after the lockout: status %d, want 200", got)
-	}
-	if locked() != false {
-		t.Errorf("Locked = %v, want false", locked())
-	}
-}
-
-func TestLockoutDisabled(t *testing.T) {
-	f := newFixture(t, func(c *redfish.Config, _ *stubBackend) { c.AccountLockoutThreshold = -1 })
-	for range 20 {
-		f.do(request{method: "GET", path: system0, user: readerUser, pass: "wrong"})
-	}
-	if res := f.do(request{method: "GET", path: system0, user: readerUser, pass: readerPass}); res.status != http.StatusOK {
-		t.Fatalf("status %d, want 200", res.status)
-	}
-	if got := f.do(asAdmin("GET", "/redfish/v1/AccountService", "")).json["AccountLockoutThreshold"]; got != float64(0) {
-		t.Errorf("AccountLockoutThreshold = %v, want 0 (disabled)", got)
-	}
-}
-
 // TestRolePrivileges checks the standard roles against the route table.
 func TestRolePrivileges(t *testing.T) {
 	type op struct {
@@ -327,10 +256,7 @@ func TestNewServerRejectsBadConfig(t *testing.T) {
 		{"unknown role", func(c *redfish.Config) { c.Accounts[0].Role = "Root" }, "unknown role"},
 		{"duplicate user", func(c *redfish.Config) { c.Accounts = append(c.Accounts, c.Accounts[0]) }, "twice"},
 		{"short session timeout", func(c *redfish.Config) { c.SessionTimeout = time.Second }, "SessionTimeout"},
-		{"reset after longer than lockout", func(c *redfish.Config) {
-			c.AccountLockoutDuration = time.Minute
-			c.AccountLockoutCounterResetAfter = time.Hour
-		}, "AccountLockoutCounterResetAfter"},
+		{"negative MaxSessionsPerAccount", func(c *redfish.Config) { c.MaxSessionsPerAccount = -1 }, "MaxSessionsPerAccount"},
 		{"bad service UUID", func(c *redfish.Config) { c.ServiceUUID = "not-a-uuid" }, "UUID"},
 		{"negative MaxSessions", func(c *redfish.Config) { c.MaxSessions = -1 }, "MaxSessions"},
 		{"negative MaxBodyBytes", func(c *redfish.Config) { c.MaxBodyBytes = -1 }, "MaxBodyBytes"},

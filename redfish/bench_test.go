@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -18,11 +19,17 @@ import (
 // keep-alive, HTTP Basic on every request (as MaaS does), the memory
 // backend.
 func benchServer(b *testing.B) *httptest.Server {
+	return benchServerWith(b, nil)
+}
+
+// benchServerWith uses limiter (nil: the default throttling).
+func benchServerWith(b *testing.B, limiter *throttle.Limiter) *httptest.Server {
 	b.Helper()
 	srv, err := redfish.NewServer(redfish.Config{
 		Backend:  memory.New(memory.Options{Machines: 4}),
 		Accounts: []redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}},
 		Logger:   logr.Discard(),
+		Limiter:  limiter,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -120,4 +127,30 @@ func BenchmarkResetComputerSystemParallel(b *testing.B) {
 			i++
 		}
 	})
+}
+
+// BenchmarkThrottlingSuccessPath compares, in one run, a status poll with
+// the right password through the default throttling and through no
+// throttling at all: the bookkeeping of a successful login must be lost in
+// the noise of the request.
+func BenchmarkThrottlingSuccessPath(b *testing.B) {
+	for _, tt := range []struct {
+		name    string
+		limiter *throttle.Limiter
+	}{
+		{"unthrottled", throttle.Unlimited},
+		{"throttled", nil},
+	} {
+		b.Run(tt.name, func(b *testing.B) {
+			ts := benchServerWith(b, tt.limiter)
+			client := ts.Client()
+			url := ts.URL + system0
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := benchRequest(client, "GET", url, "", http.StatusOK); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -44,6 +44,7 @@ const (
 	msgQueryParameterUnsupported     = "QueryParameterUnsupported"
 	msgServiceTemporarilyUnavailable = "ServiceTemporarilyUnavailable"
 	msgInternalError                 = "InternalError"
+	msgHeaderMissing                 = "HeaderMissing"
 )
 
 // registryEntry is a message of the DMTF Base registry; the texts are the
@@ -82,6 +83,7 @@ var baseRegistry = map[string]registryEntry{
 	msgQueryParameterUnsupported:     {"Query parameter '%1' is not supported.", "Warning"},
 	msgServiceTemporarilyUnavailable: {"The service is temporarily unavailable.  Retry in %1 seconds.", "Critical"},
 	msgInternalError:                 {"The request failed due to an internal service error.  The service is still operational.", "Critical"},
+	msgHeaderMissing:                 {"Required header '%1' is missing in the request.", "Critical"},
 }
 
 // message is one entry of @Message.ExtendedInfo.

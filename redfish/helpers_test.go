@@ -145,6 +145,8 @@ type request struct {
 	// unknownLength sends the body without Content-Length, as chunked
 	// uploads arrive.
 	unknownLength bool
+	// remote is the client's address (default httptest's 192.0.2.1:1234).
+	remote string
 }
 
 // response is a recorded answer with its body decoded when it is JSON.
@@ -169,8 +171,16 @@ func (f *fixture) do(req request) response {
 	if req.user != "" {
 		r.SetBasicAuth(req.user, req.pass)
 	}
+	// Bodies are JSON, as every Redfish client declares them, unless the
+	// test says otherwise.
+	if req.body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
 	for k, v := range req.headers {
 		r.Header.Set(k, v)
+	}
+	if req.remote != "" {
+		r.RemoteAddr = req.remote
 	}
 	rec := httptest.NewRecorder()
 	f.server.ServeHTTP(rec, r)

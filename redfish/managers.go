@@ -14,8 +14,9 @@ import (
 func managerPath(id string) string { return "/redfish/v1/Managers/" + url.PathEscape(id) }
 func chassisPath(id string) string { return "/redfish/v1/Chassis/" + url.PathEscape(id) }
 
-// managerResetTypes are what Manager.Reset accepts; restarting a simulated
-// BMC has nothing to do, so both succeed at once.
+// managerResetTypes are what Manager.Reset accepts. Either ends every
+// session, as a real BMC's restart does; nothing else of the simulated BMC
+// needs restarting.
 var managerResetTypes = []string{string(machine.ResetGracefulRestart), string(machine.ResetForceRestart)}
 
 // managerUUIDNamespace names virtmetal's BMCs: a Manager's UUID is the
@@ -98,6 +99,8 @@ func (s *Server) resetManager(c *call) (result, error) {
 	if _, apiErr := enumParam(params["ResetType"], "Reset", "ResetType", managerResetTypes); apiErr != nil {
 		return result{}, apiErr
 	}
+	ended := s.auth.endAllSessions()
+	s.log.Info("manager reset: sessions ended", "sessions", ended, "user", c.user.username)
 	return result{}, nil
 }
 

@@ -146,9 +146,17 @@ func (s *Server) endpoint(routes []route) http.Handler {
 		allowed[i] = rt.method
 	}
 	allow := strings.Join(allowed, ", ")
+	public := !slices.ContainsFunc(routes, func(rt route) bool { return rt.privilege != privNoAuth })
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		i := slices.IndexFunc(routes, func(rt route) bool { return rt.method == r.Method })
 		if i < 0 {
+			// Only callers who may see the resource learn which methods
+			// it has: a 405 with Allow would map every path without
+			// credentials.
+			if _, ok := s.auth.authenticate(r); !ok && !public {
+				s.writeError(w, r, s.unauthorized())
+				return
+			}
 			e := newError(http.StatusMethodNotAllowed, msgOperationNotAllowed)
 			e.header = http.Header{"Allow": {allow}}
 			s.writeError(w, r, e)
@@ -200,6 +208,9 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	if r.Method == http.MethodPost || r.Method == http.MethodPatch {
 		body, err := s.readBody(w, r)
+		if err == nil {
+			err = checkJSONContentType(r, body)
+		}
 		if err != nil {
 			s.writeError(w, r, err)
 			return

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"regexp"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/gorilla/mux"
 
+	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -34,15 +36,17 @@ type Config struct {
 	MaxSessions int
 	// MaxBodyBytes bounds request bodies (default 64 KiB).
 	MaxBodyBytes int64
-	// AccountLockoutThreshold is how many failed logins lock an account
-	// (default 5); negative disables lockout.
-	AccountLockoutThreshold int
-	// AccountLockoutDuration is how long a locked account stays locked
-	// (default 60 s).
-	AccountLockoutDuration time.Duration
-	// AccountLockoutCounterResetAfter is the quiet time after which failed
-	// logins are forgotten (default AccountLockoutDuration; at most that).
-	AccountLockoutCounterResetAfter time.Duration
+	// MaxSessionsPerAccount bounds one account's live sessions, so one
+	// account cannot fill the table (default a quarter of MaxSessions).
+	MaxSessionsPerAccount int
+	// Limiter throttles failed logins per client, shared with the other
+	// protocols of the BMC; nil means a limiter of this server's own with
+	// the default policy. Accounts are never locked: throttling the
+	// guessing source leaves the owner able to log in.
+	Limiter *throttle.Limiter
+	// TrustedProxies are the reverse proxies (an Ingress) whose
+	// X-Forwarded-For names the client; from anyone else it is ignored.
+	TrustedProxies []netip.Prefix
 	// RetryAfter is what a 503 asks clients to wait (default 5 s).
 	RetryAfter time.Duration
 	// ServiceUUID is ServiceRoot.UUID (default random).
@@ -55,14 +59,12 @@ type Config struct {
 }
 
 const (
-	defaultSessionTimeout  = 30 * time.Minute
-	minSessionTimeout      = 30 * time.Second
-	maxSessionTimeout      = 24 * time.Hour
-	defaultMaxSessions     = 64
-	defaultMaxBodyBytes    = 64 << 10
-	defaultLockoutFailures = 5
-	defaultLockoutDuration = 60 * time.Second
-	defaultRetryAfter      = 5 * time.Second
+	defaultSessionTimeout = 30 * time.Minute
+	minSessionTimeout     = 30 * time.Second
+	maxSessionTimeout     = 24 * time.Hour
+	defaultMaxSessions    = 64
+	defaultMaxBodyBytes   = 64 << 10
+	defaultRetryAfter     = 5 * time.Second
 )
 
 // Server is the Redfish service; it implements http.Handler.
@@ -75,6 +77,7 @@ type Server struct {
 	serviceUUID string
 	metadata    []byte
 	router      *mux.Router
+	ready       machine.Readiness // nil when the backend is always ready
 
 	// firmwareVersion is Manager.FirmwareVersion.
 	firmwareVersion string
@@ -94,27 +97,15 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Backend == nil {
 		return nil, errors.New("redfish: Config.Backend is nil")
 	}
-	if len(cfg.Accounts) == 0 {
-		return nil, errors.New("redfish: Config.Accounts is empty; at least one account is needed")
-	}
-	seen := map[string]bool{}
-	for i, acc := range cfg.Accounts {
-		switch {
-		case acc.Username == "":
-			return nil, fmt.Errorf("redfish: account %d has an empty username", i+1)
-		case acc.Password == "":
-			return nil, fmt.Errorf("redfish: account %q has an empty password", acc.Username)
-		case !acc.Role.valid():
-			return nil, fmt.Errorf("redfish: account %q has unknown role %q (want one of %v)", acc.Username, acc.Role, roles)
-		case seen[acc.Username]:
-			return nil, fmt.Errorf("redfish: username %q appears twice", acc.Username)
-		}
-		seen[acc.Username] = true
+	if err := validateAccounts(cfg.Accounts); err != nil {
+		return nil, err
 	}
 
 	switch {
 	case cfg.MaxSessions < 0:
 		return nil, fmt.Errorf("redfish: MaxSessions %d is negative", cfg.MaxSessions)
+	case cfg.MaxSessionsPerAccount < 0:
+		return nil, fmt.Errorf("redfish: MaxSessionsPerAccount %d is negative", cfg.MaxSessionsPerAccount)
 	case cfg.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("redfish: MaxBodyBytes %d is negative", cfg.MaxBodyBytes)
 	case cfg.RetryAfter != 0 && cfg.RetryAfter < time.Second:
@@ -128,16 +119,11 @@ func NewServer(cfg Config) (*Server, error) {
 	if timeout < minSessionTimeout || timeout > maxSessionTimeout {
 		return nil, fmt.Errorf("redfish: SessionTimeout %v is outside [%v, %v]", timeout, minSessionTimeout, maxSessionTimeout)
 	}
-	lockout := lockoutPolicy{
-		threshold: orDefault(cfg.AccountLockoutThreshold, defaultLockoutFailures),
-		duration:  orDefault(cfg.AccountLockoutDuration, defaultLockoutDuration),
-	}
-	lockout.resetAfter = orDefault(cfg.AccountLockoutCounterResetAfter, lockout.duration)
-	if lockout.threshold < 0 {
-		lockout = lockoutPolicy{}
-	}
-	if lockout.resetAfter > lockout.duration {
-		return nil, fmt.Errorf("redfish: AccountLockoutCounterResetAfter %v exceeds AccountLockoutDuration %v", lockout.resetAfter, lockout.duration)
+	maxSessions := orDefault(cfg.MaxSessions, defaultMaxSessions)
+	maxPerAccount := orDefault(cfg.MaxSessionsPerAccount, max(maxSessions/4, 1))
+	limiter := cfg.Limiter
+	if limiter == nil {
+		limiter = throttle.New(throttle.Policy{Now: now})
 	}
 	serviceUUID := cfg.ServiceUUID
 	if serviceUUID == "" {
@@ -158,7 +144,7 @@ func NewServer(cfg Config) (*Server, error) {
 	s := &Server{
 		backend:     cfg.Backend,
 		log:         log,
-		auth:        newAuthenticator(cfg.Accounts, now, timeout, orDefault(cfg.MaxSessions, defaultMaxSessions), lockout),
+		auth:        newAuthenticator(cfg.Accounts, now, timeout, maxSessions, maxPerAccount, limiter, clientAddresses{trustedProxies: cfg.TrustedProxies}),
 		maxBody:     orDefault(cfg.MaxBodyBytes, defaultMaxBodyBytes),
 		retryAfter:  orDefault(cfg.RetryAfter, defaultRetryAfter),
 		serviceUUID: strings.ToLower(serviceUUID),
@@ -166,8 +152,45 @@ func NewServer(cfg Config) (*Server, error) {
 		patchLocks:  map[string]*sync.Mutex{},
 	}
 	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
+	s.ready, _ = cfg.Backend.(machine.Readiness)
 	s.router = s.newRouter()
 	return s, nil
+}
+
+// validateAccounts checks a list of accounts for NewServer and SetAccounts.
+func validateAccounts(accounts []Account) error {
+	if len(accounts) == 0 {
+		return errors.New("redfish: Config.Accounts is empty; at least one account is needed")
+	}
+	seen := map[string]bool{}
+	for i, acc := range accounts {
+		switch {
+		case acc.Username == "":
+			return fmt.Errorf("redfish: account %d has an empty username", i+1)
+		case acc.Password == "":
+			return fmt.Errorf("redfish: account %q has an empty password", acc.Username)
+		case !acc.Role.valid():
+			return fmt.Errorf("redfish: account %q has unknown role %q (want one of %v)", acc.Username, acc.Role, roles)
+		case seen[acc.Username]:
+			return fmt.Errorf("redfish: username %q appears twice", acc.Username)
+		}
+		seen[acc.Username] = true
+	}
+	return nil
+}
+
+// SetAccounts replaces the accounts of a running server, as when a mounted
+// Secret is rotated. An account whose password changed also accepts its
+// previous password for grace, so clients keep working while they learn
+// the new one; sessions opened with the previous password (before or
+// during the window) end with that window, and sessions of removed
+// accounts end at once.
+func (s *Server) SetAccounts(accounts []Account, grace time.Duration) error {
+	if err := validateAccounts(accounts); err != nil {
+		return err
+	}
+	s.auth.setAccounts(accounts, grace)
+	return nil
 }
 
 func orDefault[T comparable](v, def T) T {
@@ -221,7 +244,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(r.Context())
 		r.URL = &trimmed
 	}
+	if err := s.notReady(r); err != nil {
+		s.writeError(rec, r, s.mapBackendError(err, operation{}))
+		return
+	}
 	s.router.ServeHTTP(rec, r)
+}
+
+// notReady says why r cannot be served yet: until the backend is ready
+// (a KubeVirt cache before its first sync, or an unreachable API server)
+// every resource would be missing or partial, so the answer is 503 with
+// Retry-After. The service root and the schema documents need no backend.
+func (s *Server) notReady(r *http.Request) error {
+	if s.ready == nil {
+		return nil
+	}
+	switch p := r.URL.Path; {
+	case !strings.HasPrefix(p, "/redfish/v1/"), p == "/redfish/v1/$metadata", p == "/redfish/v1/odata":
+		return nil
+	}
+	return s.ready.Ready()
 }
 
 // recordingWriter remembers the status for logging and for the panic

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -18,8 +19,10 @@ type credentials struct {
 	source    string // where they came from, for the start-up banner
 }
 
-// generatedUsername is the account name when no credentials are configured.
-const generatedUsername = "admin"
+// generatedUsernamePrefix starts a generated account name. The rest is
+// random: knowing the username is all RAKP needs to hand out a hash keyed
+// by the password (CVE-2013-4786), so it must not be guessable either.
+const generatedUsernamePrefix = "bmc-"
 
 // loadCredentials reads the environment or the credentials directory; with
 // neither it generates a password. Both at once is refused: which one wins
@@ -47,12 +50,17 @@ func loadCredentials(getenv func(string) string, dir string) (credentials, error
 		return credentials{username: user, password: pass, source: filepath.Join(dir, "password")}, nil
 	}
 	// 12 random bytes are 16 characters: 96 bits, and still short enough
-	// for IPMI 1.5, whose passwords are at most 16 bytes.
-	secret := make([]byte, 12)
+	// for IPMI 1.5, whose passwords are at most 16 bytes. The username's 6
+	// bytes make 12 characters, 16 with the prefix: IPMI's limit.
+	secret := make([]byte, 12+6)
 	if _, err := rand.Read(secret); err != nil {
-		return credentials{}, fmt.Errorf("generating a password: %w", err)
+		return credentials{}, fmt.Errorf("generating credentials: %w", err)
 	}
-	return credentials{username: generatedUsername, password: base64.RawURLEncoding.EncodeToString(secret), generated: true}, nil
+	return credentials{
+		username:  generatedUsernamePrefix + hex.EncodeToString(secret[12:]),
+		password:  base64.RawURLEncoding.EncodeToString(secret[:12]),
+		generated: true,
+	}, nil
 }
 
 // readSecretFile reads one key of a mounted Secret. A trailing newline is

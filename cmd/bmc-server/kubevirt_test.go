@@ -73,6 +73,20 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 	if base == "" {
 		t.Fatalf("no URL printed; stdout %q stderr %q", stdout.String(), stderr.String())
 	}
+	// Not ready until the cache has synced; then ready, and served.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		res, err := http.Get(base + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %d after the cache should have synced", res.StatusCode)
+		}
+	}
 	req, _ := http.NewRequest(http.MethodGet, base+"/redfish/v1/Systems/node-1", nil)
 	req.SetBasicAuth("maas", "s3cret")
 	res, err := http.DefaultClient.Do(req)

@@ -1,12 +1,22 @@
-// Command bmc-server serves a Redfish BMC for a set of machines.
+// Command bmc-server serves a Redfish BMC, and optionally an IPMI one, for
+// a set of machines.
 //
 //	bmc-server --backend memory --listen 127.0.0.1:8443 --machines 2
 //	bmc-server --backend kubevirt --namespace NS --vm NAME --listen :8443 [--ipmi-listen :623]
 //
 // Credentials come from BMC_USERNAME/BMC_PASSWORD, or from the files
-// username and password in --credentials-dir (a mounted Secret); with
-// neither, a password is generated and printed. Passwords are never taken
-// from the command line, where any local user could read them.
+// username and password in --credentials-dir (a mounted Secret, re-read
+// while running: a rotated password takes over at once and the previous
+// one keeps working for --credentials-grace); with neither, a random
+// username and password are generated and printed. Passwords are never
+// taken from the command line, where any local user could read them.
+//
+// At start the listeners open before the backend is reachable: the
+// KubeVirt backend syncs its cache in the background, and until it has
+// (or while its API server is unreachable) /readyz, Redfish (503) and IPMI
+// ("node busy") say so. /healthz answers as long as the process runs. Failed
+// logins throttle the source address over both protocols. The process exits
+// non-zero if a listener fails.
 package main
 
 import (
@@ -16,10 +26,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	stdlog "log"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,6 +41,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
 	"github.com/virtmetal/virtmetal/internal/certs"
+	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/ipmi"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -36,6 +50,24 @@ import (
 )
 
 const shutdownTimeout = 10 * time.Second
+
+// tuning is what tests shorten: the HTTP timeouts and the reload interval.
+type tuning struct {
+	readHeaderTimeout, readTimeout, writeTimeout, idleTimeout time.Duration
+	reloadEvery                                               time.Duration
+}
+
+// defaultTuning: a request has 10 s to send its headers and 30 s in all
+// (bodies are at most 64 KiB), so a client that declares a body and never
+// sends it is cut rather than holding its connection; answers are small and
+// quick, so 60 s to write them is generous.
+var defaultTuning = tuning{
+	readHeaderTimeout: 10 * time.Second,
+	readTimeout:       30 * time.Second,
+	writeTimeout:      60 * time.Second,
+	idleTimeout:       2 * time.Minute,
+	reloadEvery:       5 * time.Second,
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -57,6 +89,10 @@ type options struct {
 	tlsKey         string
 	insecureHTTP   bool
 	ipmiListen     string
+	ipmiV15        bool
+	grace          time.Duration
+	trustedProxies []netip.Prefix
+	maxConns       int
 	verbosity      int
 }
 
@@ -74,6 +110,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key file for --tls-cert")
 	fs.BoolVar(&o.insecureHTTP, "insecure-http", false, "serve plain HTTP instead of HTTPS")
 	fs.StringVar(&o.ipmiListen, "ipmi-listen", "", "UDP address to serve IPMI on, e.g. :623 (default: off); it serves the first machine")
+	fs.BoolVar(&o.ipmiV15, "ipmi-v15", false, "also serve IPMI 1.5 sessions (ipmitool -I lan); off because their MD5 auth codes allow offline password guessing")
+	fs.DurationVar(&o.grace, "credentials-grace", 10*time.Minute, "how long the previous password keeps working after --credentials-dir changes")
+	fs.Func("trusted-proxies", "comma-separated CIDRs of reverse proxies whose X-Forwarded-For names the client", func(v string) error {
+		for _, cidr := range strings.Split(v, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(cidr))
+			if err != nil {
+				return err
+			}
+			o.trustedProxies = append(o.trustedProxies, p)
+		}
+		return nil
+	})
+	fs.IntVar(&o.maxConns, "max-connections-per-source", 32, "connections one client address may hold open (trusted proxies are not capped)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity (1 logs every request)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -89,13 +138,19 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--tls-cert and --tls-key go together")
 	case o.insecureHTTP && o.tlsCert != "":
 		return o, errors.New("--insecure-http and --tls-cert exclude each other")
+	case o.maxConns < 1:
+		return o, fmt.Errorf("--max-connections-per-source must be at least 1, got %d", o.maxConns)
+	case o.grace < 0:
+		return o, errors.New("--credentials-grace must not be negative")
 	}
 	return o, nil
 }
 
 // newBackend is the one place that picks a backend. The kubevirt backend
-// runs its informers until ctx ends; until they have synced it reads from
-// the API server, and while that is unreachable Redfish answers 503.
+// runs its informers until ctx ends; it contacts no API server here, so the
+// process starts while the API server is down, and the backend reports
+// itself not ready until its cache has synced and while the API server is
+// unreachable.
 func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backend, error) {
 	switch o.backend {
 	case "memory":
@@ -120,11 +175,17 @@ func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backen
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	return runTuned(ctx, args, getenv, stdout, stderr, defaultTuning)
+}
+
+func runTuned(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer, tune tuning) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
 	}
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) }, funcr.Options{Verbosity: o.verbosity})
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	backend, err := newBackend(ctx, o, log)
 	if err != nil {
 		return err
@@ -133,23 +194,33 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	// One limiter: a source that fails over Redfish is slowed over IPMI too.
+	limiter := throttle.New(throttle.Policy{})
 	handler, err := redfish.NewServer(redfish.Config{
-		Backend:  backend,
-		Accounts: []redfish.Account{{Username: creds.username, Password: creds.password, Role: redfish.RoleAdministrator}},
-		Logger:   log.WithName("redfish"),
+		Backend:        backend,
+		Accounts:       []redfish.Account{{Username: creds.username, Password: creds.password, Role: redfish.RoleAdministrator}},
+		Logger:         log.WithName("redfish"),
+		Limiter:        limiter,
+		TrustedProxies: o.trustedProxies,
 	})
 	if err != nil {
 		return err
 	}
+	rotators := []rotator{func(c credentials, grace time.Duration) error {
+		return handler.SetAccounts([]redfish.Account{{Username: c.username, Password: c.password, Role: redfish.RoleAdministrator}}, grace)
+	}}
 	srv := &http.Server{
-		Handler:           handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		Handler:           withHealth(handler, backend),
+		ReadHeaderTimeout: tune.readHeaderTimeout,
+		ReadTimeout:       tune.readTimeout,
+		WriteTimeout:      tune.writeTimeout,
+		IdleTimeout:       tune.idleTimeout,
+		ErrorLog:          stdlog.New(io.Discard, "", 0), // TLS probes and cut slow clients are not errors worth a line each
 	}
 	scheme := "http"
 	if !o.insecureHTTP {
 		scheme = "https"
-		if srv.TLSConfig, err = tlsConfig(o); err != nil {
+		if srv.TLSConfig, err = tlsConfig(ctx, o, tune, log); err != nil {
 			return err
 		}
 	}
@@ -157,13 +228,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
+	listener = limitPerSource(listener, o.maxConns, o.trustedProxies)
 	if o.ipmiListen != "" {
-		addr, err := startIPMI(ctx, o.ipmiListen, backend, creds, log.WithName("ipmi"))
+		ipmiSrv, addr, err := startIPMI(ctx, cancel, o, backend, creds, limiter, log.WithName("ipmi"))
 		if err != nil {
 			listener.Close()
 			return err
 		}
-		fmt.Fprintf(stdout, "IPMI (lanplus and lan) at udp %s\n", addr)
+		rotators = append(rotators, func(c credentials, grace time.Duration) error {
+			return ipmiSrv.SetCredentials(c.username, c.password, grace)
+		})
+		protocols := "lanplus"
+		if o.ipmiV15 {
+			protocols = "lanplus and lan"
+		}
+		fmt.Fprintf(stdout, "IPMI (%s) at udp %s\n", protocols, addr)
+	}
+	if o.credentialsDir != "" {
+		go watchCredentials(ctx, o.credentialsDir, creds, tune.reloadEvery, o.grace, log.WithName("credentials"), rotators...)
 	}
 	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/\n", scheme, listener.Addr())
 	fmt.Fprintf(stdout, "Username: %s\n", creds.username)
@@ -175,50 +257,64 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	return serve(ctx, srv, listener, log)
 }
 
-func tlsConfig(o options) (*tls.Config, error) {
-	var cert tls.Certificate
-	var err error
+// tlsConfig serves --tls-cert/--tls-key, reloaded when they change, or a
+// generated self-signed certificate.
+func tlsConfig(ctx context.Context, o options, tune tuning, log logr.Logger) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if o.tlsCert != "" {
-		cert, err = tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-	} else {
-		var hosts []string
-		if hosts, err = certs.HostsFor(o.listen); err == nil {
-			cert, err = certs.SelfSigned(hosts, 365*24*time.Hour, time.Now())
+		reloader, err := newCertReloader(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return nil, err
 		}
+		go reloader.watch(ctx, tune.reloadEvery, log.WithName("tls"))
+		cfg.GetCertificate = reloader.getCertificate
+		return cfg, nil
 	}
+	hosts, err := certs.HostsFor(o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("TLS certificate: %w", err)
 	}
-	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+	cert, err := certs.SelfSigned(hosts, 365*24*time.Hour, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate: %w", err)
+	}
+	cfg.Certificates = []tls.Certificate{cert}
+	return cfg, nil
 }
 
 // startIPMI serves the backend's first machine over IPMI until ctx ends. A
 // BMC's IPMI channel belongs to one machine; the memory backend's others are
-// reachable through Redfish only.
-func startIPMI(ctx context.Context, addr string, backend machine.Backend, creds credentials, log logr.Logger) (net.Addr, error) {
+// reachable through Redfish only. The machine is looked up per call, so
+// IPMI starts (answering "node busy") while the backend cannot answer yet.
+// If serving fails, stop ends the process with the error: half a BMC that
+// looks whole is worse than a restart.
+func startIPMI(ctx context.Context, stop context.CancelCauseFunc, o options, backend machine.Backend, creds credentials, limiter *throttle.Limiter, log logr.Logger) (*ipmi.Server, net.Addr, error) {
 	ids, err := backend.Machines(ctx)
 	if err != nil || len(ids) == 0 {
-		return nil, fmt.Errorf("IPMI: no machine to serve: %v", err)
+		return nil, nil, fmt.Errorf("IPMI: no machine to serve: %v", err)
 	}
-	m, err := backend.Machine(ctx, ids[0])
+	srv, err := ipmi.NewServer(ipmi.Config{
+		Machine:   &lazyMachine{backend: backend, id: ids[0]},
+		Username:  creds.username,
+		Password:  creds.password,
+		EnableV15: o.ipmiV15,
+		Limiter:   limiter,
+		Logger:    log,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("IPMI: %w", err)
+		return nil, nil, err
 	}
-	srv, err := ipmi.NewServer(ipmi.Config{Machine: m, Username: creds.username, Password: creds.password, Logger: log})
+	conn, err := net.ListenPacket("udp", o.ipmiListen)
 	if err != nil {
-		return nil, err
-	}
-	conn, err := net.ListenPacket("udp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("IPMI: %w", err)
+		return nil, nil, fmt.Errorf("IPMI: %w", err)
 	}
 	go func() {
 		defer conn.Close()
 		if err := srv.Serve(ctx, conn); err != nil {
-			log.Error(err, "IPMI server stopped")
+			stop(err)
 		}
 	}()
-	return conn.LocalAddr(), nil
+	return srv, conn.LocalAddr(), nil
 }
 
 // serve runs srv until ctx ends, then drains in-flight requests.
@@ -236,6 +332,12 @@ func serve(ctx context.Context, srv *http.Server, listener net.Listener, log log
 		return err
 	case <-ctx.Done():
 	}
+	// A cause other than the caller's own cancellation is a failed part
+	// of the BMC (the IPMI listener): stop serving and report it.
+	failure := context.Cause(ctx)
+	if errors.Is(failure, context.Canceled) {
+		failure = nil
+	}
 	log.Info("shutting down", "timeout", shutdownTimeout)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
@@ -245,5 +347,5 @@ func serve(ctx context.Context, srv *http.Server, listener net.Listener, log log
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	return nil
+	return failure
 }

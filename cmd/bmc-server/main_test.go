@@ -71,12 +71,13 @@ func TestGeneratedCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := loadCredentials(noEnv, "")
-	// 16 characters of base64 carry 96 random bits and fit IPMI 1.5.
-	if !a.generated || a.username != "admin" || len(a.password) != 16 {
-		t.Errorf("generated credentials %+v: want admin and a 16-character password", a)
+	// 16 characters of base64 carry 96 random bits and fit IPMI 1.5; the
+	// username is random too, and fits IPMI's 16 bytes.
+	if !a.generated || !strings.HasPrefix(a.username, "bmc-") || len(a.username) != 16 || len(a.password) != 16 {
+		t.Errorf("generated credentials %+v: want bmc-<12 hex> and a 16-character password", a)
 	}
-	if a.password == b.password {
-		t.Errorf("two generated passwords are equal")
+	if a.password == b.password || a.username == b.username {
+		t.Errorf("two generated credentials share a username or password: %+v %+v", a, b)
 	}
 }
 
@@ -91,6 +92,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--password", "x"}, "not defined"},
 		{[]string{"extra"}, "unexpected"},
 		{[]string{"--backend", "kubevirt", "--vm", "node-1"}, "needs --namespace and --vm"},
+		{[]string{"--trusted-proxies", "10.0.0.0/8,not-a-cidr"}, "not-a-cidr"},
+		{[]string{"--max-connections-per-source", "0"}, "at least 1"},
+		{[]string{"--credentials-grace", "-1m"}, "negative"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -202,7 +206,7 @@ func TestIPMIListen(t *testing.T) {
 	args := []string{"--listen", "127.0.0.1:0", "--insecure-http", "--ipmi-listen", "127.0.0.1:0"}
 	go func() { done <- run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr) }()
 
-	addrPattern := regexp.MustCompile(`IPMI \(lanplus and lan\) at udp (\S+)`)
+	addrPattern := regexp.MustCompile(`IPMI \(lanplus\) at udp (\S+)`)
 	var addr string
 	for deadline := time.Now().Add(5 * time.Second); addr == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if m := addrPattern.FindStringSubmatch(stdout.String()); m != nil {

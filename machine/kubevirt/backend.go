@@ -12,6 +12,7 @@
 package kubevirt
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -52,6 +53,10 @@ type Options struct {
 	// RequestTimeout bounds every API call, so an unreachable API server
 	// yields ErrUnavailable rather than a hung request. Zero means 10s.
 	RequestTimeout time.Duration
+	// ProbeInterval is how often the API server is probed, so one that
+	// silently drops traffic is noticed (a watch on such a connection
+	// reports nothing for minutes). Zero means 5s.
+	ProbeInterval time.Duration
 	// MediaSize is the size of the DataVolume an inserted image is imported
 	// into. Zero means 8Gi.
 	MediaSize resource.Quantity
@@ -66,6 +71,7 @@ type Backend struct {
 	vmName    string
 	log       logr.Logger
 	timeout   time.Duration
+	probe     time.Duration
 	mediaSize resource.Quantity
 	mediaSC   string
 
@@ -77,6 +83,8 @@ type Backend struct {
 	// group (no virt-api), so the fallback is logged once, not per call.
 	subresourcesMissing atomic.Bool
 
+	// mediaMu makes inserts and ejects take turns.
+	mediaMu sync.Mutex
 	// cdiMu guards the remembered answer of cdiInstalledRecently.
 	cdiMu           sync.Mutex
 	cdiKnown        bool
@@ -90,13 +98,30 @@ type Backend struct {
 	// then go to the API server, whose answer tells a stale cache from an
 	// outage.
 	watchFailing atomic.Bool
+	// synced is set once the cache has read the VM and VMI.
+	synced atomic.Bool
 	// changed wakes the loop that consumes Once overrides.
 	changed chan struct{}
 
 	instancetypes instancetypeMemo
 }
 
-var _ machine.Backend = (*Backend)(nil)
+var (
+	_ machine.Backend   = (*Backend)(nil)
+	_ machine.Readiness = (*Backend)(nil)
+)
+
+// Ready reports whether the backend can answer: its cache has synced and
+// the API server is reachable. Before that, reads would miss the VMI.
+func (b *Backend) Ready() error {
+	switch {
+	case !b.synced.Load():
+		return machine.Errorf(machine.ErrUnavailable, "the cache of VM %s/%s has not synced yet", b.namespace, b.vmName)
+	case b.watchFailing.Load():
+		return machine.Errorf(machine.ErrUnavailable, "the API server is unreachable")
+	}
+	return nil
+}
 
 // Scheme has the types the backend reads and writes.
 func Scheme() *runtime.Scheme {
@@ -122,6 +147,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		vmName:    vmName,
 		log:       opts.Logger.WithValues("namespace", namespace, "vm", vmName),
 		timeout:   opts.RequestTimeout,
+		probe:     cmp.Or(opts.ProbeInterval, 5*time.Second),
 		mediaSize: opts.MediaSize,
 		mediaSC:   opts.MediaStorageClass,
 		changed:   make(chan struct{}, 1),
@@ -209,13 +235,16 @@ func (b *Backend) Start(ctx context.Context) error {
 	b.cacheMu.Lock()
 	b.cache = c
 	b.cacheMu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		b.consumeOnceLoop(ctx)
-	}()
+	var loops sync.WaitGroup
+	loops.Go(func() { b.consumeOnceLoop(ctx) })
+	loops.Go(func() {
+		if c.WaitForCacheSync(ctx) {
+			b.synced.Store(true)
+		}
+	})
+	loops.Go(func() { b.probeLoop(ctx) })
 	err = c.Start(ctx)
-	<-done
+	loops.Wait()
 	return err
 }
 
@@ -234,7 +263,11 @@ func (b *Backend) WaitForCacheSync(ctx context.Context) bool {
 		c = b.startedCache()
 		return c != nil, nil
 	})
-	return err == nil && c.WaitForCacheSync(ctx)
+	if err != nil || !c.WaitForCacheSync(ctx) {
+		return false
+	}
+	b.synced.Store(true) // now, not when Start's own wait notices
+	return true
 }
 
 // observed runs for every informer event: the watch works, and the VM or
@@ -260,6 +293,28 @@ func (b *Backend) unreachable(err error) {
 func (b *Backend) reachable() {
 	if b.watchFailing.Swap(false) {
 		b.log.Info("API server reachable again")
+	}
+}
+
+// probeLoop asks the API server for the VM every probe interval, through
+// the same transport as every other request, so reachability tracks a
+// blackholed server (noticed within the interval plus the request timeout)
+// as well as a refused one.
+func (b *Backend) probeLoop(ctx context.Context) {
+	ticker := time.NewTicker(b.probe)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		probeCtx, cancel := context.WithTimeout(ctx, b.timeout)
+		err := b.client.Get(probeCtx, types.NamespacedName{Namespace: b.namespace, Name: b.vmName}, &kubevirtv1.VirtualMachine{})
+		cancel()
+		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
+			b.unreachable(err)
+		}
 	}
 }
 
@@ -295,7 +350,7 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalledRecently()}, nil
+	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalledRecently(ctx)}, nil
 }
 
 // read returns the VM and its VMI (nil when there is none).
@@ -492,24 +547,51 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 // later shows within this time; InsertMedia always asks afresh.
 const cdiRecheck = time.Minute
 
-// cdiInstalledRecently is cdiInstalled, remembered for cdiRecheck.
-func (b *Backend) cdiInstalledRecently() bool {
+// cdiInstalledRecently is cdiInstalled, remembered for cdiRecheck. The
+// lock guards the remembered answer only, never the lookup: a discovery
+// request to a slow API server must not queue every other request.
+func (b *Backend) cdiInstalledRecently(ctx context.Context) bool {
 	b.cdiMu.Lock()
-	defer b.cdiMu.Unlock()
-	if time.Now().Before(b.cdiTrustedUntil) {
-		return b.cdiKnown
+	known, trusted := b.cdiKnown, time.Now().Before(b.cdiTrustedUntil)
+	b.cdiMu.Unlock()
+	if trusted {
+		return known
 	}
-	installed, definite := b.lookUpCDI()
+	installed, definite := b.lookUpCDIWithin(ctx)
 	if definite {
+		b.cdiMu.Lock()
 		b.cdiKnown, b.cdiTrustedUntil = installed, time.Now().Add(cdiRecheck)
+		b.cdiMu.Unlock()
 	}
 	return installed
 }
 
 // cdiInstalled reports whether the API server serves CDI's DataVolume.
-func (b *Backend) cdiInstalled() bool {
-	installed, _ := b.lookUpCDI()
+func (b *Backend) cdiInstalled(ctx context.Context) bool {
+	installed, _ := b.lookUpCDIWithin(ctx)
 	return installed
+}
+
+// lookUpCDIWithin is lookUpCDI bounded by the request timeout. The REST
+// mapper's discovery takes no context, so it runs aside and is abandoned
+// (it ends with its connection) when it takes too long; the answer is then
+// unknown.
+func (b *Backend) lookUpCDIWithin(ctx context.Context) (installed, definite bool) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	type answer struct{ installed, definite bool }
+	done := make(chan answer, 1)
+	go func() {
+		installed, definite := b.lookUpCDI()
+		done <- answer{installed, definite}
+	}()
+	select {
+	case a := <-done:
+		return a.installed, a.definite
+	case <-ctx.Done():
+		b.log.V(1).Info("CDI discovery timed out; offering virtual media until known", "timeout", b.timeout)
+		return true, false
+	}
 }
 
 // lookUpCDI asks the REST mapper for CDI's DataVolume. definite is false

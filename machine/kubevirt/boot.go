@@ -56,13 +56,43 @@ func (m *Machine) SetBootOverride(ctx context.Context, o machine.BootOverride) e
 		return err
 	}
 	o = o.Normalize()
-	_, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
+	recreated := false
+	vmi, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
 		if mode := bootMode(vm); o.Mode != mode {
 			return false, machine.Errorf(machine.ErrNotSupported, "boot mode %s: the VM's firmware is %s", o.Mode, mode)
 		}
+		strategy, err := vm.RunStrategy()
+		if err != nil {
+			return false, err
+		}
+		recreated = strategy == kubevirtv1.RunStrategyAlways || strategy == kubevirtv1.RunStrategyRerunOnFailure
 		return applyOverride(vm, vmi, o)
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	// A VMI that exists but whose guest has not started (PoweringOn) was
+	// made from the template before this override, and would boot without
+	// it; MaaS, reading PoweringOn as off, sets PXE and sends On, which
+	// does nothing. Nothing has booted yet, so that start is restarted:
+	// KubeVirt recreates the VMI from the template, override included.
+	if o.Target != machine.BootNone && recreated && vmi != nil && vmi.DeletionTimestamp == nil &&
+		!guestStarted(vmi) && firstBootDevice(&vmi.Spec) != o.Target {
+		m.b.log.Info("boot override set while the VM was starting: restarting that start so it boots the override", "target", o.Target)
+		immediately := int64(0)
+		return m.b.deleteVMI(ctx, vmi.UID, &immediately)
+	}
+	return nil
+}
+
+// guestStarted reports whether the VMI's guest has booted (it is running or
+// has run); before that, the VMI is only being scheduled and set up.
+func guestStarted(vmi *kubevirtv1.VirtualMachineInstance) bool {
+	switch vmi.Status.Phase {
+	case kubevirtv1.Running, kubevirtv1.Succeeded, kubevirtv1.Failed:
+		return true
+	}
+	return false
 }
 
 // applyOverride changes vm to carry o; vmi is the current VMI (or nil).
@@ -90,7 +120,9 @@ func applyOverride(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachine
 		return false, err
 	}
 	state := overrideState{Target: o.Target, Enabled: o.Enabled}
-	if o.Enabled == machine.BootOnce && vmi != nil {
+	// A VMI whose guest already booted did not use the override; the next
+	// one will. One still starting is restarted by SetBootOverride.
+	if o.Enabled == machine.BootOnce && vmi != nil && guestStarted(vmi) {
 		state.SetDuringVMI = string(vmi.UID)
 	}
 	data, err := json.Marshal(state)

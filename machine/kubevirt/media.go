@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -44,9 +45,13 @@ func (m *Machine) InsertMedia(ctx context.Context, image string) error {
 	if err := machine.CheckImageURL(image); err != nil {
 		return err
 	}
-	if !m.b.cdiInstalled() {
+	if !m.b.cdiInstalled(ctx) {
 		return machine.Errorf(machine.ErrNotSupported, "virtual media needs CDI: the DataVolume API (cdi.kubevirt.io/v1beta1) is not installed")
 	}
+	// One drive, one DataVolume name: inserts and ejects take turns, so
+	// one insert never replaces the DataVolume another has just attached.
+	m.b.mediaMu.Lock()
+	defer m.b.mediaMu.Unlock()
 	vm, _, err := m.b.readLive(ctx)
 	if err != nil {
 		return err
@@ -54,7 +59,8 @@ func (m *Machine) InsertMedia(ctx context.Context, image string) error {
 	if hasMedia(vm) {
 		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", vm.Annotations[mediaAnnotation])
 	}
-	if err := m.b.createMediaDataVolume(ctx, vm, image); err != nil {
+	dv, err := m.b.createMediaDataVolume(ctx, vm, image)
+	if err != nil {
 		return err
 	}
 	_, err = m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, _ *kubevirtv1.VirtualMachineInstance) (bool, error) {
@@ -73,11 +79,19 @@ func (m *Machine) InsertMedia(ctx context.Context, image string) error {
 		setAnnotation(vm, mediaAnnotation, image)
 		return true, nil
 	})
+	if err != nil {
+		// Not attached: the DataVolume this call made must not outlive it.
+		if cleanupErr := m.b.deleteMediaDataVolume(ctx, &dv.UID); cleanupErr != nil {
+			m.b.log.Error(cleanupErr, "cannot delete the DataVolume of a failed insert", "dataVolume", dv.Name)
+		}
+	}
 	return err
 }
 
 // EjectMedia detaches the CD-ROM and deletes its DataVolume.
 func (m *Machine) EjectMedia(ctx context.Context) error {
+	m.b.mediaMu.Lock()
+	defer m.b.mediaMu.Unlock()
 	_, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, _ *kubevirtv1.VirtualMachineInstance) (bool, error) {
 		if !hasMedia(vm) {
 			return false, nil
@@ -91,14 +105,15 @@ func (m *Machine) EjectMedia(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return m.b.deleteMediaDataVolume(ctx)
+	return m.b.deleteMediaDataVolume(ctx, nil)
 }
 
-// createMediaDataVolume creates the DataVolume, replacing one a failed
-// insert may have left behind. The VM owns it, so deleting the VM deletes it.
-func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.VirtualMachine, image string) error {
-	if err := b.deleteMediaDataVolume(ctx); err != nil {
-		return err
+// createMediaDataVolume creates the DataVolume, replacing one left behind
+// (by a BMC that died mid-insert: vm, read live under mediaMu, does not
+// use it). The VM owns it, so deleting the VM deletes it.
+func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.VirtualMachine, image string) (*cdiv1beta1.DataVolume, error) {
+	if err := b.deleteMediaDataVolume(ctx, nil); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
@@ -125,18 +140,24 @@ func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.Virt
 		dv.Spec.Storage.StorageClassName = &b.mediaSC
 	}
 	if err := b.client.Create(ctx, dv); err != nil {
-		return b.apiError(err, "creating DataVolume "+dv.Name+" for")
+		return nil, b.apiError(err, "creating DataVolume "+dv.Name+" for")
 	}
-	return nil
+	return dv, nil
 }
 
-func (b *Backend) deleteMediaDataVolume(ctx context.Context) error {
+// deleteMediaDataVolume deletes the media DataVolume; with uid, only that
+// one (not a newer one of the same name).
+func (b *Backend) deleteMediaDataVolume(ctx context.Context, uid *types.UID) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	dv := &cdiv1beta1.DataVolume{}
 	dv.Namespace, dv.Name = b.namespace, b.mediaDataVolume()
-	err := b.client.Delete(ctx, dv, client.PropagationPolicy(metav1.DeletePropagationBackground))
-	if apierrors.IsNotFound(err) {
+	opts := []client.DeleteOption{client.PropagationPolicy(metav1.DeletePropagationBackground)}
+	if uid != nil {
+		opts = append(opts, client.Preconditions{UID: uid})
+	}
+	err := b.client.Delete(ctx, dv, opts...)
+	if apierrors.IsNotFound(err) || uid != nil && apierrors.IsConflict(err) {
 		return nil
 	}
 	return b.apiError(err, "deleting DataVolume "+dv.Name+" of")

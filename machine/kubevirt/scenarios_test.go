@@ -303,6 +303,9 @@ type proxy struct {
 	mu       sync.Mutex
 	listener net.Listener
 	conns    []net.Conn
+	// dropping: bytes are read and thrown away, connections stay open, as
+	// through a firewall that drops packets without a reset.
+	dropping bool
 }
 
 func newProxy(t *testing.T, target string) *proxy {
@@ -335,10 +338,34 @@ func (p *proxy) serve(l net.Listener) {
 			p.mu.Lock()
 			p.conns = append(p.conns, in, out)
 			p.mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); out.Close() }()
-			go func() { _, _ = io.Copy(in, out); in.Close() }()
+			go func() { _, _ = io.Copy(p.gate(out), in); out.Close() }()
+			go func() { _, _ = io.Copy(p.gate(in), out); in.Close() }()
 		}
 	}()
+}
+
+// gate passes writes to w until the proxy starts dropping.
+func (p *proxy) gate(w io.Writer) io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		p.mu.Lock()
+		dropping := p.dropping
+		p.mu.Unlock()
+		if dropping {
+			return len(b), nil
+		}
+		return w.Write(b)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// blackhole drops all traffic from now on, on open and new connections.
+func (p *proxy) blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropping = true
 }
 
 // cut closes the listener and every relayed connection.
@@ -573,5 +600,45 @@ func TestMediaWithoutCDI(t *testing.T) {
 	}
 	if media, err := m.VirtualMedia(t.Context()); err != nil || media.Inserted {
 		t.Fatalf("VirtualMedia = %+v, %v", media, err)
+	}
+}
+
+// TestBlackholedAPIServerDetected: an API server whose traffic is silently
+// dropped (no reset, connections stay open) is noticed within the probe
+// interval plus the request timeout: the backend is no longer ready and
+// reads fail with ErrUnavailable instead of hanging.
+func TestBlackholedAPIServerDetected(t *testing.T) {
+	ctx := t.Context()
+	ns := newNamespace(t)
+	newVM(t, ns, "vm", nil)
+	apiHost, err := url(env.Config.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProxy(t, apiHost)
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Host = "https://" + p.addr
+	const timeout, probe = 500 * time.Millisecond, 200 * time.Millisecond
+	b := startBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: timeout, ProbeInterval: probe})
+	m := mustMachine(t, b, "vm")
+	eventually(t, "ready", func() bool { return b.Ready() == nil })
+
+	p.blackhole()
+	start := time.Now()
+	for b.Ready() == nil {
+		if time.Since(start) > 4*(timeout+probe) {
+			t.Fatalf("still ready %v after the API server went silent", time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !errors.Is(b.Ready(), machine.ErrUnavailable) {
+		t.Fatalf("Ready = %v, want ErrUnavailable", b.Ready())
+	}
+	readStart := time.Now()
+	if _, err := m.PowerState(ctx); !errors.Is(err, machine.ErrUnavailable) {
+		t.Fatalf("PowerState through a blackhole: %v, want ErrUnavailable", err)
+	}
+	if d := time.Since(readStart); d > 2*timeout+time.Second {
+		t.Fatalf("PowerState took %v, want about the request timeout", d)
 	}
 }

@@ -2,8 +2,8 @@
 // watches VirtualMachines and acts on their runStrategy the way KubeVirt
 // does. It creates and deletes VMIs, moves the VM's printableStatus through
 // Starting, Running, Stopping and Stopped and the VMI's phase from Pending
-// to Running, persists a firmware UUID, and records the device every VMI
-// boots from: the one with the lowest bootOrder when the VMI is created.
+// to Running, persists a firmware UUID, and records the device every guest
+// boots from: its VMI's lowest bootOrder, when the VMI reaches Running.
 // VirtAPI stands in for virt-api's stop and restart subresources.
 package virtsim
 
@@ -34,6 +34,10 @@ import (
 // shutdownFinalizer keeps a deleted VMI visible while it "shuts down", as
 // KubeVirt's own finalizers do.
 const shutdownFinalizer = "virtsim.virtmetal.io/shutdown"
+
+// HoldStartAnnotation on a VM keeps its VMI Pending (VM Starting, the
+// guest not booted) until removed: a VM caught mid-start.
+const HoldStartAnnotation = "virtsim.virtmetal.io/hold-start"
 
 // Options sets how long transitions take.
 type Options struct {
@@ -84,7 +88,8 @@ func New(cfg *rest.Config, opts Options) (*Simulator, error) {
 // Start runs the simulator until ctx ends.
 func (s *Simulator) Start(ctx context.Context) error { return s.mgr.Start(ctx) }
 
-// Boots returns the boot device of every VMI created for the VM so far.
+// Boots returns the device each guest of the VM booted from so far (one
+// per VMI that reached Running).
 func (s *Simulator) Boots(namespace, name string) []machine.BootTarget {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -147,11 +152,16 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 		status = kubevirtv1.VirtualMachineStatusStarting
 		if left := s.opts.StartDelay - time.Since(vmi.CreationTimestamp.Time); left > 0 {
 			result.RequeueAfter = left
-		} else {
+		} else if _, held := vm.Annotations[HoldStartAnnotation]; !held {
 			vmi.Status.Phase = kubevirtv1.Running
 			if err := s.api.Update(ctx, vmi); err != nil {
 				return ctrl.Result{}, err
 			}
+			// The guest boots now, from the VMI's own bootOrder.
+			key := client.ObjectKeyFromObject(vm)
+			s.mu.Lock()
+			s.boots[key] = append(s.boots[key], bootDevice(&vmi.Spec))
+			s.mu.Unlock()
 			status = kubevirtv1.VirtualMachineStatusRunning
 		}
 	case run:
@@ -195,10 +205,6 @@ func (s *Simulator) createVMI(ctx context.Context, vm *kubevirtv1.VirtualMachine
 	if err := s.api.Create(ctx, vmi); err != nil {
 		return fmt.Errorf("creating VMI: %w", err)
 	}
-	key := client.ObjectKeyFromObject(vm)
-	s.mu.Lock()
-	s.boots[key] = append(s.boots[key], bootDevice(&vmi.Spec))
-	s.mu.Unlock()
 	return nil
 }
 

@@ -1,0 +1,59 @@
+package kubevirt_test
+
+import (
+	"slices"
+	"testing"
+
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+)
+
+// TestOverrideWhileStarting plays MaaS's power-on sequence against a VM
+// caught mid-start (the VMI exists, the guest has not booted): MaaS reads
+// PoweringOn as off, so it skips its power-off, sets a one-time PXE boot
+// and sends On. The machine must boot from the network, once.
+func TestOverrideWhileStarting(t *testing.T) {
+	ns := newNamespace(t)
+	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
+		always := kubevirtv1.RunStrategyAlways
+		vm.Spec.RunStrategy = &always
+		vm.Annotations = map[string]string{virtsim.HoldStartAnnotation: "test"}
+	})
+	m := mustMachine(t, startBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	ctx := t.Context()
+	waitPower(t, m, machine.PoweringOn)
+
+	if err := m.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
+		t.Fatalf("SetBootOverride while starting: %v", err)
+	}
+	if err := m.Reset(ctx, machine.ResetOn); err != nil {
+		t.Fatalf("On while starting: %v", err)
+	}
+	// Let the start finish.
+	vm := getVM(t, ns, "vm")
+	patch := client.MergeFrom(vm.DeepCopy())
+	delete(vm.Annotations, virtsim.HoldStartAnnotation)
+	if err := env.Client.Patch(ctx, vm, patch); err != nil {
+		t.Fatal(err)
+	}
+	waitPower(t, m, machine.PowerOn)
+	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+		t.Fatalf("boots = %v, want [Pxe]: the start under way must use the override", boots)
+	}
+	eventually(t, "the Once override consumed by that boot", func() bool {
+		o, err := m.BootOverride(ctx)
+		return err == nil && o.Enabled == machine.BootDisabled
+	})
+	// The next start boots the disk again.
+	if err := m.Reset(ctx, machine.ResetForceRestart); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
+	if boots := sim.Boots(ns, "vm"); boots[1] != machine.BootHdd {
+		t.Fatalf("boots = %v, want the disk after the Once override", boots)
+	}
+}
