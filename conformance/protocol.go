@@ -74,6 +74,7 @@ type errorCase struct {
 	method  string
 	path    string
 	auth    credentials
+	body    any // sent as JSON, with the headers' Content-Type if they set one
 	headers map[string]string
 	status  int
 	// check adds rule-specific problems about the answer.
@@ -97,11 +98,22 @@ func (s *session) checkErrorBodies(ctx context.Context) error {
 		{rule: ruleODataVersion, method: http.MethodGet, path: serviceRootPath, headers: map[string]string{"OData-Version": "4.1"}, status: http.StatusPreconditionFailed},
 		{rule: ruleQuery, method: http.MethodGet, path: serviceRootPath + "?$conformanceunknown", status: http.StatusNotImplemented},
 	}
+	// Without credentials every protected URI answers 401, whatever the
+	// method: a 405 with Allow would map the service to anyone.
 	for _, uri := range protected {
-		cases = append(cases, errorCase{rule: ruleAuthentication, method: http.MethodGet, path: uri, auth: anonymous, status: http.StatusUnauthorized})
+		for _, method := range []string{http.MethodGet, http.MethodPut} {
+			cases = append(cases, errorCase{rule: ruleAuthentication, method: method, path: uri, auth: anonymous, status: http.StatusUnauthorized})
+		}
 	}
+	// A login posted as a form (what a web page can make a browser send)
+	// is refused for its media type, before its made-up credentials count.
+	cases = append(cases, errorCase{
+		rule: ruleMediaType, method: http.MethodPost, path: "/redfish/v1/SessionService/Sessions", auth: anonymous,
+		body:    map[string]any{"UserName": "conformance-no-such-user", "Password": "wrong"},
+		headers: map[string]string{"Content-Type": "text/plain"}, status: http.StatusUnsupportedMediaType,
+	})
 	for _, c := range cases {
-		r, err := s.request(ctx, c.method, c.path, nil, c.auth, c.headers)
+		r, err := s.request(ctx, c.method, c.path, c.body, c.auth, c.headers)
 		if err != nil {
 			return err
 		}

@@ -29,6 +29,7 @@ const (
 	ruleODataVersion    = "OData-Version"
 	ruleQuery           = "query parameters"
 	ruleAuthentication  = "authentication"
+	ruleMediaType       = "415 for non-JSON bodies"
 	ruleMethodNotAllow  = "405 and Allow"
 	ruleNotFound        = "404"
 	ruleErrorBody       = "error body"

@@ -178,6 +178,8 @@ func TestSuiteCatchesBrokenServices(t *testing.T) {
 		{"logout that keeps the token", ignoreMethodOn(http.MethodDelete, "/SessionService/Sessions/"), "session life cycle"},
 		{"stale If-Match accepted", stripRequestHeader("If-Match"), "patch"},
 		{"protected URI open to all", openSystems, "authentication"},
+		{"wrong method answered before authentication", wrongMethodBeforeAuth, "authentication"},
+		{"form bodies taken as JSON", setRequestHeader("Content-Type", "application/json"), "415 for non-JSON bodies"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -264,6 +266,30 @@ func stripRequestHeader(name string) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+func setRequestHeader(name, value string) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Body != http.NoBody && r.ContentLength != 0 {
+				r.Header.Set(name, value)
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// wrongMethodBeforeAuth answers a PUT with 405 whatever its credentials, as
+// a router that matches methods before it authenticates does.
+func wrongMethodBeforeAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, `{"error":{"code":"Base.1.19.OperationNotAllowed","message":"no"}}`, http.StatusMethodNotAllowed)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func stripQuery(next http.Handler) http.Handler {
