@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,8 +59,11 @@ func TestMain(m *testing.M) {
 }
 
 func runSuite(m *testing.M) int {
+	// VIRTMETAL_TEST_LOGS=1 shows the manager's logs.
 	if os.Getenv("VIRTMETAL_TEST_LOGS") != "" {
 		ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true)))
+	} else {
+		ctrl.SetLogger(logr.Discard())
 	}
 	var err error
 	env, err = kubetest.Start(kubetest.Options{})

@@ -4,8 +4,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 
 	"sigs.k8s.io/yaml"
 )
@@ -77,5 +80,51 @@ func TestGeneratedManifestsAreCurrent(t *testing.T) {
 				t.Errorf("%s differs from what its Go types and markers generate: run hack/generate.sh", committed)
 			}
 		}
+	}
+}
+
+// TestCRDDocumentsItself: `kubectl get vmbmc` shows VM, READY, URL, MAAS
+// STATUS and AGE, and `kubectl explain vmbmc.spec` has a description for
+// every field.
+func TestCRDDocumentsItself(t *testing.T) {
+	data, err := CRDs.ReadFile("crd/bmc.virtmetal.io_virtualmachinebmcs.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(data, crd); err != nil {
+		t.Fatal(err)
+	}
+	version := crd.Spec.Versions[0]
+	var columns []string
+	for _, c := range version.AdditionalPrinterColumns {
+		columns = append(columns, strings.ToUpper(c.Name))
+	}
+	if got := strings.Join(columns, ","); got != "VM,READY,URL,MAAS STATUS,AGE" {
+		t.Errorf("printer columns %s", got)
+	}
+	if !slices.Contains(crd.Spec.Names.ShortNames, "vmbmc") {
+		t.Errorf("short names %v, want vmbmc", crd.Spec.Names.ShortNames)
+	}
+	var undocumented []string
+	var walk func(path string, s apiextensionsv1.JSONSchemaProps)
+	walk = func(path string, s apiextensionsv1.JSONSchemaProps) {
+		if s.Description == "" {
+			undocumented = append(undocumented, path)
+		}
+		for name, p := range s.Properties {
+			walk(path+"."+name, p)
+		}
+		if s.Items != nil && s.Items.Schema != nil {
+			walk(path+"[]", *s.Items.Schema)
+		}
+	}
+	spec := version.Schema.OpenAPIV3Schema.Properties["spec"]
+	for name, p := range spec.Properties {
+		walk("spec."+name, p)
+	}
+	if len(undocumented) > 0 {
+		slices.Sort(undocumented)
+		t.Errorf("fields without a description (kubectl explain shows nothing): %v", undocumented)
 	}
 }

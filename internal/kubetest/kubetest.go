@@ -97,6 +97,9 @@ func Start(opts Options) (*Env, error) {
 		Scheme:                scheme,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: opts.WebhookPaths},
 	}
+	// envtest's default service range holds 253 Services; a cluster's holds
+	// thousands, and every BMC has one.
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.96.0.0/16")
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, fmt.Errorf("starting envtest from %s: %w", assets, err)
