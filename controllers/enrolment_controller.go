@@ -90,17 +90,35 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if !enrolled {
 		return ctrl.Result{}, r.unenrol(ctx, vm)
 	}
-	if err := r.ensureBMC(ctx, vm); err != nil {
+	// Identity first: the VM's own update event then brings the next
+	// reconcile, with the cache already holding the stamped VM.
+	repaired, err := r.repairIdentity(ctx, vm)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	return ctrl.Result{}, r.repairIdentity(ctx, vm)
+	created, err := r.ensureBMC(ctx, vm)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// One Event for what this reconcile did.
+	switch {
+	case created != "" && repaired != "":
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created VirtualMachineBMC %s; %s", created, repaired)
+	case created != "":
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created VirtualMachineBMC %s", created)
+	case repaired != "":
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonIdentityRepaired, "Stamp", "%s", repaired)
+	}
+	return ctrl.Result{}, nil
 }
 
-func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+// ensureBMC creates the VM's VirtualMachineBMC when it has none, and returns
+// its name when it did.
+func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.VirtualMachine) (string, error) {
 	key := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
 	err := r.Client.Get(ctx, key, &v1beta1.VirtualMachineBMC{})
 	if !apierrors.IsNotFound(err) {
-		return err // present (the user's or ours, as it is), or a real error
+		return "", err // present (the user's or ours, as it is), or a real error
 	}
 	bmcLabels := childLabels(vm.Name)
 	bmcLabels[v1beta1.LabelEnrolled] = "true"
@@ -109,13 +127,12 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 		Spec:       v1beta1.VirtualMachineBMCSpec{VMName: vm.Name},
 	}
 	if err := controllerutil.SetControllerReference(vm, b, r.Scheme); err != nil {
-		return err
+		return "", err
 	}
 	if err := r.Client.Create(ctx, b); err != nil {
-		return client.IgnoreAlreadyExists(err)
+		return "", client.IgnoreAlreadyExists(err)
 	}
-	r.Events.Eventf(vm, b, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created VirtualMachineBMC %s", b.Name)
-	return nil
+	return b.Name, nil
 }
 
 // unenrol deletes what enrolment made: the VirtualMachineBMC it created and
@@ -144,27 +161,27 @@ func (r *EnrolmentReconciler) unenrol(ctx context.Context, vm *kubevirtv1.Virtua
 	return nil
 }
 
-// repairIdentity stamps the VM's identity and patches what differs. The
-// patch carries the resourceVersion it was computed from, so a concurrent
-// edit is retried on fresh data rather than overwritten.
-func (r *EnrolmentReconciler) repairIdentity(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+// repairIdentity stamps the VM's identity and patches what differs, and
+// says what it did ("" for nothing). The patch carries the resourceVersion
+// it was computed from, so a concurrent edit is retried on fresh data
+// rather than overwritten.
+func (r *EnrolmentReconciler) repairIdentity(ctx context.Context, vm *kubevirtv1.VirtualMachine) (string, error) {
 	stamped := vm.DeepCopy()
 	warnings, err := r.Identity.Stamp(ctx, stamped)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if equality.Semantic.DeepEqual(stamped.Spec, vm.Spec) {
-		return nil
+		return "", nil
 	}
 	if err := r.Client.Patch(ctx, stamped, client.MergeFromWithOptions(vm, client.MergeFromWithOptimisticLock{})); err != nil {
-		return err
+		return "", err
 	}
 	note := "set SMBIOS serial, UUID and MACs"
 	if len(warnings) > 0 {
 		note += ": " + strings.Join(warnings, "; ")
 	}
-	r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonIdentityRepaired, "Stamp", "%s", note)
-	return nil
+	return note, nil
 }
 
 // count keeps the enrolled-VMs gauge.

@@ -112,6 +112,19 @@ func TestEnrolment(t *testing.T) {
 		waitFor(t, "removal under the flag's selector", func() error { return unenrolled(key) })
 	})
 
+	t.Run("an edited serial is put back", func(t *testing.T) {
+		ns := namespace(t, "enrol-serial", true)
+		vm := createVM(t, newVM(ns, "web1"))
+		key := client.ObjectKeyFromObject(vm)
+		waitFor(t, "serial", func() error { return serialIs(key, "web1."+ns) })
+		// Without the webhook in this suite, only the loop can repair it.
+		update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
+			obj.(*kubevirtv1.VirtualMachine).Spec.Template.Spec.Domain.Firmware.Serial = "victim.team-b"
+		})
+		waitFor(t, "serial repaired", func() error { return serialIs(key, "web1."+ns) })
+		waitFor(t, "an Event saying so", func() error { return eventWithReason(ns, "IdentityRepaired") })
+	})
+
 	t.Run("a deleted VirtualMachineBMC comes back", func(t *testing.T) {
 		ns := namespace(t, "enrol-comeback", true)
 		vm := createVM(t, newVM(ns, "web1"))
