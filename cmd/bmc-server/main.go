@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	srv := &http.Server{
-		Handler:           handler,
+		Handler:           withProbes(handler, backend),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
@@ -173,6 +173,33 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stdout, "Password: from %s\n", creds.source)
 	}
 	return serve(ctx, srv, listener, log)
+}
+
+// withProbes serves the kubelet's probes, which carry no credentials, beside
+// the Redfish service: /healthz while the process serves, /readyz while the
+// backend can read its first machine (the kubevirt backend: its VM through
+// the API server), so that a BMC that cannot act takes no traffic.
+func withProbes(redfishHandler http.Handler, backend machine.Backend) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ids, err := backend.Machines(r.Context())
+		if err == nil && len(ids) == 0 {
+			err = errors.New("no machine")
+		}
+		if err == nil {
+			_, err = backend.Machine(r.Context(), ids[0])
+		}
+		if err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.Handle("/", redfishHandler)
+	return mux
 }
 
 func tlsConfig(o options) (*tls.Config, error) {
