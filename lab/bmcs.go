@@ -98,6 +98,7 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 		case p.proc.exited():
 			s.remove(key, p)
 		default:
+			s.route(ctx, key, p)
 			continue
 		}
 		if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
@@ -191,10 +192,6 @@ func (s *bmcSupervisor) start(ctx context.Context, d *appsv1.Deployment, templat
 	if p.redfish == "" {
 		return fmt.Errorf("no --listen in %q", container.Args)
 	}
-	var ingress networkingv1.Ingress
-	if err := s.l.Client.Get(ctx, client.ObjectKeyFromObject(d), &ingress); err == nil && len(ingress.Spec.Rules) > 0 {
-		p.host = ingress.Spec.Rules[0].Host
-	}
 	kubeconfig, err := s.l.kubeconfig(d.Namespace, pod.ServiceAccountName)
 	if err != nil {
 		return err
@@ -276,14 +273,33 @@ func (s *bmcSupervisor) awaitReady(key types.NamespacedName, p *bmcProcess) {
 		return
 	}
 	p.ready = true
-	if p.host != "" {
-		s.hosts[p.host] = p.redfish
-	}
 	if p.ipmi != "" {
 		s.ipmi[p.vm] = p.ipmi
 	}
 	s.mu.Unlock()
+	s.route(s.l.ctx, key, p)
 	s.l.progress.record(p.vm, StepBMCReady, fmt.Sprintf("bmc-server at %s (start %d)", p.redfish, p.starts))
+}
+
+// route is the Ingress controller: once the BMC's Ingress exists, its host
+// leads to the ready process.
+func (s *bmcSupervisor) route(ctx context.Context, key types.NamespacedName, p *bmcProcess) {
+	s.mu.Lock()
+	routed := p.host != "" || !p.ready
+	s.mu.Unlock()
+	if routed {
+		return
+	}
+	var ingress networkingv1.Ingress
+	if err := s.l.Client.Get(ctx, key, &ingress); err != nil || len(ingress.Spec.Rules) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[key] == p {
+		p.host = strings.ToLower(ingress.Spec.Rules[0].Host)
+		s.hosts[p.host] = p.redfish
+	}
 }
 
 // dial resolves the BMCs' Ingress host names to their processes; any other

@@ -48,6 +48,9 @@ type maasSim struct {
 	seen    map[types.UID]bool                                 // VM instances already booted
 	waiting map[string]chan *kubevirtv1.VirtualMachineInstance // system_id → its commissioning's boot
 	enlist  sync.Mutex                                         // one enlistment at a time, so a MAC enlists once
+	// consumed says, per VM, whether the BMC showed the Once override
+	// gone once the commissioning's PXE boot happened.
+	consumed map[maas.VMRef]bool
 }
 
 func newMaaSSim(l *Lab) (*maasSim, error) {
@@ -65,7 +68,7 @@ func newMaaSSim(l *Lab) (*maasSim, error) {
 	if err := os.WriteFile(script, []byte(filled), 0o700); err != nil {
 		return nil, err
 	}
-	return &maasSim{l: l, script: script, seen: map[types.UID]bool{}, waiting: map[string]chan *kubevirtv1.VirtualMachineInstance{}}, nil
+	return &maasSim{l: l, script: script, seen: map[types.UID]bool{}, waiting: map[string]chan *kubevirtv1.VirtualMachineInstance{}, consumed: map[maas.VMRef]bool{}}, nil
 }
 
 // runGuests watches the VM instances come up; each that boots from the
@@ -302,6 +305,12 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 	case <-ctx.Done():
 		return
 	}
+	if system := s.l.RedfishSystem(ctx, vm); system != nil {
+		boot, _ := system["Boot"].(map[string]any)
+		s.mu.Lock()
+		s.consumed[vm] = boot["BootSourceOverrideEnabled"] == "Disabled"
+		s.mu.Unlock()
+	}
 	if !s.l.MaaS.SkipsBMCConfig(systemID) {
 		config, err := s.runBMCConfig(ctx, vmi)
 		if err != nil {
@@ -342,4 +351,14 @@ func (s *maasSim) driverFor(ctx context.Context, m maastest.Machine, vm maas.VMR
 		return nil, fmt.Errorf("power type %q: the lab's MaaS drives redfish and ipmi", m.PowerType)
 	}
 	return newRedfishDriver(params["power_address"], params["power_user"], params["power_pass"], params["node_id"], s.l.bmcs.dial), nil
+}
+
+// OnceConsumed says whether the VM's BMC showed no boot override left right
+// after the commissioning's PXE boot: the Once override MaaS set was used
+// by that boot. (MaaS's redfish power_off sets Once/Pxe again for the next
+// power-on; its IPMI power-off does not.)
+func (l *Lab) OnceConsumed(vm maas.VMRef) bool {
+	l.sim.mu.Lock()
+	defer l.sim.mu.Unlock()
+	return l.sim.consumed[vm]
 }
