@@ -267,6 +267,7 @@ func (s *maasSim) commissioned(systemID string) {
 		return
 	}
 	vm, _ := maas.ParseBMCAddress(m.PowerParameters["power_address"], s.l.Domain)
+	s.l.noticeNamed(m)
 	s.l.progress.record(vm, StepCommissioning, "system_id "+systemID+" as "+m.Hostname)
 	boot := make(chan *kubevirtv1.VirtualMachineInstance, 1)
 	s.mu.Lock()

@@ -119,10 +119,7 @@ func (l *Lab) watchProgress(ctx context.Context) {
 			}
 		}
 		for _, m := range l.MaaS.Machines() {
-			ref, ok := maas.ParseBMCAddress(m.PowerParameters["power_address"], l.Domain)
-			if ok && m.Hostname == maas.Hostname(ref) && m.Pool == ref.Namespace && m.Pool != maastest.DefaultPool {
-				l.progress.record(ref, StepNamed, fmt.Sprintf("%s in pool %s", m.Hostname, m.Pool))
-			}
+			l.noticeNamed(m)
 		}
 		select {
 		case <-ctx.Done():
@@ -147,5 +144,13 @@ func identity(vm *kubevirtv1.VirtualMachine) (mac, serial string) {
 func (l *Lab) logf(format string, args ...any) {
 	if l.opts.Logs != nil {
 		fmt.Fprintf(l.opts.Logs, "lab: "+format+"\n", args...)
+	}
+}
+
+// noticeNamed records the step once the machine has its VM's name and pool.
+func (l *Lab) noticeNamed(m maastest.Machine) {
+	ref, ok := maas.ParseBMCAddress(m.PowerParameters["power_address"], l.Domain)
+	if ok && m.Hostname == maas.Hostname(ref) && m.Pool == ref.Namespace && m.Pool != maastest.DefaultPool {
+		l.progress.record(ref, StepNamed, fmt.Sprintf("%s in pool %s", m.Hostname, m.Pool))
 	}
 }
