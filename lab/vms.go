@@ -97,7 +97,7 @@ func (l *Lab) StartVM(ctx context.Context, vm maas.VMRef) error {
 // WaitIdentity waits until the controller has stamped the VM's MAC and
 // serial.
 func (l *Lab) WaitIdentity(ctx context.Context, vm maas.VMRef) error {
-	return poll(ctx, func() (bool, error) {
+	return Poll(ctx, func() (bool, error) {
 		var got kubevirtv1.VirtualMachine
 		if err := l.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}, &got); err != nil {
 			return false, client404(err)
@@ -120,7 +120,7 @@ func (l *Lab) Machine(vm maas.VMRef) (m maastest.Machine, ok bool) {
 
 // WaitReady waits until every VM's machine is Ready in MaaS.
 func (l *Lab) WaitReady(ctx context.Context, vms ...maas.VMRef) error {
-	return poll(ctx, func() (bool, error) {
+	return Poll(ctx, func() (bool, error) {
 		for _, vm := range vms {
 			if _, ready := l.TimeToReady(vm); !ready {
 				return false, nil
@@ -130,7 +130,8 @@ func (l *Lab) WaitReady(ctx context.Context, vms ...maas.VMRef) error {
 	})
 }
 
-func poll(ctx context.Context, done func() (bool, error)) error {
+// Poll calls done every 50 ms until it is true, fails, or ctx ends.
+func Poll(ctx context.Context, done func() (bool, error)) error {
 	for {
 		ok, err := done()
 		if err != nil || ok {
