@@ -56,6 +56,7 @@ type options struct {
 	probeAddress            string
 	leaderElect             bool
 	leaderElectionNamespace string
+	webhookHost             string
 	webhookPort             int
 	webhookCertDir          string
 	maxConcurrentReconciles int
@@ -83,6 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.probeAddress, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one active controller among replicas")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election Lease (default: the pod's)")
+	fs.StringVar(&o.webhookHost, "webhook-host", "", "address the webhook server listens on (default: every interface)")
 	fs.IntVar(&o.webhookPort, "webhook-port", 9443, "port of the admission webhook server; 0 runs without it")
 	fs.StringVar(&o.webhookCertDir, "webhook-cert-dir", "", "folder with tls.crt and tls.key of the webhook server (default: controller-runtime's)")
 	fs.IntVar(&o.maxConcurrentReconciles, "max-concurrent-reconciles", 8, "reconciles in parallel, per controller")
@@ -170,7 +172,7 @@ func webhookServer(o options) webhook.Server {
 	if o.webhookPort == 0 {
 		return nil
 	}
-	return webhook.NewServer(webhook.Options{Port: o.webhookPort, CertDir: o.webhookCertDir})
+	return webhook.NewServer(webhook.Options{Host: o.webhookHost, Port: o.webhookPort, CertDir: o.webhookCertDir})
 }
 
 func start(ctx context.Context, mgr ctrl.Manager, o options, macs vmidentity.MACRange, configMap types.NamespacedName) error {

@@ -182,6 +182,17 @@ func TestRunServesAndShutsDown(t *testing.T) {
 			if got := get("", ""); got != http.StatusUnauthorized {
 				t.Errorf("without credentials: %d, want 401", got)
 			}
+			// The Deployment's probes carry no credentials.
+			for _, probe := range []string{"/healthz", "/readyz"} {
+				res, err := client.Get(base + probe)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res.Body.Close()
+				if res.StatusCode != http.StatusOK {
+					t.Errorf("%s: %d, want 200", probe, res.StatusCode)
+				}
+			}
 			cancel()
 			select {
 			case err := <-done:

@@ -129,6 +129,17 @@ func (e *Env) ConfigFor(user string, groups ...string) (*rest.Config, error) {
 	return u.Config(), nil
 }
 
+// KubeConfigFor returns a kubeconfig file's content that authenticates as
+// the named user, in the given groups, for programs under test that load
+// their configuration the usual way (KUBECONFIG) and must meet RBAC.
+func (e *Env) KubeConfigFor(user string, groups ...string) ([]byte, error) {
+	u, err := e.env.ControlPlane.AddUser(envtest.User{Name: user, Groups: groups}, e.Config)
+	if err != nil {
+		return nil, err
+	}
+	return u.KubeConfig()
+}
+
 // AdminKubeConfig returns a kubeconfig file's content for a cluster admin,
 // for programs under test that load their configuration the usual way.
 func (e *Env) AdminKubeConfig() ([]byte, error) {

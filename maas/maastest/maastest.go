@@ -173,6 +173,8 @@ type Server struct {
 	nonces     map[string]bool
 	requests   []Request
 	faults     []*faultRule
+	// onCommission is told of every commission MaaS accepted.
+	onCommission func(systemID string)
 }
 
 type poolState struct {
@@ -186,17 +188,28 @@ type poolState struct {
 // ends.
 func New(t testing.TB) *Server {
 	t.Helper()
+	s := Start()
+	s.t = t
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Start starts a simulator outside a test (a lab): the With* helpers, which
+// fail a test, must not be used on it; Enlist and Update report errors
+// instead. Close stops it.
+func Start() *Server {
 	s := &Server{
-		t:          t,
 		machines:   map[string]*machineState{},
 		nonces:     map[string]bool{},
 		nextPoolID: 1,
 	}
 	s.pools = []poolState{newPool(0, DefaultPool, "Default pool")}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.srv.Close)
 	return s
 }
+
+// Close stops the server.
+func (s *Server) Close() { s.srv.Close() }
 
 func newPool(id int, name, description string) poolState {
 	return poolState{ID: id, Name: name, Description: description, ResourceURI: fmt.Sprintf("/MAAS/api/2.0/resourcepool/%d/", id)}
@@ -209,6 +222,17 @@ func (s *Server) URL() string { return s.srv.URL + "/MAAS" }
 // DefaultPool. It fails the test on a duplicate system_id or hostname.
 func (s *Server) WithMachine(m Machine) *Server {
 	s.t.Helper()
+	if _, err := s.Enlist(m); err != nil {
+		s.t.Fatal(err)
+	}
+	return s
+}
+
+// Enlist adds a machine, as MaaS does when an unknown machine PXE boots, and
+// returns its system_id. An empty SystemID gets one; an empty Pool is
+// DefaultPool. A duplicate system_id or hostname, or an unknown pool, is an
+// error.
+func (s *Server) Enlist(m Machine) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m.SystemID == "" {
@@ -218,13 +242,13 @@ func (s *Server) WithMachine(m Machine) *Server {
 		m.Pool = DefaultPool
 	}
 	if _, dup := s.machines[m.SystemID]; dup {
-		s.t.Fatalf("maastest: duplicate system_id %q", m.SystemID)
+		return "", fmt.Errorf("maastest: duplicate system_id %q", m.SystemID)
 	}
 	if m.Hostname != "" && s.hostnameHolder(m.Hostname) != "" {
-		s.t.Fatalf("maastest: duplicate hostname %q", m.Hostname)
+		return "", fmt.Errorf("maastest: duplicate hostname %q", m.Hostname)
 	}
 	if s.pool(m.Pool) == nil {
-		s.t.Fatalf("maastest: machine %s in unknown pool %q", m.SystemID, m.Pool)
+		return "", fmt.Errorf("maastest: machine %s in unknown pool %q", m.SystemID, m.Pool)
 	}
 	m.PowerParameters = maps.Clone(m.PowerParameters)
 	if m.PowerParameters == nil {
@@ -233,7 +257,54 @@ func (s *Server) WithMachine(m Machine) *Server {
 	m.BMCConfig = maps.Clone(m.BMCConfig)
 	m.MACs = slices.Clone(m.MACs)
 	s.machines[m.SystemID] = &machineState{Machine: m}
-	return s
+	return m.SystemID, nil
+}
+
+// Update changes a machine's state under the server's lock, as MaaS's own
+// processes do (power drivers, commissioning results); it reports whether
+// the machine exists. The machine's maps may be changed in place.
+func (s *Server) Update(systemID string, change func(m *Machine)) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	state, ok := s.machines[systemID]
+	if ok {
+		change(&state.Machine)
+	}
+	return ok
+}
+
+// OnCommission makes the server call commissioned with the system_id of
+// every machine whose commissioning it accepted, after accepting it, as
+// MaaS's region hands the machine to a rack controller. The machine stays
+// Commissioning until someone (Step, or commissioned via Update) ends it.
+func (s *Server) OnCommission(commissioned func(systemID string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onCommission = commissioned
+}
+
+// Machines returns a copy of every machine, by system_id.
+func (s *Server) Machines() []Machine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Machine
+	for _, state := range s.sortedMachines() {
+		m := state.Machine
+		m.PowerParameters = maps.Clone(m.PowerParameters)
+		m.BMCConfig = maps.Clone(m.BMCConfig)
+		m.MACs = slices.Clone(m.MACs)
+		out = append(out, m)
+	}
+	return out
+}
+
+// SkipsBMCConfig says whether the machine's current or last commissioning
+// was started with skip_bmc_config.
+func (s *Server) SkipsBMCConfig(systemID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	state, ok := s.machines[systemID]
+	return ok && state.skipBMCConfig
 }
 
 // WithDevice adds a node that is not a machine (a device or controller):
@@ -420,8 +491,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 
 	s.mu.Lock()
 	rep = s.route(r, path, op)
+	onCommission := s.onCommission
 	s.mu.Unlock()
 	rep.applied = rep.status >= 200 && rep.status <= 299
+	if rep.applied && op == "commission" && onCommission != nil {
+		onCommission(machinePath.FindStringSubmatch(path)[1])
+	}
 	if fault == FaultDropResponse {
 		s.record(r, path, op, 0, rep.applied)
 		drop(w)
@@ -477,7 +552,11 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, path, op string, 
 	if rep.json != nil {
 		body, err := json.Marshal(rep.json)
 		if err != nil {
-			s.t.Errorf("maastest: encoding reply: %v", err)
+			rep = textError(http.StatusInternalServerError, "maastest: encoding reply: "+err.Error())
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.WriteHeader(rep.status)
+			_, _ = w.Write([]byte(rep.text))
+			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(rep.status)

@@ -160,7 +160,7 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 			// The guest boots now, from the VMI's own bootOrder.
 			key := client.ObjectKeyFromObject(vm)
 			s.mu.Lock()
-			s.boots[key] = append(s.boots[key], bootDevice(&vmi.Spec))
+			s.boots[key] = append(s.boots[key], BootDevice(&vmi.Spec))
 			s.mu.Unlock()
 			status = kubevirtv1.VirtualMachineStatusRunning
 		}
@@ -233,9 +233,9 @@ func (s *Simulator) setStatus(ctx context.Context, vm *kubevirtv1.VirtualMachine
 	return s.api.Status().Update(ctx, vm)
 }
 
-// bootDevice is what the "hardware" boots: the device with the lowest
+// BootDevice is what the "hardware" boots: the device with the lowest
 // bootOrder; without any, the first disk; without disks, the network.
-func bootDevice(spec *kubevirtv1.VirtualMachineInstanceSpec) machine.BootTarget {
+func BootDevice(spec *kubevirtv1.VirtualMachineInstanceSpec) machine.BootTarget {
 	var lowest *uint
 	target := machine.BootTarget("")
 	for _, d := range spec.Domain.Devices.Disks {

@@ -1,0 +1,433 @@
+// Package lab runs virtmetal's whole flow on one machine, from a created VM
+// to a commissioned, Ready MaaS machine: a real kube-apiserver and etcd
+// (envtest) with the KubeVirt CRDs, the virt-controller simulator, the real
+// bmc-controller and bmc-server binaries (started from what the controller
+// asks for, with the RBAC the manifests give them), the real MaaS reconciler,
+// and a MaaS that enlists PXE-booting VMs, runs the real commissioning script
+// and powers machines through their BMCs the way MaaS's power drivers do.
+// Only KubeVirt's virt-controller, the guest and MaaS are simulated.
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	controllermanifests "github.com/virtmetal/virtmetal/deploy/controller"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/maas/maastest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+)
+
+// Names the lab gives what the manifests deploy.
+const (
+	// DefaultDomain is the BMC domain: <vm>.<namespace>.<domain>.
+	DefaultDomain      = "bmc.lab.virtmetal.test"
+	systemNamespace    = "virtmetal-system"
+	controllerAccount  = "virtmetal-controller"
+	reconcilerAccount  = "maas-reconciler"
+	bmcImage           = "virtmetal/bmc-server:lab"
+	enrolmentLabel     = "virtmetal.io/enabled"
+	controllerRoleFile = "deploy/controller/rbac/role.yaml"
+	reconcilerRBACFile = "deploy/reconciler/rbac.yaml"
+	commissioningFile  = "deploy/maas/virtmetal-bmc-config.py"
+)
+
+// Options configure a lab.
+type Options struct {
+	// Domain of the BMCs; DefaultDomain when empty.
+	Domain string
+	// ReconcileInterval is the MaaS reconciler's --interval; 500 ms when 0.
+	ReconcileInterval time.Duration
+	// OnEvent is told of every step of every VM's flow, once per step.
+	OnEvent func(Event)
+	// Logs receives the processes' output and the reconciler's log; nil
+	// keeps them in files under the lab's folder only.
+	Logs io.Writer
+}
+
+// Lab is a running lab. Its methods are safe for concurrent use.
+type Lab struct {
+	Env    *kubetest.Env
+	Client client.Client // cluster admin
+	// MaaS is the simulated region API; MaaSClient talks to it as the
+	// reconciler does.
+	MaaS       *maastest.Server
+	MaaSClient *maas.Client
+	Domain     string
+
+	opts     Options
+	root     string // the module's folder: deploy/ files are read there
+	dir      string
+	bins     string
+	progress *progress
+	bmcs     *bmcSupervisor
+	sim      *maasSim
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	mu         sync.Mutex
+	controller *process
+	webhooks   *envtest.WebhookInstallOptions
+}
+
+// Start builds bmc-server and bmc-controller, starts the API server, the
+// virt-controller simulator, the MaaS simulator with its guests, the BMC
+// supervisor and the reconciler. The bmc-controller is left to
+// StartController, so that VMs can exist before it, as in a cluster where
+// virtmetal is installed later. Close stops everything.
+func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
+	if opts.Domain == "" {
+		opts.Domain = DefaultDomain
+	}
+	if opts.ReconcileInterval == 0 {
+		opts.ReconcileInterval = 500 * time.Millisecond
+	}
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "virtmetal-lab-")
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	l := &Lab{Domain: opts.Domain, opts: opts, root: root, dir: dir, bins: filepath.Join(dir, "bin"), ctx: runCtx, cancel: cancel}
+	l.progress = newProgress(opts.OnEvent)
+	ctrllog.SetLogger(logr.Discard()) // the simulator's manager; the real ones log to files
+	defer func() {
+		if err != nil {
+			l.Close()
+		}
+	}()
+	if err := l.build(ctx); err != nil {
+		return nil, err
+	}
+	if l.Env, err = kubetest.Start(kubetest.Options{}); err != nil {
+		return nil, err
+	}
+	l.Client = l.Env.Client
+	if err := l.installRBAC(ctx); err != nil {
+		return nil, err
+	}
+
+	sim, err := virtsim.New(l.Env.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, Logger: logr.Discard()})
+	if err != nil {
+		return nil, err
+	}
+	l.goRun(func(ctx context.Context) { _ = sim.Start(ctx) })
+
+	l.bmcs = newBMCSupervisor(l)
+	l.goRun(l.bmcs.run)
+
+	l.MaaS = maastest.Start()
+	key, err := maas.ParseAPIKey(maastest.APIKey)
+	if err != nil {
+		return nil, err
+	}
+	if l.MaaSClient, err = maas.NewClient(l.MaaS.URL(), key, nil); err != nil {
+		return nil, err
+	}
+	if l.sim, err = newMaaSSim(l); err != nil {
+		return nil, err
+	}
+	l.MaaS.OnCommission(l.sim.commissioned)
+	l.goRun(l.sim.runGuests)
+	l.goRun(l.watchProgress)
+
+	if err := l.startReconciler(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// goRun runs f until the lab closes.
+func (l *Lab) goRun(f func(ctx context.Context)) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f(l.ctx)
+	}()
+}
+
+// Dir is the lab's folder: binaries, kubeconfigs, mounted Secrets, logs.
+func (l *Lab) Dir() string { return l.dir }
+
+// Close stops every process and server and removes the lab's folder.
+func (l *Lab) Close() {
+	l.cancel()
+	l.mu.Lock()
+	if l.controller != nil {
+		l.controller.stop()
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+	if l.bmcs != nil {
+		l.bmcs.stopAll()
+	}
+	if l.MaaS != nil {
+		l.MaaS.Close()
+	}
+	if l.Env != nil {
+		_ = l.Env.Stop()
+	}
+	if l.webhooks != nil {
+		_ = l.webhooks.Cleanup()
+	}
+	_ = os.RemoveAll(l.dir)
+}
+
+// moduleRoot is the folder of virtmetal's go.mod: the lab builds the
+// binaries and reads deploy/ from there.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("the lab runs inside the virtmetal module (no go.mod found)")
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// build compiles the binaries the manifests deploy, once per lab.
+func (l *Lab) build(ctx context.Context) error {
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", l.bins+string(filepath.Separator),
+		"./cmd/bmc-server", "./cmd/bmc-controller")
+	cmd.Dir = l.root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// installRBAC creates what the manifests give the controller and the
+// reconciler: their ServiceAccounts and roles, read from deploy/.
+func (l *Lab) installRBAC(ctx context.Context) error {
+	objs := []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: systemNamespace}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: controllerAccount, Namespace: systemNamespace}},
+	}
+	for _, file := range []string{controllerRoleFile, reconcilerRBACFile} {
+		docs, err := l.readManifests(file)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, docs...)
+	}
+	var role string
+	for _, obj := range objs {
+		if file := obj.GetObjectKind().GroupVersionKind().Kind; file == "ClusterRole" && role == "" {
+			role = obj.GetName() // the controller's role comes first
+		}
+	}
+	objs = append(objs, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: controllerAccount},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: controllerAccount, Namespace: systemNamespace}},
+	})
+	for _, obj := range objs {
+		if err := l.Client.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
+func (l *Lab) readManifests(file string) ([]client.Object, error) {
+	data, err := os.ReadFile(filepath.Join(l.root, file))
+	if err != nil {
+		return nil, err
+	}
+	decoder := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []client.Object
+	for {
+		u := &unstructured.Unstructured{}
+		if err := decoder.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, fmt.Errorf("%s: %w", file, err)
+		}
+		if len(u.Object) > 0 {
+			out = append(out, u)
+		}
+	}
+}
+
+// kubeconfig writes a kubeconfig file for a ServiceAccount, so that the
+// process using it meets exactly that account's RBAC.
+func (l *Lab) kubeconfig(namespace, account string) (string, error) {
+	path := filepath.Join(l.dir, "kubeconfig", namespace+"."+account)
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	data, err := l.Env.KubeConfigFor(kubetest.ServiceAccountUser(namespace, account),
+		"system:serviceaccounts", "system:serviceaccounts:"+namespace, "system:authenticated")
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, data, 0o600)
+}
+
+// StartController installs the admission webhooks and starts bmc-controller
+// as its Deployment does, as its own ServiceAccount, then waits until it is
+// ready (its webhook server included).
+func (l *Lab) StartController(ctx context.Context) error {
+	hooks := filepath.Join(l.dir, "webhooks")
+	if err := os.MkdirAll(hooks, 0o700); err != nil {
+		return err
+	}
+	if err := controllermanifests.WriteWebhooks(hooks); err != nil {
+		return err
+	}
+	install := &envtest.WebhookInstallOptions{Paths: []string{hooks}}
+	if err := install.PrepWithoutInstalling(); err != nil {
+		return err
+	}
+	kubeconfig, err := l.kubeconfig(systemNamespace, controllerAccount)
+	if err != nil {
+		return err
+	}
+	probe, err := freePort("tcp")
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(l.bins, "bmc-controller"),
+		"--kubeconfig", kubeconfig,
+		"--domain", l.Domain,
+		"--bmc-image", bmcImage,
+		"--metrics-bind-address", "0",
+		"--health-probe-bind-address", fmt.Sprintf("127.0.0.1:%d", probe),
+		"--webhook-host", install.LocalServingHost,
+		"--webhook-port", fmt.Sprint(install.LocalServingPort),
+		"--webhook-cert-dir", install.LocalServingCertDir,
+	)
+	logs, err := l.logFile("bmc-controller")
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	controller, err := startProcess(cmd)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.controller, l.webhooks = controller, install
+	l.mu.Unlock()
+	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe), time.Minute); err != nil {
+		return fmt.Errorf("bmc-controller not ready (log in %s): %w", l.dir, err)
+	}
+	// The configurations go in once their server answers: they fail closed.
+	return install.Install(l.Env.Config)
+}
+
+// logFile opens the log of one process, appending; with Options.Logs the
+// output goes there too.
+func (l *Lab) logFile(name string) (io.Writer, error) {
+	if err := os.MkdirAll(filepath.Join(l.dir, "logs"), 0o700); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(l.dir, "logs", name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if l.opts.Logs != nil {
+		return io.MultiWriter(f, l.opts.Logs), nil
+	}
+	return f, nil
+}
+
+// startReconciler runs the real reconciler in a loop, as its Deployment
+// does, as its ServiceAccount.
+func (l *Lab) startReconciler() error {
+	cfg, err := l.Env.ConfigFor(kubetest.ServiceAccountUser(systemNamespace, reconcilerAccount),
+		"system:serviceaccounts", "system:serviceaccounts:"+systemNamespace, "system:authenticated")
+	if err != nil {
+		return err
+	}
+	cluster, err := maas.NewKubeCluster(cfg)
+	if err != nil {
+		return err
+	}
+	logs, err := l.logFile("reconciler")
+	if err != nil {
+		return err
+	}
+	r := &maas.Reconciler{
+		MaaS: l.MaaSClient, Cluster: cluster, Domain: l.Domain,
+		Log: funcrLogger(logs).WithName("maas"),
+	}
+	l.goRun(func(ctx context.Context) { _ = r.Run(ctx, l.opts.ReconcileInterval, 4*l.opts.ReconcileInterval) })
+	return nil
+}
+
+// freePort asks the kernel for an unused loopback port.
+func freePort(network string) (int, error) {
+	if network == "udp" {
+		conn, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer conn.Close()
+		return conn.LocalAddr().(*net.UDPAddr).Port, nil
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitHTTP polls url until it answers 200.
+func waitHTTP(ctx context.Context, url string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	httpClient := &http.Client{Timeout: 2 * time.Second, Transport: insecureTransport(nil)}
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		res, err := httpClient.Do(req)
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error %v)", url, ctx.Err(), err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

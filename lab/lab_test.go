@@ -1,0 +1,176 @@
+package lab_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/lab"
+	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/maas/maastest"
+)
+
+// The package's one lab. A VM in preNamespace exists before the controller
+// starts, as in a cluster where virtmetal is installed later.
+var (
+	theLab       *lab.Lab
+	preExisting  = maas.VMRef{Namespace: "lab-pre", Name: "web1"}
+	flowDeadline = 3 * time.Minute
+)
+
+func TestMain(m *testing.M) {
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "lab:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	l, err := lab.Start(ctx, lab.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	if err := l.CreateNamespace(ctx, preExisting.Namespace); err != nil {
+		return 0, err
+	}
+	if err := l.CreateVM(ctx, preExisting, lab.VMOptions{Halted: true}); err != nil {
+		return 0, err
+	}
+	if err := l.StartController(ctx); err != nil {
+		return 0, err
+	}
+	theLab = l
+	return m.Run(), nil
+}
+
+// TestWholeFlow: two namespaces with a VM named web1 each (one of them with
+// IPMI), and the VM that existed before the controller, started once
+// enrolled: all three end Ready in MaaS, named web1-<namespace> in their
+// namespace's pool, commissioned once, their PXE override consumed and off.
+func TestWholeFlow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), flowDeadline)
+	defer cancel()
+	l := theLab
+	redfishVM := maas.VMRef{Namespace: "lab-a", Name: "web1"}
+	ipmiVM := maas.VMRef{Namespace: "lab-b", Name: "web1"}
+	for _, tt := range []struct {
+		vm   maas.VMRef
+		opts lab.VMOptions
+	}{{redfishVM, lab.VMOptions{}}, {ipmiVM, lab.VMOptions{IPMI: true}}} {
+		if err := l.CreateNamespace(ctx, tt.vm.Namespace); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.CreateVM(ctx, tt.vm, tt.opts); err != nil {
+			t.Fatalf("creating %s: %v", tt.vm, err)
+		}
+	}
+	if err := l.WaitIdentity(ctx, preExisting); err != nil {
+		t.Fatalf("the pre-existing VM never got its identity: %v", err)
+	}
+	if err := l.StartVM(ctx, preExisting); err != nil {
+		t.Fatal(err)
+	}
+	vms := []maas.VMRef{redfishVM, ipmiVM, preExisting}
+	if err := l.WaitReady(ctx, vms...); err != nil {
+		for _, vm := range vms {
+			t.Logf("%s: %v", vm, l.Timeline(vm))
+		}
+		t.Fatalf("not all Ready: %v (logs in %s)", err, l.Dir())
+	}
+	for _, vm := range vms {
+		t.Run(vm.String(), func(t *testing.T) {
+			checkReadyMachine(t, ctx, vm)
+			took, _ := l.TimeToReady(vm)
+			t.Logf("%s Ready %v after its creation", vm, took.Round(time.Millisecond))
+		})
+	}
+}
+
+// checkReadyMachine checks one VM's end state in MaaS, Kubernetes and its BMC.
+func checkReadyMachine(t *testing.T, ctx context.Context, vm maas.VMRef) {
+	t.Helper()
+	l := theLab
+	m, ok := l.Machine(vm)
+	if !ok {
+		t.Fatalf("no MaaS machine for %s", vm)
+	}
+	if m.Status != maastest.StatusReady || m.Hostname != "web1-"+vm.Namespace || m.Pool != vm.Namespace {
+		t.Errorf("machine %s: status %d, hostname %q, pool %q; want Ready, web1-%s in pool %s",
+			m.SystemID, m.Status, m.Hostname, m.Pool, vm.Namespace, vm.Namespace)
+	}
+	if m.PowerType != maas.PowerTypeRedfish || m.PowerParameters["power_user"] == "" || m.PowerParameters["power_pass"] == "" {
+		t.Errorf("machine %s: power %s %v, want redfish with the BMC's credentials", m.SystemID, m.PowerType, redact(m.PowerParameters))
+	}
+	machines := 0
+	for _, other := range l.MaaS.Machines() {
+		if ref, claims := maas.ParseBMCAddress(other.PowerParameters["power_address"], l.Domain); claims && ref == vm {
+			machines++
+		}
+	}
+	if machines != 1 {
+		t.Errorf("%d machines claim %s, want 1", machines, vm)
+	}
+	if n := countApplied(maastest.Match{Method: http.MethodPost, Path: "machines/" + m.SystemID + "/", Op: "commission"}); n != 1 {
+		t.Errorf("machine %s commissioned %d times, want once", m.SystemID, n)
+	}
+	pools := 0
+	for _, p := range l.MaaS.Pools() {
+		if p == vm.Namespace {
+			pools++
+		}
+	}
+	if pools != 1 {
+		t.Errorf("%d pools named %s, want 1", pools, vm.Namespace)
+	}
+
+	var got kubevirtv1.VirtualMachine
+	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: vm.Namespace, Name: vm.Name}, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.RunStrategy == nil || *got.Spec.RunStrategy != kubevirtv1.RunStrategyHalted {
+		t.Errorf("VM runStrategy %v, want Halted (MaaS powered it off)", got.Spec.RunStrategy)
+	}
+	system := l.RedfishSystem(ctx, vm)
+	if system == nil {
+		t.Fatalf("cannot read the Redfish system of %s", vm)
+	}
+	if system["PowerState"] != "Off" {
+		t.Errorf("Redfish system: PowerState %v, want Off", system["PowerState"])
+	}
+	if !theLab.OnceConsumed(vm) {
+		t.Errorf("the Once override was still set after the commissioning's PXE boot")
+	}
+}
+
+func countApplied(match maastest.Match) int {
+	n := 0
+	for _, r := range theLab.MaaS.Requests() {
+		if r.Applied && r.Method == match.Method && r.Path == match.Path && r.Op == match.Op {
+			n++
+		}
+	}
+	return n
+}
+
+func redact(params map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range params {
+		if strings.Contains(k, "pass") && v != "" {
+			v = "***"
+		}
+		out[k] = v
+	}
+	return out
+}
