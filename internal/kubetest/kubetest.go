@@ -136,6 +136,16 @@ func (e *Env) AdminKubeConfig() ([]byte, error) {
 	return u.KubeConfig()
 }
 
+// KubeConfigFor returns a kubeconfig file's content for the named user, in
+// the given groups: RBAC applies to it, as to ConfigFor's.
+func (e *Env) KubeConfigFor(user string, groups ...string) ([]byte, error) {
+	u, err := e.env.ControlPlane.AddUser(envtest.User{Name: user, Groups: groups}, e.Config)
+	if err != nil {
+		return nil, err
+	}
+	return u.KubeConfig()
+}
+
 // ServiceAccountUser is the user name Kubernetes gives a ServiceAccount.
 func ServiceAccountUser(namespace, name string) string {
 	return "system:serviceaccount:" + namespace + ":" + name
