@@ -24,6 +24,9 @@ import (
 var env *kubetest.Env
 
 func TestMain(m *testing.M) {
+	if args, ok := os.LookupEnv(runArgsEnv); ok {
+		os.Exit(runAsChild(args))
+	}
 	var err error
 	if env, err = kubetest.Start(kubetest.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -143,11 +143,7 @@ func (e *Env) KubeConfigFor(user string, groups ...string) ([]byte, error) {
 // AdminKubeConfig returns a kubeconfig file's content for a cluster admin,
 // for programs under test that load their configuration the usual way.
 func (e *Env) AdminKubeConfig() ([]byte, error) {
-	u, err := e.env.ControlPlane.AddUser(envtest.User{Name: "virtmetal-test-admin", Groups: []string{"system:masters"}}, e.Config)
-	if err != nil {
-		return nil, err
-	}
-	return u.KubeConfig()
+	return e.KubeConfigFor("virtmetal-test-admin", "system:masters")
 }
 
 // ServiceAccountUser is the user name Kubernetes gives a ServiceAccount.
