@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -342,25 +343,50 @@ func TestRunConfigErrors(t *testing.T) {
 
 // TestDeploymentArgsParse keeps deploy/reconciler/deployment.yaml in step
 // with the flags.
-func TestDeploymentArgsParse(t *testing.T) {
-	data, err := os.ReadFile("../../deploy/reconciler/deployment.yaml")
-	if err != nil {
-		t.Fatal(err)
+// TestManifestArgsParse: the CronJob (--once) and the loop-mode
+// Deployment start the command with arguments it accepts.
+func TestManifestArgsParse(t *testing.T) {
+	tests := []struct {
+		file     string
+		wantOnce bool
+		template func([]byte) (corev1.PodTemplateSpec, error)
+	}{
+		{"../../deploy/reconciler/cronjob.yaml", true, func(data []byte) (corev1.PodTemplateSpec, error) {
+			var c batchv1.CronJob
+			err := yaml.UnmarshalStrict(data, &c)
+			return c.Spec.JobTemplate.Spec.Template, err
+		}},
+		{"../../deploy/components/reconciler-loop/deployment.yaml", false, func(data []byte) (corev1.PodTemplateSpec, error) {
+			var d appsv1.Deployment
+			err := yaml.UnmarshalStrict(data, &d)
+			return d.Spec.Template, err
+		}},
 	}
-	var d appsv1.Deployment
-	if err := yaml.UnmarshalStrict(data, &d); err != nil {
-		t.Fatal(err)
-	}
-	c := d.Spec.Template.Spec.Containers[0]
-	vars := map[string]string{}
-	for _, e := range c.Env {
-		vars[e.Name] = "http://maas.example.org:5240/MAAS"
-	}
-	o, err := parseFlags(c.Args, env(vars), io.Discard)
-	if err != nil {
-		t.Fatalf("deployment args %q: %v", c.Args, err)
-	}
-	if o.once || o.dryRun || o.maasAPIKeyFile == "" {
-		t.Errorf("deployment options = %+v, want loop mode with a key file", o)
+	for _, tc := range tests {
+		t.Run(tc.file, func(t *testing.T) {
+			data, err := os.ReadFile(tc.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod, err := tc.template(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := pod.Spec.Containers[0]
+			vars := map[string]string{}
+			for _, e := range c.Env {
+				vars[e.Name] = "http://maas.example.org:5240/MAAS"
+				if e.Name == "VIRTMETAL_BMC_DOMAIN" {
+					vars[e.Name] = "bmc.example.org"
+				}
+			}
+			o, err := parseFlags(c.Args, env(vars), io.Discard)
+			if err != nil {
+				t.Fatalf("args %q: %v", c.Args, err)
+			}
+			if o.once != tc.wantOnce || o.dryRun || o.maasAPIKeyFile == "" {
+				t.Errorf("options = %+v, want once=%v with a key file", o, tc.wantOnce)
+			}
+		})
 	}
 }
