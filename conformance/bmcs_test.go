@@ -26,6 +26,7 @@ type bmc struct {
 	ts      *httptest.Server
 	system  string // the ComputerSystem's path
 	machine string // the machine's ID
+	nic     string // the name of its network interface
 	// changeOutside changes something a GET of the system shows without
 	// going through Redfish.
 	changeOutside func(t testing.TB)
@@ -48,7 +49,7 @@ func startMemoryBMC(t testing.TB) bmc {
 	t.Helper()
 	backend := memory.New(memory.Options{})
 	ts := serveBMC(t, backend)
-	return bmc{ts: ts, system: "/redfish/v1/Systems/vm-0", machine: "vm-0", changeOutside: func(t testing.TB) {
+	return bmc{ts: ts, system: "/redfish/v1/Systems/vm-0", machine: "vm-0", nic: "default", changeOutside: func(t testing.TB) {
 		t.Helper()
 		m := backend.Get("vm-0")
 		reset := machine.ResetOn
@@ -99,7 +100,7 @@ func startKubeVirtBMC(t testing.TB) bmc {
 		t.Fatal("backend cache did not sync")
 	}
 	ts := serveBMC(t, backend)
-	return bmc{ts: ts, system: "/redfish/v1/Systems/" + name, machine: name, changeOutside: func(t testing.TB) {
+	return bmc{ts: ts, system: "/redfish/v1/Systems/" + name, machine: name, nic: "pxe", changeOutside: func(t testing.TB) {
 		t.Helper()
 		// Another writer renames the VM's serial number.
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
