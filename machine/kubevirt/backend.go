@@ -104,6 +104,8 @@ type Backend struct {
 	changed chan struct{}
 	// state is what StateVersion reports.
 	state stateVersion
+	// power coalesces runStrategy writes.
+	power powerWrites
 
 	instancetypes instancetypeMemo
 }
