@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,7 +42,7 @@ func startBMC(t testing.TB, backend string) bmc {
 	case "memory":
 		return startMemoryBMC(t)
 	default:
-		return startKubeVirtBMC(t)
+		return startKubeVirtBMC(t, kubeEnv.Config)
 	}
 }
 
@@ -62,7 +63,9 @@ func startMemoryBMC(t testing.TB) bmc {
 	}}
 }
 
-func startKubeVirtBMC(t testing.TB) bmc {
+// startKubeVirtBMC serves a new VM through a backend that reaches the API
+// server with cfg.
+func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -91,7 +94,7 @@ func startKubeVirtBMC(t testing.TB) bmc {
 	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	backend, err := kubevirt.New(kubeEnv.Config, ns, name, kubevirt.Options{})
+	backend, err := kubevirt.New(cfg, ns, name, kubevirt.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

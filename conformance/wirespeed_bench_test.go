@@ -54,11 +54,7 @@ func BenchmarkWireSpeed(b *testing.B) {
 // parallelGets GETs path from wireClients goroutines sharing one client
 // with as many keep-alive connections, and returns the ns per GET.
 func parallelGets(b *testing.B, ts *httptest.Server, path string) float64 {
-	transport := ts.Client().Transport.(*http.Transport).Clone()
-	transport.MaxIdleConnsPerHost = wireClients
-	transport.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the test server's own certificate
-	b.Cleanup(transport.CloseIdleConnections)
-	client := &http.Client{Transport: transport}
+	client := parallelClient(ts)
 	url := ts.URL + path
 	// Open every connection (TLS handshake included) before timing.
 	errs := make(chan error, wireClients)
@@ -83,6 +79,14 @@ func parallelGets(b *testing.B, ts *httptest.Server, path string) float64 {
 	})
 	b.StopTimer()
 	return float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+}
+
+// parallelClient is a client of ts that keeps wireClients connections.
+func parallelClient(ts *httptest.Server) *http.Client {
+	transport := ts.Client().Transport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = wireClients
+	transport.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the test server's own certificate
+	return &http.Client{Transport: transport}
 }
 
 func getOK(client *http.Client, url string) error {
