@@ -140,6 +140,20 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
+// backendScheme has only the kinds the backend reads and writes: every
+// registered kind costs memory in every BMC pod.
+func backendScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err) // static registrations: cannot fail
+		}
+	}
+	return s
+}
+
 // New creates the backend for the VM namespace/vmName. It does not contact
 // the API server; Start does.
 func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, error) {
@@ -162,7 +176,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if b.mediaSize.IsZero() {
 		b.mediaSize = resource.MustParse("8Gi")
 	}
-	scheme := Scheme()
+	scheme := backendScheme()
 	// The reflector retries a refused watch quietly (no error handler call),
 	// so outages are seen at the transport: every request answers whether
 	// the API server is reachable.
@@ -194,6 +208,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 			ByObject:                    map[client.Object]cache.ByObject{&kubevirtv1.VirtualMachine{}: onlyThisVM, &kubevirtv1.VirtualMachineInstance{}: onlyThisVM},
 			ReaderFailOnMissingInformer: true,
 			DefaultWatchErrorHandler:    b.watchError,
+			DefaultTransform:            keepWhatIsRead,
 		})
 	}
 	return b, nil
