@@ -60,7 +60,7 @@ func BenchmarkKubeVirtReset(b *testing.B) {
 		reportPercentiles(b, afterAck, "ms-after-ack")
 	})
 	b.Run(fmt.Sprintf("clients-%d", wireClients), func(b *testing.B) {
-		client := parallelClient(bmc.ts)
+		client := parallelClient(b, bmc.ts)
 		var mu sync.Mutex
 		var latencies []time.Duration
 		var sent atomic.Int64

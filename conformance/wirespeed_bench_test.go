@@ -54,7 +54,7 @@ func BenchmarkWireSpeed(b *testing.B) {
 // parallelGets GETs path from wireClients goroutines sharing one client
 // with as many keep-alive connections, and returns the ns per GET.
 func parallelGets(b *testing.B, ts *httptest.Server, path string) float64 {
-	client := parallelClient(ts)
+	client := parallelClient(b, ts)
 	url := ts.URL + path
 	// Open every connection (TLS handshake included) before timing.
 	errs := make(chan error, wireClients)
@@ -82,10 +82,11 @@ func parallelGets(b *testing.B, ts *httptest.Server, path string) float64 {
 }
 
 // parallelClient is a client of ts that keeps wireClients connections.
-func parallelClient(ts *httptest.Server) *http.Client {
+func parallelClient(tb testing.TB, ts *httptest.Server) *http.Client {
 	transport := ts.Client().Transport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = wireClients
 	transport.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // the test server's own certificate
+	tb.Cleanup(transport.CloseIdleConnections)
 	return &http.Client{Transport: transport}
 }
 
