@@ -238,6 +238,22 @@ type Readiness interface {
 	Ready() error
 }
 
+// Versioned is implemented by backends that can tell, cheaply and without
+// a remote call, when a machine's state may have changed, so a protocol can
+// render its answers once per change rather than once per request.
+type Versioned interface {
+	// StateVersion returns a number that changes whenever anything the
+	// machine with that ID reports could read differently: Inventory,
+	// PowerState, BootOverride, VirtualMedia, Capabilities, and whether
+	// Backend.Machine finds it. It may also change when nothing did. Once a
+	// write (Reset, SetBootOverride, InsertMedia, EjectMedia) has returned,
+	// StateVersion no longer returns the number from before it. ok is false
+	// when the backend cannot tell (e.g. it is reading through to a remote
+	// API); callers must then read afresh. A Versioned backend's Machines
+	// list never changes. StateVersion never blocks.
+	StateVersion(id string) (version uint64, ok bool)
+}
+
 // Validate checks that o uses known enum values only, independent of any
 // machine's capabilities.
 func (o BootOverride) Validate() error {

@@ -38,49 +38,12 @@ func etagOf(body []byte) string {
 }
 
 func (s *Server) writeResult(w http.ResponseWriter, r *http.Request, res result) {
-	h := w.Header()
-	commonHeaders(h)
-	copyHeader(h, res.header)
-	status := res.status
-	var data []byte
-	switch {
-	case res.raw != nil:
-		data = res.raw
-		h.Set("Content-Type", res.contentType)
-	case res.body != nil:
-		var err error
-		data, err = json.Marshal(res.body)
-		if err != nil {
-			s.writeError(w, r, &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}, cause: err})
-			return
-		}
-		h.Set("Content-Type", jsonContentType)
-		if link := linkFor(res.body); link != "" {
-			h.Set("Link", "<"+link+">; rel=describedby")
-		}
+	e, apiErr := render(res, nil)
+	if apiErr != nil {
+		s.writeError(w, r, apiErr)
+		return
 	}
-	if status == 0 {
-		status = http.StatusOK
-		if data == nil {
-			status = http.StatusNoContent
-		}
-	}
-	if data != nil && status == http.StatusOK {
-		etag := res.etag
-		if etag == "" {
-			etag = etagOf(data)
-		}
-		h.Set("ETag", etag)
-		if (r.Method == http.MethodGet || r.Method == http.MethodHead) && etagMatches(r.Header.Get("If-None-Match"), etag) {
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
-	}
-	if data != nil {
-		h.Set("Content-Length", strconv.Itoa(len(data)))
-	}
-	w.WriteHeader(status)
-	writeBody(w, r, data)
+	e.write(w, r)
 }
 
 // writeBody sends the body, except to HEAD, which gets the GET answer's
@@ -124,9 +87,10 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, e *apiError)
 // etagMatches implements If-Match / If-None-Match list matching with strong
 // comparison; "*" matches any current representation.
 func etagMatches(header, etag string) bool {
-	for _, candidate := range strings.Split(header, ",") {
-		candidate = strings.TrimSpace(candidate)
-		if candidate == "*" || candidate == etag {
+	for header != "" {
+		var candidate string
+		candidate, header, _ = strings.Cut(header, ",")
+		if candidate = strings.TrimSpace(candidate); candidate == "*" || candidate == etag {
 			return true
 		}
 	}

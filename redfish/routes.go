@@ -44,6 +44,9 @@ type route struct {
 	// owner, when set, names the account that owns the addressed resource;
 	// that account may use the route without the privilege (ConfigureSelf).
 	owner func(c *call) string
+	// rendered says how long a GET's answer stays valid, so that it is
+	// rendered once and then served as bytes.
+	rendered renderScope
 }
 
 func (s *Server) routes() []route {
@@ -55,44 +58,44 @@ func (s *Server) routes() []route {
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
 	)
 	return []route{
-		{http.MethodGet, "/redfish", privNoAuth, s.getVersions, nil},
-		{http.MethodGet, "/redfish/v1", privNoAuth, s.getServiceRoot, nil},
-		{http.MethodGet, "/redfish/v1/$metadata", privNoAuth, s.getMetadata, nil},
-		{http.MethodGet, "/redfish/v1/odata", privNoAuth, s.getServiceDocument, nil},
+		{http.MethodGet, "/redfish", privNoAuth, s.getVersions, nil, forLife},
+		{http.MethodGet, "/redfish/v1", privNoAuth, s.getServiceRoot, nil, forLife},
+		{http.MethodGet, "/redfish/v1/$metadata", privNoAuth, s.getMetadata, nil, forLife},
+		{http.MethodGet, "/redfish/v1/odata", privNoAuth, s.getServiceDocument, nil, forLife},
 
-		{http.MethodGet, "/redfish/v1/Systems", privLogin, s.getSystems, nil},
-		{http.MethodGet, sys, privLogin, s.getSystem, nil},
-		{http.MethodPatch, sys, privConfigureComponents, s.patchSystem, nil},
-		{http.MethodPost, sys + "/Actions/ComputerSystem.Reset", privConfigureComponents, s.resetSystem, nil},
-		{http.MethodGet, sys + "/EthernetInterfaces", privLogin, s.getEthernetInterfaces, nil},
-		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil},
-		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil},
-		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil},
-		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil},
-		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia, nil},
-		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil},
-		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil},
+		{http.MethodGet, "/redfish/v1/Systems", privLogin, s.getSystems, nil, whileMachineList},
+		{http.MethodGet, sys, privLogin, s.getSystem, nil, whileMachineState},
+		{http.MethodPatch, sys, privConfigureComponents, s.patchSystem, nil, perRequest},
+		{http.MethodPost, sys + "/Actions/ComputerSystem.Reset", privConfigureComponents, s.resetSystem, nil, perRequest},
+		{http.MethodGet, sys + "/EthernetInterfaces", privLogin, s.getEthernetInterfaces, nil, whileMachineState},
+		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil, whileMachineState},
+		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil, whileMachineState},
+		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil, whileMachineState},
+		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil, whileMachineState},
+		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia, nil, whileMachineState},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil, perRequest},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil, perRequest},
 
-		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil},
-		{http.MethodGet, mgr, privLogin, s.getManager, nil},
-		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil},
+		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil, whileMachineList},
+		{http.MethodGet, mgr, privLogin, s.getManager, nil, whileMachineState},
+		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil, perRequest},
 
-		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil},
-		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil},
+		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
 
-		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil},
-		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil},
-		{http.MethodPost, "/redfish/v1/SessionService/Sessions", privNoAuth, s.createSession, nil},
+		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil, forLife},
+		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil, perRequest},
+		{http.MethodPost, "/redfish/v1/SessionService/Sessions", privNoAuth, s.createSession, nil, perRequest},
 		// DSP0266: a POST to a collection's Members is a POST to the collection.
-		{http.MethodPost, "/redfish/v1/SessionService/Sessions/Members", privNoAuth, s.createSession, nil},
-		{http.MethodGet, session, privConfigureManager, s.getSession, s.sessionOwner},
-		{http.MethodDelete, session, privConfigureManager, s.deleteSession, s.sessionOwner},
+		{http.MethodPost, "/redfish/v1/SessionService/Sessions/Members", privNoAuth, s.createSession, nil, perRequest},
+		{http.MethodGet, session, privConfigureManager, s.getSession, s.sessionOwner, perRequest},
+		{http.MethodDelete, session, privConfigureManager, s.deleteSession, s.sessionOwner, perRequest},
 
-		{http.MethodGet, "/redfish/v1/AccountService", privLogin, s.getAccountService, nil},
-		{http.MethodGet, "/redfish/v1/AccountService/Accounts", privLogin, s.getAccounts, nil},
-		{http.MethodGet, account, privConfigureUsers, s.getAccount, s.accountOwner},
-		{http.MethodGet, "/redfish/v1/AccountService/Roles", privLogin, s.getRoles, nil},
-		{http.MethodGet, "/redfish/v1/AccountService/Roles/{roleID}", privLogin, s.getRole, nil},
+		{http.MethodGet, "/redfish/v1/AccountService", privLogin, s.getAccountService, nil, forLife},
+		{http.MethodGet, "/redfish/v1/AccountService/Accounts", privLogin, s.getAccounts, nil, perRequest},
+		{http.MethodGet, account, privConfigureUsers, s.getAccount, s.accountOwner, perRequest},
+		{http.MethodGet, "/redfish/v1/AccountService/Roles", privLogin, s.getRoles, nil, forLife},
+		{http.MethodGet, "/redfish/v1/AccountService/Roles/{roleID}", privLogin, s.getRole, nil, forLife},
 	}
 }
 
@@ -120,7 +123,7 @@ func (s *Server) newRouter() *mux.Router {
 	}
 	for _, p := range paths {
 		routes := byPath[p]
-		routes = append(routes, route{http.MethodOptions, p, optionsPrivilege(routes), answerOptions, nil})
+		routes = append(routes, route{http.MethodOptions, p, optionsPrivilege(routes), answerOptions, nil, perRequest})
 		router.Handle(p, s.endpoint(routes))
 	}
 	router.NotFoundHandler = http.HandlerFunc(s.notFound)
@@ -217,14 +220,23 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 		c.body = body
 	}
+	if rt.rendered != perRequest && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		s.serveGet(w, r, c, rt)
+		return
+	}
 	res, err := rt.handle(c)
 	if err != nil {
-		var apiErr *apiError
-		if !errors.As(err, &apiErr) {
-			apiErr = &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}, cause: err}
-		}
-		s.writeError(w, r, apiErr)
+		s.writeError(w, r, asAPIError(err))
 		return
 	}
 	s.writeResult(w, r, res)
+}
+
+// asAPIError is err as the answer it gets: a handler's own, or a 500.
+func asAPIError(err error) *apiError {
+	var apiErr *apiError
+	if !errors.As(err, &apiErr) {
+		apiErr = &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}, cause: err}
+	}
+	return apiErr
 }

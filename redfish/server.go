@@ -78,6 +78,10 @@ type Server struct {
 	metadata    []byte
 	router      *mux.Router
 	ready       machine.Readiness // nil when the backend is always ready
+	versioned   machine.Versioned // nil when the backend cannot say when machines change
+
+	// rendered keeps GET answers until what they show changes.
+	rendered renderCache
 
 	// firmwareVersion is Manager.FirmwareVersion.
 	firmwareVersion string
@@ -153,6 +157,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
 	s.ready, _ = cfg.Backend.(machine.Readiness)
+	s.versioned, _ = cfg.Backend.(machine.Versioned)
 	s.router = s.newRouter()
 	return s, nil
 }
@@ -234,7 +239,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				s.writeError(rec, r, &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}})
 			}
 		}
-		s.log.V(1).Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "duration", time.Since(start))
+		if log := s.log.V(1); log.Enabled() {
+			log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "duration", time.Since(start))
+		}
 	}()
 
 	if p := r.URL.Path; len(p) > 1 && strings.HasSuffix(p, "/") {
@@ -246,6 +253,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.notReady(r); err != nil {
 		s.writeError(rec, r, s.mapBackendError(err, operation{}))
+		return
+	}
+	if s.serveKept(rec, r) {
 		return
 	}
 	s.router.ServeHTTP(rec, r)

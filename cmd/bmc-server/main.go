@@ -32,6 +32,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -69,7 +70,16 @@ var defaultTuning = tuning{
 	reloadEvery:       5 * time.Second,
 }
 
+// defaultMemoryLimit is the Go runtime's soft memory limit unless
+// GOMEMLIMIT sets one: a BMC runs per VM, its live heap is a few MB, and
+// without a limit the heap grows to twice that under load before the
+// collector runs.
+const defaultMemoryLimit = 16 << 20
+
 func main() {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(defaultMemoryLimit)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {

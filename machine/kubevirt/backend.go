@@ -102,6 +102,10 @@ type Backend struct {
 	synced atomic.Bool
 	// changed wakes the loop that consumes Once overrides.
 	changed chan struct{}
+	// state is what StateVersion reports.
+	state stateVersion
+	// power coalesces runStrategy writes.
+	power powerWrites
 
 	instancetypes instancetypeMemo
 }
@@ -136,6 +140,20 @@ func Scheme() *runtime.Scheme {
 	return s
 }
 
+// backendScheme has only the kinds the backend reads and writes: every
+// registered kind costs memory in every BMC pod.
+func backendScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(err) // static registrations: cannot fail
+		}
+	}
+	return s
+}
+
 // New creates the backend for the VM namespace/vmName. It does not contact
 // the API server; Start does.
 func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, error) {
@@ -158,7 +176,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if b.mediaSize.IsZero() {
 		b.mediaSize = resource.MustParse("8Gi")
 	}
-	scheme := Scheme()
+	scheme := backendScheme()
 	// The reflector retries a refused watch quietly (no error handler call),
 	// so outages are seen at the transport: every request answers whether
 	// the API server is reachable.
@@ -190,6 +208,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 			ByObject:                    map[client.Object]cache.ByObject{&kubevirtv1.VirtualMachine{}: onlyThisVM, &kubevirtv1.VirtualMachineInstance{}: onlyThisVM},
 			ReaderFailOnMissingInformer: true,
 			DefaultWatchErrorHandler:    b.watchError,
+			DefaultTransform:            keepWhatIsRead,
 		})
 	}
 	return b, nil
@@ -225,9 +244,9 @@ func (b *Backend) Start(ctx context.Context) error {
 			return nil // ctx ended
 		}
 		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { b.observed() },
-			UpdateFunc: func(any, any) { b.observed() },
-			DeleteFunc: func(any) { b.observed() },
+			AddFunc:    func(obj any) { b.observed(obj, false) },
+			UpdateFunc: func(_, obj any) { b.observed(obj, false) },
+			DeleteFunc: func(obj any) { b.observed(obj, true) },
 		}); err != nil {
 			return fmt.Errorf("kubevirt backend: %w", err)
 		}
@@ -272,7 +291,8 @@ func (b *Backend) WaitForCacheSync(ctx context.Context) bool {
 
 // observed runs for every informer event: the watch works, and the VM or
 // VMI may have changed.
-func (b *Backend) observed() {
+func (b *Backend) observed(obj any, deleted bool) {
+	b.state.observe(obj, deleted)
 	b.reachable()
 	select {
 	case b.changed <- struct{}{}:
@@ -286,12 +306,16 @@ func (b *Backend) watchError(_ context.Context, _ *toolscache.Reflector, err err
 
 func (b *Backend) unreachable(err error) {
 	if !b.watchFailing.Swap(true) {
+		b.state.bump()
 		b.log.Error(err, "API server unreachable; reading through to it until it answers again")
 	}
 }
 
 func (b *Backend) reachable() {
 	if b.watchFailing.Swap(false) {
+		// Reads come from the cache again, which may hold what changed
+		// meanwhile: no answer from before the outage is current.
+		b.state.bump()
 		b.log.Info("API server reachable again")
 	}
 }
@@ -424,25 +448,17 @@ func (b *Backend) updateVM(ctx context.Context, mutate func(vm *kubevirtv1.Virtu
 	return vmi, err
 }
 
-// awaitCache waits briefly until the cache holds the VM version the backend
-// just wrote, so a read after a write sees it. Resource versions are etcd
-// revisions: a larger one is newer.
+// awaitCache waits briefly until the informer has delivered the VM version
+// the backend just wrote, so a read after a write sees it, and so does
+// StateVersion.
 func (b *Backend) awaitCache(ctx context.Context, written string) {
 	want, err := strconv.ParseUint(written, 10, 64)
-	c := b.startedCache()
-	if err != nil || c == nil || b.watchFailing.Load() {
+	if err != nil || b.startedCache() == nil || b.watchFailing.Load() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, cacheLagLimit)
 	defer cancel()
-	_ = wait.PollUntilContextCancel(ctx, 2*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		vm := &kubevirtv1.VirtualMachine{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: b.namespace, Name: b.vmName}, vm); err != nil {
-			return false, nil
-		}
-		seen, err := strconv.ParseUint(vm.ResourceVersion, 10, 64)
-		return err != nil || seen >= want, nil
-	})
+	b.state.awaitVM(ctx, want)
 }
 
 // cacheLagLimit bounds how long a write waits for its echo in the cache.
@@ -560,8 +576,10 @@ func (b *Backend) cdiInstalledRecently(ctx context.Context) bool {
 	installed, definite := b.lookUpCDIWithin(ctx)
 	if definite {
 		b.cdiMu.Lock()
-		b.cdiKnown, b.cdiTrustedUntil = installed, time.Now().Add(cdiRecheck)
+		until := time.Now().Add(cdiRecheck)
+		b.cdiKnown, b.cdiTrustedUntil = installed, until
 		b.cdiMu.Unlock()
+		b.state.refreshBy(until)
 	}
 	return installed
 }
@@ -680,8 +698,10 @@ func (b *Backend) instancetype(ctx context.Context, matcher *kubevirtv1.Instance
 	if b.instancetypes.entries == nil {
 		b.instancetypes.entries = map[string]instancetypeEntry{}
 	}
-	b.instancetypes.entries[key] = instancetypeEntry{spec: spec, fetched: time.Now()}
+	fetched := time.Now()
+	b.instancetypes.entries[key] = instancetypeEntry{spec: spec, fetched: fetched}
 	b.instancetypes.mu.Unlock()
+	b.state.refreshBy(fetched.Add(instancetypeMemoTTL))
 	return &spec, nil
 }
 

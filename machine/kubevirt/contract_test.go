@@ -40,9 +40,10 @@ func TestContract(t *testing.T) {
 					t.Fatalf("Machine: %v", err)
 				}
 				return machinetest.Subject{
-					Machine: m,
-					Boots:   func() []machine.BootTarget { return sim.Boots(ns, "vm") },
-					Settle:  20 * time.Second,
+					Machine:   m,
+					Boots:     func() []machine.BootTarget { return sim.Boots(ns, "vm") },
+					Settle:    20 * time.Second,
+					Versioned: b,
 				}
 			})
 		})

@@ -63,11 +63,11 @@ func (m *Machine) Reset(ctx context.Context, r machine.ResetType) error {
 	}
 	switch r {
 	case machine.ResetOn, machine.ResetForceOn:
-		_, err := m.b.updateVM(ctx, setRunStrategy(always))
+		_, err := m.b.writeRunStrategy(ctx, always)
 		return err
 	case machine.ResetGracefulShutdown:
 		// virt-controller stops the VMI with the VM's grace period (ACPI).
-		_, err := m.b.updateVM(ctx, setRunStrategy(halted))
+		_, err := m.b.writeRunStrategy(ctx, halted)
 		return err
 	case machine.ResetForceOff:
 		return m.forceOff(ctx)
@@ -91,7 +91,7 @@ func (m *Machine) forceOff(ctx context.Context) error {
 	}
 	// stop leaves the strategies Manual and RerunOnFailure as they are, and
 	// a refused stop (already off) changes nothing: Off is Halted for a BMC.
-	vmi, err := m.b.updateVM(ctx, setRunStrategy(halted))
+	vmi, err := m.b.writeRunStrategy(ctx, halted)
 	if err != nil || vmi == nil || result != subresourceNotServed {
 		return err
 	}
@@ -104,7 +104,7 @@ func (m *Machine) forceOff(ctx context.Context) error {
 // is not served or refused (the VMI went meanwhile), and for a graceful
 // restart, deleting the VMI makes virt-controller replace it.
 func (m *Machine) restart(ctx context.Context, force bool) error {
-	vmi, err := m.b.updateVM(ctx, setRunStrategy(always))
+	vmi, err := m.b.writeRunStrategy(ctx, always)
 	if err != nil || vmi == nil {
 		return err
 	}

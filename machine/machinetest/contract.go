@@ -24,6 +24,9 @@ type Subject struct {
 	// Settle bounds how long the suite polls for a transition to finish.
 	// Zero means 10 seconds.
 	Settle time.Duration
+	// Versioned is the machine's backend where it implements
+	// machine.Versioned, else nil.
+	Versioned machine.Versioned
 }
 
 // Run runs the contract suite. newSubject is called once per subtest.
@@ -43,6 +46,7 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"disabled override clears", testBootDisabled},
 		{"invalid arguments", testInvalid},
 		{"virtual media", testMedia},
+		{"every write changes the state version", testStateVersion},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -383,4 +387,43 @@ func otherTarget(caps machine.Capabilities, not machine.BootTarget) machine.Boot
 		}
 	}
 	return not
+}
+
+// testStateVersion: once a write that changes the machine has returned,
+// StateVersion no longer reports the number from before it, so nobody
+// serves an answer rendered before the write.
+func testStateVersion(t *testing.T, s Subject) {
+	if s.Versioned == nil {
+		return // the backend does not report versions: there is nothing to keep
+	}
+	ctx := t.Context()
+	id := s.Machine.ID()
+	mode := s.Machine.Capabilities().BootModes[0]
+	writes := []struct {
+		name  string
+		write func() error
+	}{
+		{"Reset On", func() error { return s.Machine.Reset(ctx, machine.ResetOn) }},
+		{"SetBootOverride", func() error {
+			return s.Machine.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootContinuous, Mode: mode})
+		}},
+		{"InsertMedia", func() error { return s.Machine.InsertMedia(ctx, "http://images.test/boot.iso") }},
+		{"EjectMedia", func() error { return s.Machine.EjectMedia(ctx) }},
+		{"Reset ForceOff", func() error { return s.Machine.Reset(ctx, machine.ResetForceOff) }},
+	}
+	for _, w := range writes {
+		if (w.name == "InsertMedia" || w.name == "EjectMedia") && !s.Machine.Capabilities().VirtualMedia {
+			continue
+		}
+		before, ok := s.Versioned.StateVersion(id)
+		if !ok {
+			t.Fatalf("before %s: no state version while the backend serves", w.name)
+		}
+		if err := w.write(); err != nil {
+			t.Fatalf("%s: %v", w.name, err)
+		}
+		if after, ok := s.Versioned.StateVersion(id); !ok || after == before {
+			t.Errorf("after %s: StateVersion %d (ok %v), the same as before the write", w.name, after, ok)
+		}
+	}
 }

@@ -31,7 +31,10 @@ type Backend struct {
 	machines []*Machine
 }
 
-var _ machine.Backend = (*Backend)(nil)
+var (
+	_ machine.Backend   = (*Backend)(nil)
+	_ machine.Versioned = (*Backend)(nil)
+)
 
 // New creates a backend with opts.Machines machines, all powered off.
 func New(opts Options) *Backend {
@@ -65,6 +68,20 @@ func (b *Backend) Machine(_ context.Context, id string) (machine.Machine, error)
 	return m, nil
 }
 
+// StateVersion is the machine's generation: every change of its state
+// (and every fault set) counts one. Unknown IDs have version 0, which no
+// machine has.
+func (b *Backend) StateVersion(id string) (uint64, bool) {
+	m := b.Get(id)
+	if m == nil {
+		return 0, true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.settle()
+	return m.generation, true
+}
+
 // Get returns the concrete machine with that ID, or nil. Tests use it to
 // reach the fault and boot-history hooks.
 func (b *Backend) Get(id string) *Machine {
@@ -90,6 +107,8 @@ type Machine struct {
 	media         machine.VirtualMedia
 	boots         []machine.BootTarget
 	fault         error
+	// generation counts changes of the fields above, from 1.
+	generation uint64
 }
 
 var _ machine.Machine = (*Machine)(nil)
@@ -106,11 +125,12 @@ func newMachine(i int, delay time.Duration, now func() time.Time) *Machine {
 	sum[8] = sum[8]&0x3f | 0x80 // RFC 4122 variant
 	uuid := fmt.Sprintf("%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
 	return &Machine{
-		id:    name,
-		delay: delay,
-		now:   now,
-		power: machine.PowerOff,
-		boot:  machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeUEFI},
+		id:         name,
+		delay:      delay,
+		now:        now,
+		power:      machine.PowerOff,
+		generation: 1,
+		boot:       machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeUEFI},
 		inv: machine.Inventory{
 			Name:         name,
 			UUID:         uuid,
@@ -150,6 +170,7 @@ func (m *Machine) SetFault(err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.fault = err
+	m.generation++
 }
 
 // Boots returns the device of every boot so far, oldest first.
@@ -191,8 +212,10 @@ func (m *Machine) settle() {
 	switch m.power {
 	case machine.PoweringOn:
 		m.power = machine.PowerOn
+		m.generation++
 	case machine.PoweringOff:
 		m.power = machine.PowerOff
+		m.generation++
 	}
 }
 
@@ -209,6 +232,7 @@ func (m *Machine) startTransition(on bool) {
 		m.power = machine.PowerOff
 	}
 	m.transitionEnd = m.now().Add(m.delay)
+	m.generation++
 }
 
 // powerOn boots the machine, consuming a Once override. Callers hold mu.
@@ -276,6 +300,7 @@ func (m *Machine) SetBootOverride(_ context.Context, o machine.BootOverride) err
 		return m.fault
 	}
 	m.boot = o.Normalize()
+	m.generation++
 	return nil
 }
 
@@ -303,6 +328,7 @@ func (m *Machine) InsertMedia(_ context.Context, image string) error {
 		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", m.media.Image)
 	}
 	m.media = machine.VirtualMedia{Inserted: true, Image: image, WriteProtected: true}
+	m.generation++
 	return nil
 }
 
@@ -314,5 +340,6 @@ func (m *Machine) EjectMedia(context.Context) error {
 		return m.fault
 	}
 	m.media = machine.VirtualMedia{}
+	m.generation++
 	return nil
 }

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+)
+
+// BenchmarkKubeVirtRSS builds bmc-server, runs it as its own process on
+// the KubeVirt backend against a real API server, and reads the process's
+// resident memory from /proc: once ready and idle, after eight keep-alive
+// clients polled the system (with a power action every 64th request), and
+// its peak (VmHWM). The load is b.N requests; the process and the API
+// server are started once.
+func BenchmarkKubeVirtRSS(b *testing.B) {
+	ctrllog.SetLogger(logr.Discard())
+	env, err := kubetest.Start(kubetest.Options{})
+	if err != nil {
+		b.Fatalf("envtest: %v", err)
+	}
+	b.Cleanup(func() { _ = env.Stop() })
+	dir := b.TempDir()
+	kubeconfig, err := env.AdminKubeConfig()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	halted := kubevirtv1.RunStrategyHalted
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "node-1"},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &halted,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{
+					Firmware: &kubevirtv1.Firmware{UUID: "5b0c7f2e-8a43-4b0e-9d51-0d7a3c6f1e22", Serial: "node-1.default"},
+					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
+						Name: "default", MacAddress: "02:00:00:00:00:01",
+						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+					}}},
+				},
+				Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+			}},
+		},
+	}
+	if err := env.Client.Create(b.Context(), vm); err != nil {
+		b.Fatalf("creating the VM: %v", err)
+	}
+
+	binary := filepath.Join(dir, "bmc-server")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, binary, "--backend", "kubevirt", "--namespace", "default", "--vm", "node-1", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "kubeconfig"), "BMC_USERNAME=maas", "BMC_PASSWORD=s3cret")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	base := bannerURL(b, stdout)
+	client := &http.Client{Transport: &http.Transport{
+		TLSClientConfig:     &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the server's generated certificate
+		MaxIdleConnsPerHost: 8,
+	}}
+	waitReady(b, client, base)
+	idle := procStatus(b, cmd.Process.Pid, "VmRSS")
+
+	system := base + "/redfish/v1/Systems/node-1"
+	var sent atomic.Int64
+	b.Run("GetSystem-8clients", func(b *testing.B) {
+		b.SetParallelism(4) // eight clients on two cores
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				var err error
+				if n := sent.Add(1); n%64 == 0 {
+					err = send(client, http.MethodPost, system+"/Actions/ComputerSystem.Reset", []string{`{"ResetType":"On"}`, `{"ResetType":"ForceOff"}`}[n/64%2])
+				} else {
+					err = send(client, http.MethodGet, system, "")
+				}
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.StopTimer()
+		b.ReportMetric(idle, "idle-MB")
+		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmRSS"), "loaded-MB")
+		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmHWM"), "peak-MB")
+	})
+}
+
+func bannerURL(b *testing.B, stdout io.Reader) string {
+	b.Helper()
+	found := make(chan string, 1)
+	go func() {
+		pattern := regexp.MustCompile(`(https://\S+)/redfish/v1/`)
+		scanner := bufio.NewScanner(stdout)
+		for scanner.Scan() {
+			if m := pattern.FindStringSubmatch(scanner.Text()); m != nil {
+				found <- m[1]
+			}
+		}
+		close(found)
+	}()
+	select {
+	case base, ok := <-found:
+		if !ok {
+			b.Fatal("bmc-server exited without a banner")
+		}
+		return base
+	case <-time.After(30 * time.Second):
+		b.Fatal("no banner from bmc-server")
+	}
+	return ""
+}
+
+func waitReady(b *testing.B, client *http.Client, base string) {
+	b.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if res, err := client.Get(base + "/readyz"); err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("bmc-server not ready")
+		}
+	}
+}
+
+func send(client *http.Client, method, url, body string) error {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth("maas", "s3cret")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if res.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %d", method, url, res.StatusCode)
+	}
+	return nil
+}
+
+// procStatus reads a memory figure of /proc/PID/status, in MB (MiB).
+func procStatus(b *testing.B, pid int, field string) float64 {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb / 1024
+		}
+	}
+	b.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
+}
