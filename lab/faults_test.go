@@ -3,6 +3,7 @@ package lab_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
@@ -60,4 +61,46 @@ func TestFlowSurvivesFaults(t *testing.T) {
 
 func pollTest(ctx context.Context, done func() bool) error {
 	return lab.Poll(ctx, func() (bool, error) { return done(), nil })
+}
+
+// TestFlowSurvivesAPIServerRestart: kube-apiserver stops and starts again
+// (etcd keeps running) once MaaS has the VM's power config and before the
+// reconciler names it, while every process holds watches and clients on it.
+// The machine still ends Ready, with one machine, one pool and one
+// commissioning.
+func TestFlowSurvivesAPIServerRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), flowDeadline)
+	defer cancel()
+	l := theLab
+	vm := maas.VMRef{Namespace: "lab-restart", Name: "web1"}
+	if err := l.CreateNamespace(ctx, vm.Namespace); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.CreateVM(ctx, vm, lab.VMOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pollTest(ctx, func() bool { return reached(l, vm, lab.StepPowerConfig) }); err != nil {
+		t.Fatalf("no power config: %v; steps %v", err, l.Timeline(vm))
+	}
+	if reached(l, vm, lab.StepReady) {
+		t.Fatalf("already Ready before the restart: steps %v", l.Timeline(vm))
+	}
+	restart := time.Now()
+	if err := l.Env.RestartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("kube-apiserver restarted in %v", time.Since(restart).Round(time.Millisecond))
+	if err := l.WaitReady(ctx, vm); err != nil {
+		t.Fatalf("not Ready after the restart: %v; steps %v", err, l.Timeline(vm))
+	}
+	checkReadyMachine(t, ctx, vm)
+}
+
+func reached(l *lab.Lab, vm maas.VMRef, step lab.Step) bool {
+	for _, e := range l.Timeline(vm) {
+		if e.Step == step {
+			return true
+		}
+	}
+	return false
 }

@@ -134,7 +134,8 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		return nil, err
 	}
 
-	sim, err := virtsim.New(l.Env.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, Logger: logr.Discard()})
+	// 10 workers: what virt-controller's VMI controller runs by default.
+	sim, err := virtsim.New(l.Env.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, Workers: 10, Logger: logr.Discard()})
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
@@ -71,6 +72,9 @@ type Options struct {
 // Env is a running API server.
 type Env struct {
 	env *envtest.Environment
+	// certDir is the API server's: chosen here, not by envtest, so that a
+	// restart keeps it (envtest removes a folder it chose on every stop).
+	certDir string
 	// Config authenticates as a cluster admin.
 	Config *rest.Config
 	// Client is an admin client with Scheme.
@@ -96,20 +100,48 @@ func Start(opts Options) (*Env, error) {
 		CRDs:                  defs,
 		Scheme:                scheme,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: opts.WebhookPaths},
+		// A graceful stop drains the requests in flight: on a loaded machine
+		// that takes longer than envtest's 20 s, after which it kills the
+		// server and does not wait for it to exit, so RestartAPIServer could
+		// not start it again.
+		ControlPlaneStopTimeout: 2 * time.Minute,
 	}
-	// envtest's default service range holds 253 Services; a cluster's holds
-	// thousands, and every BMC has one.
-	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.96.0.0/16")
-	cfg, err := env.Start()
+	certDir, err := os.MkdirTemp("", "kubetest-apiserver-")
 	if err != nil {
-		return nil, fmt.Errorf("starting envtest from %s: %w", assets, err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		_ = env.Stop()
 		return nil, err
 	}
-	return &Env{env: env, Config: cfg, Client: c}, nil
+	apiServer := env.ControlPlane.GetAPIServer()
+	apiServer.CertDir = certDir
+	// envtest's default service range holds 253 Services; a cluster's holds
+	// thousands, and every BMC has one.
+	apiServer.Configure().Set("service-cluster-ip-range", "10.96.0.0/16")
+	cfg, err := env.Start()
+	if err != nil {
+		_ = os.RemoveAll(certDir)
+		return nil, fmt.Errorf("starting envtest from %s: %w", assets, err)
+	}
+	e := &Env{env: env, certDir: certDir, Config: cfg}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: env.Scheme}); err != nil {
+		_ = e.Stop()
+		return nil, err
+	}
+	return e, nil
+}
+
+// RestartAPIServer stops kube-apiserver and starts it again, as a crash or
+// an upgrade of the control plane does; etcd keeps running. The server
+// comes back on the same port with the same serving and client
+// certificates, so every config and kubeconfig handed out stays valid and
+// clients see only a pause.
+func (e *Env) RestartAPIServer() error {
+	apiServer := e.env.ControlPlane.APIServer
+	if err := apiServer.Stop(); err != nil {
+		return fmt.Errorf("stopping kube-apiserver: %w", err)
+	}
+	if err := apiServer.Start(); err != nil {
+		return fmt.Errorf("starting kube-apiserver again: %w", err)
+	}
+	return nil
 }
 
 // Webhook says where the installed webhook configurations send their
@@ -117,7 +149,10 @@ func Start(opts Options) (*Env, error) {
 func (e *Env) Webhook() *envtest.WebhookInstallOptions { return &e.env.WebhookInstallOptions }
 
 // Stop stops the API server and etcd.
-func (e *Env) Stop() error { return e.env.Stop() }
+func (e *Env) Stop() error {
+	err := e.env.Stop()
+	return errors.Join(err, os.RemoveAll(e.certDir))
+}
 
 // ConfigFor returns a rest.Config that authenticates as the named user, in
 // the given groups, and nothing more: RBAC applies to it.

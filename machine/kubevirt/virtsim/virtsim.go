@@ -24,6 +24,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -48,7 +49,11 @@ type Options struct {
 	// virt-handler (a delete's own grace period means nothing for a custom
 	// resource: the API server always records 0).
 	StopDelay time.Duration
-	Logger    logr.Logger
+	// Workers is how many VMs are reconciled at once; 1 when 0. A real
+	// virt-controller runs several workers, so that one VM's start does not
+	// wait behind every other's; a VM is never reconciled by two at once.
+	Workers int
+	Logger  logr.Logger
 }
 
 // Simulator is the fake virt-controller.
@@ -81,6 +86,7 @@ func New(cfg *rest.Config, opts Options) (*Simulator, error) {
 	err = ctrl.NewControllerManagedBy(mgr).
 		For(&kubevirtv1.VirtualMachine{}).
 		Owns(&kubevirtv1.VirtualMachineInstance{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(opts.Workers, 1)}).
 		Complete(s)
 	return s, err
 }
