@@ -126,7 +126,8 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	if err := l.build(ctx); err != nil {
 		return nil, err
 	}
-	if l.Env, err = kubetest.Start(kubetest.Options{}); err != nil {
+	// The processes keep watching while a test restarts the API server.
+	if l.Env, err = kubetest.Start(kubetest.Options{StopTimeout: 2 * time.Minute}); err != nil {
 		return nil, err
 	}
 	l.Client = l.Env.Client

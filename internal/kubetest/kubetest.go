@@ -67,6 +67,12 @@ type Options struct {
 	// WebhookPaths are files or folders of webhook configurations to install,
 	// pointed at a local webhook server (see Env.Webhook).
 	WebhookPaths []string
+	// StopTimeout is how long stopping waits for kube-apiserver and etcd to
+	// exit gracefully; envtest's 20 s when 0. After it, envtest kills the
+	// process and returns an error without waiting for it to exit, so
+	// RestartAPIServer fails. A kube-apiserver with clients still watching
+	// took about a minute to stop in the lab.
+	StopTimeout time.Duration
 }
 
 // Env is a running API server.
@@ -96,15 +102,11 @@ func Start(opts Options) (*Env, error) {
 		return nil, err
 	}
 	env := &envtest.Environment{
-		BinaryAssetsDirectory: assets,
-		CRDs:                  defs,
-		Scheme:                scheme,
-		WebhookInstallOptions: envtest.WebhookInstallOptions{Paths: opts.WebhookPaths},
-		// A graceful stop drains the requests in flight: on a loaded machine
-		// that takes longer than envtest's 20 s, after which it kills the
-		// server and does not wait for it to exit, so RestartAPIServer could
-		// not start it again.
-		ControlPlaneStopTimeout: 2 * time.Minute,
+		BinaryAssetsDirectory:   assets,
+		CRDs:                    defs,
+		Scheme:                  scheme,
+		WebhookInstallOptions:   envtest.WebhookInstallOptions{Paths: opts.WebhookPaths},
+		ControlPlaneStopTimeout: opts.StopTimeout,
 	}
 	certDir, err := os.MkdirTemp("", "kubetest-apiserver-")
 	if err != nil {
