@@ -84,6 +84,12 @@ func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error
 		return err
 	}
 	l.progress.record(vm, StepVMCreated, fmt.Sprintf("runStrategy %s", strategy))
+	// The admission webhook stamps the identity into the VM as created;
+	// record it now, before the VM can boot (watchProgress notices VMs the
+	// reconcile loop stamps later).
+	if mac, serial := identity(object); mac != "" && serial != "" {
+		l.progress.record(vm, StepIdentity, fmt.Sprintf("MAC %s, serial %s", mac, serial))
+	}
 	return nil
 }
 
