@@ -83,6 +83,14 @@ func (p *progress) record(vm maas.VMRef, step Step, detail string) {
 	}
 }
 
+// seen says whether vm has reached step.
+func (p *progress) seen(vm maas.VMRef, step Step) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.events[vm][step]
+	return ok
+}
+
 // Timeline is when the VM reached each step so far, in step order.
 func (l *Lab) Timeline(vm maas.VMRef) []Event {
 	l.progress.mu.Lock()
@@ -113,6 +121,11 @@ func (l *Lab) watchProgress(ctx context.Context) {
 		if err := l.Client.List(ctx, &vms); err == nil {
 			for _, vm := range vms.Items {
 				ref := maas.VMRef{Namespace: vm.Namespace, Name: vm.Name}
+				// CreateVM records the creation after the API server has
+				// answered; a VM seen before that waits for the next poll.
+				if !l.progress.seen(ref, StepVMCreated) {
+					continue
+				}
 				if mac, serial := identity(&vm); mac != "" && serial != "" {
 					l.progress.record(ref, StepIdentity, fmt.Sprintf("MAC %s, serial %s", mac, serial))
 				}
