@@ -79,8 +79,7 @@ func (m *Machine) SetBootOverride(ctx context.Context, o machine.BootOverride) e
 	if o.Target != machine.BootNone && recreated && vmi != nil && vmi.DeletionTimestamp == nil &&
 		!guestStarted(vmi) && firstBootDevice(&vmi.Spec) != o.Target {
 		m.b.log.Info("boot override set while the VM was starting: restarting that start so it boots the override", "target", o.Target)
-		immediately := int64(0)
-		return m.b.deleteVMI(ctx, vmi.UID, &immediately)
+		return m.restartNow(ctx, vmi.UID)
 	}
 	return nil
 }
