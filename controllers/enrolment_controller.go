@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -51,6 +52,7 @@ type EnrolmentReconciler struct {
 
 	mu       sync.Mutex
 	enrolled map[types.NamespacedName]bool
+	pending  pendingCreations
 }
 
 // Enrolled says whether vm should have a BMC: its namespace matches the
@@ -96,7 +98,7 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	created, err := r.ensureBMC(ctx, vm)
+	created, wait, err := r.ensureBMC(ctx, vm)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -109,16 +111,23 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	case repaired != "":
 		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonIdentityRepaired, "Stamp", "%s", repaired)
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: wait}, nil
 }
 
 // ensureBMC creates the VM's VirtualMachineBMC when it has none, and returns
-// its name when it did.
-func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.VirtualMachine) (string, error) {
+// its name when it did. One it created that the cache does not show yet is
+// not created again: it returns how long to wait for the cache instead.
+func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.VirtualMachine) (string, time.Duration, error) {
 	key := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
 	err := r.Client.Get(ctx, key, &v1beta1.VirtualMachineBMC{})
 	if !apierrors.IsNotFound(err) {
-		return "", err // present (the user's or ours, as it is), or a real error
+		if err == nil {
+			r.pending.observed(key)
+		}
+		return "", 0, err // present (the user's or ours, as it is), or a real error
+	}
+	if wait := r.pending.wait(key, vm.UID, time.Now()); wait > 0 {
+		return "", wait, nil
 	}
 	bmcLabels := childLabels(vm.Name)
 	bmcLabels[v1beta1.LabelEnrolled] = "true"
@@ -127,12 +136,17 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 		Spec:       v1beta1.VirtualMachineBMCSpec{VMName: vm.Name},
 	}
 	if err := controllerutil.SetControllerReference(vm, b, r.Scheme); err != nil {
-		return "", err
+		return "", 0, err
 	}
-	if err := r.Client.Create(ctx, b); err != nil {
-		return "", client.IgnoreAlreadyExists(err)
+	err = r.Client.Create(ctx, b)
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return "", 0, err
 	}
-	return b.Name, nil
+	r.pending.add(key, vm.UID, time.Now())
+	if err != nil {
+		return "", 0, nil // it exists: the cache will show it
+	}
+	return b.Name, 0, nil
 }
 
 // unenrol deletes what enrolment made: the VirtualMachineBMC it created and
