@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
-	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 )
 
 func TestPendingCreationsWait(t *testing.T) {
@@ -60,7 +60,7 @@ func TestPendingCreationsWait(t *testing.T) {
 // before the cache shows the VirtualMachineBMC just created send no second
 // create, and ask to be run again when the allowance is over.
 func TestEnrolmentDoesNotCreateTwiceWhileTheCacheLags(t *testing.T) {
-	scheme := kubevirt.Scheme()
+	scheme := kubescheme.New()
 	if err := v1beta1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}

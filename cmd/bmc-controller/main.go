@@ -35,7 +35,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/controllers"
 	"github.com/virtmetal/virtmetal/controllers/vmidentity"
-	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 )
 
 func main() {
@@ -141,7 +141,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	restConfig.QPS, restConfig.Burst = float32(o.kubeAPIQPS), o.kubeAPIBurst
-	scheme := kubevirt.Scheme()
+	scheme := kubescheme.New()
 	if err := v1beta1.AddToScheme(scheme); err != nil {
 		return err
 	}

@@ -39,7 +39,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
-	"sigs.k8s.io/controller-runtime/pkg/client/config"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/virtmetal/virtmetal/internal/certs"
 	"github.com/virtmetal/virtmetal/internal/throttle"
@@ -166,7 +167,7 @@ func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backen
 	case "memory":
 		return memory.New(memory.Options{Machines: o.machines}), nil
 	case "kubevirt":
-		cfg, err := config.GetConfig()
+		cfg, err := kubeConfig()
 		if err != nil {
 			return nil, fmt.Errorf("kubeconfig: %w", err)
 		}
@@ -182,6 +183,19 @@ func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backen
 		return b, nil
 	}
 	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", o.backend)
+}
+
+// kubeConfig finds the API server as kubectl does ($KUBECONFIG, else
+// ~/.kube/config), else as a pod (its ServiceAccount), with the request
+// rates controller-runtime's clients default to.
+func kubeConfig() (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS, cfg.Burst = 20, 30
+	return cfg, nil
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {

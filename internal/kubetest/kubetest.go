@@ -25,7 +25,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	controllermanifests "github.com/virtmetal/virtmetal/deploy/controller"
-	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 	"github.com/virtmetal/virtmetal/test/crds"
 )
 
@@ -97,7 +97,7 @@ func Start(opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme := kubevirt.Scheme()
+	scheme := kubescheme.New()
 	if err := v1beta1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}

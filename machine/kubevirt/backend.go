@@ -27,21 +27,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
-	"k8s.io/apimachinery/pkg/fields"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -75,10 +70,7 @@ type Backend struct {
 	mediaSize resource.Quantity
 	mediaSC   string
 
-	client client.Client // direct API access: writes and degraded reads
-	// subresources calls virt-api's stop and restart (KubeVirt's API group
-	// subresources.kubevirt.io), the only way to force a VM off at once.
-	subresources rest.Interface
+	api apiGroups // direct API access: writes and degraded reads
 	// subresourcesMissing is set while the cluster does not serve that API
 	// group (no virt-api), so the fallback is logged once, not per call.
 	subresourcesMissing atomic.Bool
@@ -90,9 +82,8 @@ type Backend struct {
 	cdiKnown        bool
 	cdiTrustedUntil time.Time
 
-	newCache func() (cache.Cache, error)
-	cacheMu  sync.Mutex
-	cache    cache.Cache // the VM and its VMI; nil until Start built it
+	// vms and vmis cache the VM and its VMI once Start runs them.
+	vms, vmis toolscache.SharedIndexInformer
 
 	// watchFailing is set while the API server cannot be reached; reads
 	// then go to the API server, whose answer tells a stale cache from an
@@ -125,19 +116,6 @@ func (b *Backend) Ready() error {
 		return machine.Errorf(machine.ErrUnavailable, "the API server is unreachable")
 	}
 	return nil
-}
-
-// Scheme has the types the backend reads and writes.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			panic(err) // static registrations: cannot fail
-		}
-	}
-	return s
 }
 
 // backendScheme has only the kinds the backend reads and writes: every
@@ -186,107 +164,51 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	b.client, err = client.New(cfg, client.Options{Scheme: scheme, HTTPClient: httpClient})
-	if err != nil {
+	if b.api, err = newAPIGroups(cfg, httpClient, scheme); err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	subresourceCfg := rest.CopyConfig(cfg)
-	subresourceCfg.APIPath = "/apis"
-	subresourceCfg.GroupVersion = &schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}
-	subresourceCfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	b.subresources, err = rest.RESTClientForConfigAndClient(subresourceCfg, httpClient)
-	if err != nil {
-		return nil, fmt.Errorf("kubevirt backend: %w", err)
-	}
-	b.newCache = func() (cache.Cache, error) {
-		onlyThisVM := cache.ByObject{Field: fields.OneTermEqualSelector("metadata.name", vmName)}
-		return cache.New(cfg, cache.Options{
-			HTTPClient:                  httpClient,
-			Scheme:                      scheme,
-			Mapper:                      b.client.RESTMapper(),
-			DefaultNamespaces:           map[string]cache.Config{namespace: {}},
-			ByObject:                    map[client.Object]cache.ByObject{&kubevirtv1.VirtualMachine{}: onlyThisVM, &kubevirtv1.VirtualMachineInstance{}: onlyThisVM},
-			ReaderFailOnMissingInformer: true,
-			DefaultWatchErrorHandler:    b.watchError,
-			DefaultTransform:            keepWhatIsRead,
-		})
-	}
-	return b, nil
-}
-
-// Start runs the informers and the Once-override bookkeeping until ctx
-// ends. It waits for the API server if it is not reachable yet.
-func (b *Backend) Start(ctx context.Context) error {
-	// Building the cache needs discovery: keep trying while the API server
-	// is away (reads go to it directly meanwhile, and fail ErrUnavailable).
-	var c cache.Cache
-	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
-		var err error
-		if c, err = b.newCache(); err != nil {
-			b.log.Error(err, "cannot set up the cache, retrying")
-		}
-		return err == nil, nil
-	})
-	if err != nil {
-		return nil // ctx ended
-	}
-	for _, obj := range []client.Object{&kubevirtv1.VirtualMachine{}, &kubevirtv1.VirtualMachineInstance{}} {
-		var informer cache.Informer
-		err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-			var err error
-			informer, err = c.GetInformer(ctx, obj, cache.BlockUntilSynced(false))
-			if err != nil {
-				b.log.Error(err, "cannot set up informer, retrying", "kind", fmt.Sprintf("%T", obj))
-			}
-			return err == nil, nil
-		})
-		if err != nil {
-			return nil // ctx ended
-		}
+	b.vms = b.newInformer(vmResource, &kubevirtv1.VirtualMachine{})
+	b.vmis = b.newInformer(vmiResource, &kubevirtv1.VirtualMachineInstance{})
+	for _, informer := range []toolscache.SharedIndexInformer{b.vms, b.vmis} {
 		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { b.observed(obj, false) },
 			UpdateFunc: func(_, obj any) { b.observed(obj, false) },
 			DeleteFunc: func(obj any) { b.observed(obj, true) },
 		}); err != nil {
-			return fmt.Errorf("kubevirt backend: %w", err)
+			return nil, fmt.Errorf("kubevirt backend: %w", err)
 		}
 	}
-	b.cacheMu.Lock()
-	b.cache = c
-	b.cacheMu.Unlock()
-	var loops sync.WaitGroup
-	loops.Go(func() { b.consumeOnceLoop(ctx) })
-	loops.Go(func() {
-		if c.WaitForCacheSync(ctx) {
-			b.synced.Store(true)
-		}
-	})
-	loops.Go(func() { b.probeLoop(ctx) })
-	err = c.Start(ctx)
-	loops.Wait()
-	return err
+	return b, nil
 }
 
-// startedCache returns the cache once Start has built it, else nil.
-func (b *Backend) startedCache() cache.Cache {
-	b.cacheMu.Lock()
-	defer b.cacheMu.Unlock()
-	return b.cache
+// Start runs the informers and the Once-override bookkeeping until ctx
+// ends. While the API server is not reachable, the informers keep
+// retrying and reads go to the API server (and fail ErrUnavailable).
+func (b *Backend) Start(ctx context.Context) error {
+	var loops sync.WaitGroup
+	loops.Go(func() { b.vms.RunWithContext(ctx) })
+	loops.Go(func() { b.vmis.RunWithContext(ctx) })
+	loops.Go(func() { b.consumeOnceLoop(ctx) })
+	loops.Go(func() { b.WaitForCacheSync(ctx) })
+	loops.Go(func() { b.probeLoop(ctx) })
+	loops.Wait()
+	return nil
 }
 
 // WaitForCacheSync blocks until the cache has read the VM and VMI once (true)
 // or ctx ends (false).
 func (b *Backend) WaitForCacheSync(ctx context.Context) bool {
-	var c cache.Cache
-	err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
-		c = b.startedCache()
-		return c != nil, nil
-	})
-	if err != nil || !c.WaitForCacheSync(ctx) {
+	if !toolscache.WaitForCacheSync(ctx.Done(), b.vms.HasSynced, b.vmis.HasSynced) {
 		return false
 	}
-	b.synced.Store(true) // now, not when Start's own wait notices
+	b.synced.Store(true)
 	return true
+}
+
+// cacheServes says whether reads may come from the cache: it has synced
+// and its watches work.
+func (b *Backend) cacheServes() bool {
+	return b.synced.Load() && !b.watchFailing.Load()
 }
 
 // observed runs for every informer event: the watch works, and the VM or
@@ -334,7 +256,7 @@ func (b *Backend) probeLoop(ctx context.Context) {
 		case <-ticker.C:
 		}
 		probeCtx, cancel := context.WithTimeout(ctx, b.timeout)
-		err := b.client.Get(probeCtx, types.NamespacedName{Namespace: b.namespace, Name: b.vmName}, &kubevirtv1.VirtualMachine{})
+		_, err := b.getVM(probeCtx)
 		cancel()
 		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
 			b.unreachable(err)
@@ -379,34 +301,40 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 
 // read returns the VM and its VMI (nil when there is none).
 func (b *Backend) read(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	var reader client.Reader = b.client
-	if c := b.startedCache(); c != nil && !b.watchFailing.Load() {
-		reader = c
+	if !b.cacheServes() {
+		return b.readLive(ctx)
 	}
-	return b.readFrom(ctx, reader)
+	vm, err := fromInformer[*kubevirtv1.VirtualMachine](b.vms, b, vmResource)
+	if err != nil {
+		return nil, nil, b.apiError(err, "reading the VirtualMachine")
+	}
+	vmi, err := fromInformer[*kubevirtv1.VirtualMachineInstance](b.vmis, b, vmiResource)
+	return checkRead(b, vm, vmi, err)
 }
 
 // readLive reads from the API server, for read-modify-write.
 func (b *Backend) readLive(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
-	return b.readFrom(ctx, b.client)
-}
-
-func (b *Backend) readFrom(ctx context.Context, reader client.Reader) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
-	key := client.ObjectKey{Namespace: b.namespace, Name: b.vmName}
-	vm := &kubevirtv1.VirtualMachine{}
-	if err := reader.Get(ctx, key, vm); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	vm, err := b.getVM(ctx)
+	if err != nil {
 		return nil, nil, b.apiError(err, "reading the VirtualMachine")
 	}
+	vmi, err := b.getVMI(ctx)
+	return checkRead(b, vm, vmi, err)
+}
+
+// checkRead finishes a read: a VM without a template is no machine, and a
+// missing VMI is none (nil).
+func checkRead(b *Backend, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, vmiErr error) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
 	if vm.Spec.Template == nil {
 		return nil, nil, fmt.Errorf("VirtualMachine %s/%s has no template", b.namespace, b.vmName)
 	}
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	if err := reader.Get(ctx, key, vmi); apierrors.IsNotFound(err) {
-		vmi = nil
-	} else if err != nil {
-		return nil, nil, b.apiError(err, "reading the VirtualMachineInstance")
+	switch {
+	case apierrors.IsNotFound(vmiErr):
+		return vm, nil, nil
+	case vmiErr != nil:
+		return nil, nil, b.apiError(vmiErr, "reading the VirtualMachineInstance")
 	}
 	return vm, vmi, nil
 }
@@ -430,7 +358,7 @@ func (b *Backend) updateVM(ctx context.Context, mutate func(vm *kubevirtv1.Virtu
 		if err != nil || !(changed || consumed) {
 			return err
 		}
-		if err := b.client.Update(ctx, vm); err != nil {
+		if err := b.putVM(ctx, vm); err != nil {
 			if apierrors.IsConflict(err) {
 				return err // retried
 			}
@@ -453,7 +381,7 @@ func (b *Backend) updateVM(ctx context.Context, mutate func(vm *kubevirtv1.Virtu
 // StateVersion.
 func (b *Backend) awaitCache(ctx context.Context, written string) {
 	want, err := strconv.ParseUint(written, 10, 64)
-	if err != nil || b.startedCache() == nil || b.watchFailing.Load() {
+	if err != nil || !b.cacheServes() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, cacheLagLimit)
@@ -498,13 +426,7 @@ func (b *Backend) consumeOnceLoop(ctx context.Context) {
 func (b *Backend) deleteVMI(ctx context.Context, uid types.UID, grace *int64) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	vmi := &kubevirtv1.VirtualMachineInstance{}
-	vmi.Namespace, vmi.Name = b.namespace, b.vmName
-	opts := []client.DeleteOption{client.Preconditions{UID: &uid}}
-	if grace != nil {
-		opts = append(opts, client.GracePeriodSeconds(*grace))
-	}
-	err := b.client.Delete(ctx, vmi, opts...)
+	err := b.deleteIn(ctx, b.api.kubevirt, vmiResource, b.vmName, &metav1.DeleteOptions{Preconditions: preconditionUID(uid), GracePeriodSeconds: grace})
 	// Gone, or already replaced by a newer VMI: either way that one stopped.
 	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
@@ -533,7 +455,7 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	err = b.subresources.Put().Namespace(b.namespace).Resource("virtualmachines").Name(b.vmName).
+	err = b.api.subresources.Put().Namespace(b.namespace).Resource("virtualmachines").Name(b.vmName).
 		SubResource(subresource).Body(body).Do(ctx).Error()
 	var status apierrors.APIStatus
 	switch {
@@ -590,38 +512,23 @@ func (b *Backend) cdiInstalled(ctx context.Context) bool {
 	return installed
 }
 
-// lookUpCDIWithin is lookUpCDI bounded by the request timeout. The REST
-// mapper's discovery takes no context, so it runs aside and is abandoned
-// (it ends with its connection) when it takes too long; the answer is then
-// unknown.
+// lookUpCDIWithin asks the API server, within the request timeout, whether
+// it serves CDI's API group. definite is false when the answer is unknown
+// (API server away or slow); installed is then true, so media is offered
+// and InsertMedia checks again.
 func (b *Backend) lookUpCDIWithin(ctx context.Context) (installed, definite bool) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	type answer struct{ installed, definite bool }
-	done := make(chan answer, 1)
-	go func() {
-		installed, definite := b.lookUpCDI()
-		done <- answer{installed, definite}
-	}()
-	select {
-	case a := <-done:
-		return a.installed, a.definite
-	case <-ctx.Done():
-		b.log.V(1).Info("CDI discovery timed out; offering virtual media until known", "timeout", b.timeout)
-		return true, false
+	gv := cdiv1beta1.SchemeGroupVersion
+	err := b.api.cdi.Get().AbsPath("/apis", gv.Group, gv.Version).Do(ctx).Error()
+	switch {
+	case err == nil:
+		return true, true
+	case apierrors.IsNotFound(err):
+		return false, true
 	}
-}
-
-// lookUpCDI asks the REST mapper for CDI's DataVolume. definite is false
-// when the answer is unknown (API server away); installed is then true, so
-// media is offered and InsertMedia checks again.
-func (b *Backend) lookUpCDI() (installed, definite bool) {
-	_, err := b.client.RESTMapper().RESTMapping(cdiv1beta1.SchemeGroupVersion.WithKind("DataVolume").GroupKind(), cdiv1beta1.SchemeGroupVersion.Version)
-	if err != nil && !meta.IsNoMatchError(err) {
-		b.log.V(1).Info("cannot tell whether CDI is installed", "error", err.Error())
-		return true, false
-	}
-	return err == nil, true
+	b.log.V(1).Info("cannot tell whether CDI is installed; offering virtual media until known", "error", err.Error())
+	return true, false
 }
 
 // apiError maps an API error onto the machine sentinels: a missing object
@@ -683,13 +590,13 @@ func (b *Backend) instancetype(ctx context.Context, matcher *kubevirtv1.Instance
 	var spec instancetypev1beta1.VirtualMachineInstancetypeSpec
 	if cluster {
 		it := &instancetypev1beta1.VirtualMachineClusterInstancetype{}
-		if err := b.client.Get(ctx, client.ObjectKey{Name: matcher.Name}, it); err != nil {
+		if err := b.api.instancetypes.Get().Resource(clusterInstancetypeResource).Name(matcher.Name).Do(ctx).Into(it); err != nil {
 			return nil, b.instancetypeError(err, "VirtualMachineClusterInstancetype", matcher.Name)
 		}
 		spec = it.Spec
 	} else {
 		it := &instancetypev1beta1.VirtualMachineInstancetype{}
-		if err := b.client.Get(ctx, client.ObjectKey{Namespace: b.namespace, Name: matcher.Name}, it); err != nil {
+		if err := b.api.instancetypes.Get().Namespace(b.namespace).Resource(instancetypeResource).Name(matcher.Name).Do(ctx).Into(it); err != nil {
 			return nil, b.instancetypeError(err, "VirtualMachineInstancetype", matcher.Name)
 		}
 		spec = it.Spec

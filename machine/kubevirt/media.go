@@ -10,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -139,7 +138,7 @@ func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.Virt
 	if b.mediaSC != "" {
 		dv.Spec.Storage.StorageClassName = &b.mediaSC
 	}
-	if err := b.client.Create(ctx, dv); err != nil {
+	if err := b.api.cdi.Post().Namespace(b.namespace).Resource(dataVolumeResource).Body(dv).Do(ctx).Into(dv); err != nil {
 		return nil, b.apiError(err, "creating DataVolume "+dv.Name+" for")
 	}
 	return dv, nil
@@ -150,17 +149,17 @@ func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.Virt
 func (b *Backend) deleteMediaDataVolume(ctx context.Context, uid *types.UID) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	dv := &cdiv1beta1.DataVolume{}
-	dv.Namespace, dv.Name = b.namespace, b.mediaDataVolume()
-	opts := []client.DeleteOption{client.PropagationPolicy(metav1.DeletePropagationBackground)}
+	name := b.mediaDataVolume()
+	background := metav1.DeletePropagationBackground
+	opts := &metav1.DeleteOptions{PropagationPolicy: &background}
 	if uid != nil {
-		opts = append(opts, client.Preconditions{UID: uid})
+		opts.Preconditions = preconditionUID(*uid)
 	}
-	err := b.client.Delete(ctx, dv, opts...)
+	err := b.deleteIn(ctx, b.api.cdi, dataVolumeResource, name, opts)
 	if apierrors.IsNotFound(err) || uid != nil && apierrors.IsConflict(err) {
 		return nil
 	}
-	return b.apiError(err, "deleting DataVolume "+dv.Name+" of")
+	return b.apiError(err, "deleting DataVolume "+name+" of")
 }
 
 func hasMedia(vm *kubevirtv1.VirtualMachine) bool {

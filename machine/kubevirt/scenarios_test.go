@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -517,7 +518,7 @@ func TestRBAC(t *testing.T) {
 		t.Fatalf("EjectMedia: %v", err)
 	}
 
-	as, err := client.New(cfg, client.Options{Scheme: kubevirt.Scheme()})
+	as, err := client.New(cfg, client.Options{Scheme: kubescheme.New()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 )
 
 // VirtAPI stands in for the part of KubeVirt's virt-api a BMC uses: the
@@ -66,7 +66,7 @@ func NewVirtAPI(cfg *rest.Config) (*VirtAPI, error) {
 	if err != nil {
 		return nil, fmt.Errorf("virt-api proxy: %w", err)
 	}
-	api, err := client.New(cfg, client.Options{Scheme: kubevirt.Scheme()})
+	api, err := client.New(cfg, client.Options{Scheme: kubescheme.New()})
 	if err != nil {
 		return nil, fmt.Errorf("virt-api proxy: %w", err)
 	}

@@ -28,8 +28,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 	"github.com/virtmetal/virtmetal/machine"
-	"github.com/virtmetal/virtmetal/machine/kubevirt"
 )
 
 // shutdownFinalizer keeps a deleted VMI visible while it "shuts down", as
@@ -70,7 +70,7 @@ type Simulator struct {
 func New(cfg *rest.Config, opts Options) (*Simulator, error) {
 	skip := true
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme:     kubevirt.Scheme(),
+		Scheme:     kubescheme.New(),
 		Logger:     opts.Logger,
 		Metrics:    metricsserver.Options{BindAddress: "0"},
 		Controller: config.Controller{SkipNameValidation: &skip},

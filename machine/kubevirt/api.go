@@ -1,0 +1,135 @@
+package kubevirt
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+)
+
+// The backend talks to the API server through client-go's REST clients and
+// informers, one per API group it uses, rather than through
+// controller-runtime's client and cache: those link client-go's whole typed
+// clientset and every built-in API group, whose initialisation alone holds
+// about 10 MB of every BMC pod's memory (docs/benchmarks.md).
+
+// apiGroups holds a REST client for each API group the backend reads or
+// writes.
+type apiGroups struct {
+	kubevirt      rest.Interface // kubevirt.io/v1: the VM and its VMI
+	instancetypes rest.Interface // instancetype.kubevirt.io/v1beta1
+	cdi           rest.Interface // cdi.kubevirt.io/v1beta1: media DataVolumes
+	// subresources calls virt-api's stop and restart (KubeVirt's API group
+	// subresources.kubevirt.io), the only way to force a VM off at once.
+	subresources rest.Interface
+}
+
+func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Scheme) (apiGroups, error) {
+	codecs := serializer.NewCodecFactory(scheme).WithoutConversion()
+	forGroup := func(gv schema.GroupVersion) (rest.Interface, error) {
+		c := rest.CopyConfig(cfg)
+		c.APIPath = "/apis"
+		c.GroupVersion = &gv
+		c.NegotiatedSerializer = codecs
+		if c.UserAgent == "" {
+			c.UserAgent = rest.DefaultKubernetesUserAgent()
+		}
+		return rest.RESTClientForConfigAndClient(c, httpClient)
+	}
+	var g apiGroups
+	for _, group := range []struct {
+		gv     schema.GroupVersion
+		client *rest.Interface
+	}{
+		{kubevirtv1.SchemeGroupVersion, &g.kubevirt},
+		{instancetypev1beta1.SchemeGroupVersion, &g.instancetypes},
+		{cdiv1beta1.SchemeGroupVersion, &g.cdi},
+		{schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}, &g.subresources},
+	} {
+		c, err := forGroup(group.gv)
+		if err != nil {
+			return apiGroups{}, fmt.Errorf("REST client for %s: %w", group.gv, err)
+		}
+		*group.client = c
+	}
+	return g, nil
+}
+
+// Resources of the API groups above.
+const (
+	vmResource                  = "virtualmachines"
+	vmiResource                 = "virtualmachineinstances"
+	instancetypeResource        = "virtualmachineinstancetypes"
+	clusterInstancetypeResource = "virtualmachineclusterinstancetypes"
+	dataVolumeResource          = "datavolumes"
+)
+
+// newInformer watches the one object named after the VM (the VM or its
+// VMI): a field selector on the name lets a Role with resourceNames
+// suffice.
+func (b *Backend) newInformer(resource string, example runtime.Object) toolscache.SharedIndexInformer {
+	lw := toolscache.NewListWatchFromClient(b.api.kubevirt, resource, b.namespace, fields.OneTermEqualSelector("metadata.name", b.vmName))
+	informer := toolscache.NewSharedIndexInformerWithOptions(lw, example, toolscache.SharedIndexInformerOptions{})
+	// Neither fails before the informer runs.
+	_ = informer.SetTransform(keepWhatIsRead)
+	_ = informer.SetWatchErrorHandlerWithContext(b.watchError)
+	return informer
+}
+
+// fromInformer returns a copy of the informer's object named after the VM,
+// or a NotFound error.
+func fromInformer[T runtime.Object](informer toolscache.SharedIndexInformer, b *Backend, resource string) (T, error) {
+	var zero T
+	obj, exists, err := informer.GetStore().GetByKey(b.namespace + "/" + b.vmName)
+	if err != nil {
+		return zero, err
+	}
+	if !exists {
+		return zero, notFound(resource, b.vmName)
+	}
+	return obj.(runtime.Object).DeepCopyObject().(T), nil
+}
+
+// getVM and getVMI read from the API server.
+func (b *Backend) getVM(ctx context.Context) (*kubevirtv1.VirtualMachine, error) {
+	vm := &kubevirtv1.VirtualMachine{}
+	return vm, b.api.kubevirt.Get().Namespace(b.namespace).Resource(vmResource).Name(b.vmName).Do(ctx).Into(vm)
+}
+
+func (b *Backend) getVMI(ctx context.Context) (*kubevirtv1.VirtualMachineInstance, error) {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	return vmi, b.api.kubevirt.Get().Namespace(b.namespace).Resource(vmiResource).Name(b.vmName).Do(ctx).Into(vmi)
+}
+
+// putVM writes vm back (optimistic concurrency on its resourceVersion) and
+// updates it to the stored object.
+func (b *Backend) putVM(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+	return b.api.kubevirt.Put().Namespace(b.namespace).Resource(vmResource).Name(vm.Name).Body(vm).Do(ctx).Into(vm)
+}
+
+// deleteIn deletes a namespaced object of an API group with opts.
+func (b *Backend) deleteIn(ctx context.Context, group rest.Interface, resource, name string, opts *metav1.DeleteOptions) error {
+	return group.Delete().Namespace(b.namespace).Resource(resource).Name(name).Body(opts).Do(ctx).Error()
+}
+
+// preconditionUID makes a delete apply only to the object with that UID,
+// never to a newer one of the same name.
+func preconditionUID(uid types.UID) *metav1.Preconditions {
+	return &metav1.Preconditions{UID: &uid}
+}
+
+func notFound(resource, name string) error {
+	return apierrors.NewNotFound(schema.GroupResource{Group: kubevirtv1.SchemeGroupVersion.Group, Resource: resource}, name)
+}
