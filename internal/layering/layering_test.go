@@ -1,0 +1,42 @@
+// Package layering checks the project's import rules, which nothing else
+// would notice breaking: protocols never reach Kubernetes, controllers never
+// reach the protocols, and bmc-server, one process per VM, links none of
+// the Kubernetes machinery it does not use.
+package layering
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/virtmetal/virtmetal"
+
+func TestImportRules(t *testing.T) {
+	tests := []struct {
+		pkg       string
+		forbidden []string // import path prefixes
+		why       string
+	}{
+		{"redfish", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "protocols speak the backend contract, never Kubernetes"},
+		{"ipmi", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "protocols speak the backend contract, never Kubernetes"},
+		{"controllers/...", []string{module + "/redfish", module + "/ipmi"}, "controllers never import the protocol packages"},
+		{"cmd/bmc-server", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
+			"a BMC pod per VM: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.pkg, func(t *testing.T) {
+			out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", module+"/"+tc.pkg).Output()
+			if err != nil {
+				t.Fatalf("go list: %v", err)
+			}
+			for dep := range strings.FieldsSeq(string(out)) {
+				for _, prefix := range tc.forbidden {
+					if dep == prefix || strings.HasPrefix(dep, strings.TrimSuffix(prefix, "/")+"/") {
+						t.Errorf("%s depends on %s: %s", tc.pkg, dep, tc.why)
+					}
+				}
+			}
+		})
+	}
+}
