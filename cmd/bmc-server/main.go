@@ -41,6 +41,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/virtmetal/virtmetal/internal/certs"
 	"github.com/virtmetal/virtmetal/internal/throttle"
@@ -208,6 +209,9 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) }, funcr.Options{Verbosity: o.verbosity})
+	// client-go reports what goes wrong inside its informers through klog:
+	// one log stream, one format.
+	klog.SetLogger(log.WithName("client-go"))
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	backend, err := newBackend(ctx, o, log)

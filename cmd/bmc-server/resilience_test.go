@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -255,6 +256,16 @@ current-context: c
 	out, err := runIPMITool(t, ipmitool, s.ipmiPort, "maas", "s3cret", "chassis", "power", "status")
 	if err == nil || !strings.Contains(strings.ToLower(out), "busy") {
 		t.Errorf("ipmitool with the API server down: %v\n%s\nwant a node busy failure", err, out)
+	}
+	// Failing to reach the API server, too, is logged in the one format.
+	logs := s.stderr.String()
+	for line := range strings.Lines(logs) {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("a log line that is not JSON: %q", line)
+		}
+	}
+	if !strings.Contains(logs, "API server unreachable") {
+		t.Errorf("no log line says the API server is unreachable:\n%s", logs)
 	}
 }
 
