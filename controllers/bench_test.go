@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 )
@@ -76,6 +77,7 @@ func BenchmarkEnrolExistingVMs(b *testing.B) {
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &requests, &conflicts} })
 		config := defaultConfig()
 		config.NamespaceSelector = labels.SelectorFromSet(labels.Set{label: "true"})
+		reconcilesBefore := reconciles(b)
 		b.StartTimer()
 		start := time.Now()
 		stop, err := startManager(cfg, config, 8)
@@ -91,6 +93,7 @@ func BenchmarkEnrolExistingVMs(b *testing.B) {
 		b.ReportMetric(elapsed.Seconds(), "s-until-consistent")
 		b.ReportMetric(float64(requests.Load())/float64(benchVMs), "requests/VM")
 		b.ReportMetric(float64(conflicts.Load())/float64(benchVMs), "conflicts/VM")
+		b.ReportMetric(float64(reconciles(b)-reconcilesBefore)/float64(benchVMs), "reconciles/VM")
 		b.ReportMetric(float64(mem.HeapInuse)/(1<<20), "heap-MB")
 		b.ReportMetric(rssMB(), "rss-MB")
 		stop()
@@ -180,6 +183,26 @@ func waitConsistent(b *testing.B, ns string, n int) {
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// reconciles is how many reconciles this process's controllers have run.
+func reconciles(b *testing.B) float64 {
+	b.Helper()
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	total := 0.0
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			total += m.GetCounter().GetValue()
+			fmt.Println("DEBUG", m.GetLabel(), m.GetCounter().GetValue())
+		}
+	}
+	return total
 }
 
 // rssMB is this process's resident set size.

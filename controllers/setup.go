@@ -130,7 +130,9 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, ns client.Object) []reconcile.Request {
 			return allVMs(ctx, ns.GetName())
 		}), builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		Watches(&v1beta1.VirtualMachineBMC{}, sameName).
+		// Enrolment cares whether the VM's VirtualMachineBMC exists and is
+		// its own (a label), not about its spec or status.
+		Watches(&v1beta1.VirtualMachineBMC{}, sameName, builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// The BMC reconciler may recreate credentials from a stale cache
 		// after enrolment removed them: enrolment looks again.
 		Watches(&corev1.Secret{}, byVMLabel).
