@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -62,6 +63,8 @@ type options struct {
 	maxConcurrentReconciles int
 	kubeAPIQPS              float64
 	kubeAPIBurst            int
+	cacheSyncTimeout        time.Duration
+	shutdownTimeout         time.Duration
 	zap                     zap.Options
 }
 
@@ -93,6 +96,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	// protects it.
 	fs.Float64Var(&o.kubeAPIQPS, "kube-api-qps", 1000, "requests per second to the API server")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 2000, "burst of requests to the API server")
+	fs.DurationVar(&o.cacheSyncTimeout, "cache-sync-timeout", 2*time.Minute, "how long the caches may take to read the cluster before the controller gives up and exits (a missing permission never syncs)")
+	fs.DurationVar(&o.shutdownTimeout, "graceful-shutdown-timeout", 30*time.Second, "how long running reconciles may take to finish after SIGTERM")
 	o.zap.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -110,6 +115,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.configMap != "" && len(strings.Split(o.configMap, "/")) != 2 {
 		return o, fmt.Errorf("--config must be NAMESPACE/NAME, got %q", o.configMap)
+	}
+	if o.cacheSyncTimeout <= 0 || o.shutdownTimeout <= 0 {
+		return o, errors.New("--cache-sync-timeout and --graceful-shutdown-timeout must be positive")
 	}
 	if o.webhookPort < 0 || o.webhookPort > 65535 {
 		return o, fmt.Errorf("--webhook-port must be 0 to 65535, got %d", o.webhookPort)
@@ -154,6 +162,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		LeaderElectionID:        "bmc-controller.virtmetal.io",
 		LeaderElectionNamespace: o.leaderElectionNamespace,
 		WebhookServer:           webhookServer(o),
+		GracefulShutdownTimeout: &o.shutdownTimeout,
 	})
 	if err != nil {
 		return err
@@ -200,7 +209,42 @@ func start(ctx context.Context, mgr ctrl.Manager, o options, macs vmidentity.MAC
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	return runManager(ctx, mgr, o.cacheSyncTimeout, o.shutdownTimeout)
+}
+
+// runManager runs mgr until ctx ends, and gives up when its caches do not
+// sync within syncTimeout. A cache that cannot list what it watches (a
+// permission missing from the ClusterRole) never syncs, and controller-runtime
+// then neither reconciles nor stops: its manager waits for the caches
+// without end, even after SIGTERM. So the process stops by itself, saying
+// why, rather than idling Ready with nothing reconciled, and a stop that
+// takes longer than the shutdown timeout leaves the manager behind.
+func runManager(ctx context.Context, mgr ctrl.Manager, syncTimeout, shutdownTimeout time.Duration) error {
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go func() {
+		syncCtx, cancel := context.WithTimeout(ctx, syncTimeout)
+		defer cancel()
+		if !mgr.GetCache().WaitForCacheSync(syncCtx) && ctx.Err() == nil {
+			stop(fmt.Errorf("the caches did not sync within %s: the log says which list the API server refused or could not answer", syncTimeout))
+		}
+	}()
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		select {
+		case err = <-done:
+		case <-time.After(shutdownTimeout + 5*time.Second):
+			err = fmt.Errorf("the manager did not stop within %s", shutdownTimeout)
+		}
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil

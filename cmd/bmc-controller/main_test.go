@@ -52,6 +52,8 @@ func TestParseFlags(t *testing.T) {
 		{"both issuers", append([]string{"--tls-issuer", "a", "--tls-cluster-issuer", "b"}, required...), "exclude each other"},
 		{"bad config name", append([]string{"--config", "just-a-name"}, required...), "NAMESPACE/NAME"},
 		{"bad webhook port", append([]string{"--webhook-port", "70000"}, required...), "--webhook-port"},
+		{"no cache sync time", append([]string{"--cache-sync-timeout", "0s"}, required...), "--cache-sync-timeout"},
+		{"no shutdown time", append([]string{"--graceful-shutdown-timeout", "-1s"}, required...), "--graceful-shutdown-timeout"},
 		{"stray argument", append(required, "extra"), "unexpected arguments"},
 	}
 	for _, tc := range tests {
