@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -69,7 +70,7 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ns, name := newNamespace(t), "bmc"
+	ns, name := cluster.NewNamespace(t), "bmc"
 	halted := kubevirtv1.RunStrategyHalted
 	vm := &kubevirtv1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -94,14 +95,7 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	backend, err := kubevirt.New(cfg, ns, name, kubevirt.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = backend.Start(ctx) }()
-	if !backend.WaitForCacheSync(ctx) {
-		t.Fatal("backend cache did not sync")
-	}
+	backend := kubevirttest.StartBackend(t, cfg, ns, name, kubevirt.Options{})
 	ts := serveBMC(t, backend)
 	return bmc{ts: ts, system: "/redfish/v1/Systems/" + name, machine: name, nic: "pxe", changeOutside: func(t testing.TB) {
 		t.Helper()

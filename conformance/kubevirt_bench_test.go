@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -22,7 +23,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
 
-	ns, name := newNamespace(b), "bench"
+	ns, name := cluster.NewNamespace(b), "bench"
 	halted := kubevirtv1.RunStrategyHalted
 	vm := &kubevirtv1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
@@ -43,14 +44,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		b.Fatalf("creating VM: %v", err)
 	}
-	backend, err := kubevirt.New(kubeEnv.Config, ns, name, kubevirt.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	go func() { _ = backend.Start(ctx) }()
-	if !backend.WaitForCacheSync(ctx) {
-		b.Fatal("backend cache did not sync")
-	}
+	backend := kubevirttest.StartBackend(b, kubeEnv.Config, ns, name, kubevirt.Options{})
 	server, err := redfish.NewServer(redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},

@@ -19,6 +19,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -33,7 +34,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	t.Cleanup(cancel)
 
 	// A running VM that boots from its disk (bootOrder 1), as MaaS finds it.
-	ns, name := newNamespace(t), "node-1"
+	ns, name := cluster.NewNamespace(t), "node-1"
 	one := uint(1)
 	always := kubevirtv1.RunStrategyAlways
 	memory := resource.MustParse("2Gi")
@@ -68,14 +69,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 		return kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
 	})
 
-	backend, err := kubevirt.New(kubeEnv.Config, ns, name, kubevirt.Options{Logger: testr.New(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = backend.Start(ctx) }()
-	if !backend.WaitForCacheSync(ctx) {
-		t.Fatal("backend cache did not sync")
-	}
+	backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, name, kubevirt.Options{})
 	server, err := redfish.NewServer(redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
@@ -148,14 +142,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 		if err := kubeEnv.Client.Create(ctx, caught); err != nil {
 			t.Fatalf("creating VM: %v", err)
 		}
-		backend, err := kubevirt.New(kubeEnv.Config, ns, starting, kubevirt.Options{Logger: testr.New(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go func() { _ = backend.Start(ctx) }()
-		if !backend.WaitForCacheSync(ctx) {
-			t.Fatal("backend cache did not sync")
-		}
+		backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, starting, kubevirt.Options{})
 		server, err := redfish.NewServer(redfish.Config{
 			Backend:  backend,
 			Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},

@@ -13,6 +13,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -51,7 +52,7 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 		cdi  bool
 	}{{"with CDI", true}, {"without CDI", false}} {
 		t.Run(tt.name, func(t *testing.T) {
-			ns := newNamespace(t)
+			ns := cluster.NewNamespace(t)
 			cfg := kubeEnv.Config
 			if !tt.cdi {
 				cfg = withoutCDI(cfg)
@@ -74,14 +75,7 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 			log := &requestLog{}
 			cfg = rest.CopyConfig(cfg)
 			cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { log.next = next; return log })
-			backend, err := kubevirt.New(cfg, ns, "polled", kubevirt.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() { _ = backend.Start(ctx) }()
-			if !backend.WaitForCacheSync(ctx) {
-				t.Fatal("backend cache did not sync")
-			}
+			backend := kubevirttest.StartBackend(t, cfg, ns, "polled", kubevirt.Options{})
 			server, err := redfish.NewServer(redfish.Config{
 				Backend:  backend,
 				Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},

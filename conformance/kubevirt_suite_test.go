@@ -12,6 +12,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -19,7 +20,7 @@ import (
 // included, against a BMC on the KubeVirt backend (the package's envtest API server, CDI
 // installed so that virtual media is served): no warning, no failure.
 func TestSuiteOnKubeVirtBackend(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 
@@ -44,14 +45,7 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	backend, err := kubevirt.New(kubeEnv.Config, ns, "conformant", kubevirt.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = backend.Start(ctx) }()
-	if !backend.WaitForCacheSync(ctx) {
-		t.Fatal("backend cache did not sync")
-	}
+	backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, "conformant", kubevirt.Options{})
 	server, err := redfish.NewServer(redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: suiteUser, Password: suitePass, Role: redfish.RoleAdministrator}},

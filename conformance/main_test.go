@@ -2,31 +2,28 @@ package conformance_test
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 )
 
 // One API server (CDI installed) and one simulated virt-controller for the
 // package's KubeVirt tests; each test works in a namespace of its own.
 var (
+	cluster *kubevirttest.Cluster
 	kubeEnv *kubetest.Env
 	kubeSim *virtsim.Simulator
 )
@@ -34,39 +31,15 @@ var (
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
-	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
 	var err error
-	kubeEnv, err = kubetest.Start(kubetest.Options{})
+	cluster, err = kubevirttest.Start("conformance", virtsim.Options{StartDelay: 100 * time.Millisecond, StopDelay: 200 * time.Millisecond})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "envtest:", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer func() { _ = kubeEnv.Stop() }()
-	kubeSim, err = virtsim.New(kubeEnv.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, StopDelay: 200 * time.Millisecond})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "virtsim:", err)
-		return 1
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		if err := kubeSim.Start(ctx); err != nil {
-			fmt.Fprintln(os.Stderr, "virtsim:", err)
-		}
-	}()
+	defer func() { _ = cluster.Stop() }()
+	kubeEnv, kubeSim = cluster.Env, cluster.Sim
 	return m.Run()
-}
-
-var namespaces atomic.Int64
-
-// newNamespace creates a fresh namespace (envtest cannot delete them).
-func newNamespace(t testing.TB) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("conformance-%d", namespaces.Add(1))}}
-	if err := kubeEnv.Client.Create(t.Context(), ns); err != nil {
-		t.Fatalf("creating namespace: %v", err)
-	}
-	return ns.Name
 }
 
 // withoutCDI returns a copy of cfg through which the API server looks like

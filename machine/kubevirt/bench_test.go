@@ -10,12 +10,13 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
 func benchMachine(b *testing.B) (machine.Machine, string) {
-	ns := newNamespace(b)
+	ns := cluster.NewNamespace(b)
 	newVM(b, ns, "vm", nil)
-	backend := startBackend(b, env.Config, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
+	backend := kubevirttest.StartBackend(b, env.Config, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
 	m, err := backend.Machine(context.Background(), "vm")
 	if err != nil {
 		b.Fatal(err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/machinetest"
 )
 
@@ -23,11 +24,11 @@ func TestContract(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.name, func(t *testing.T) {
 			machinetest.Run(t, func(t *testing.T) machinetest.Subject {
-				ns := newNamespace(t)
+				ns := cluster.NewNamespace(t)
 				newVM(t, ns, "vm", nil)
 				api := newVirtAPI(t)
 				api.Answer(mode.answer)
-				b := startBackend(t, api.Config(), ns, "vm", kubevirt.Options{})
+				b := kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{})
 				if mode.answer == 0 {
 					t.Cleanup(func() {
 						if _, deleted := forcing(api.Requests(), ns, "vm"); deleted {

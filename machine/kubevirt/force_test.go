@@ -13,6 +13,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 )
 
@@ -91,10 +92,10 @@ func TestForcedPower(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
-			ns := newNamespace(t)
+			ns := cluster.NewNamespace(t)
 			vm := newVM(t, ns, "vm", nil)
 			api := newVirtAPI(t)
-			m := mustMachine(t, startBackend(t, api.Config(), ns, "vm", kubevirt.Options{}), "vm")
+			m := mustMachine(t, kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{}), "vm")
 			if tc.on {
 				if err := m.Reset(ctx, machine.ResetOn); err != nil {
 					t.Fatalf("Reset On: %v", err)
@@ -149,7 +150,7 @@ func TestForcedPowerFallbackLog(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
-			ns := newNamespace(t)
+			ns := cluster.NewNamespace(t)
 			vm := newVM(t, ns, "vm", nil)
 			api := newVirtAPI(t)
 			api.Answer(tc.answer)
@@ -162,7 +163,7 @@ func TestForcedPowerFallbackLog(t *testing.T) {
 					notServed = append(notServed, args)
 				}
 			}, funcr.Options{Verbosity: 1})
-			m := mustMachine(t, startBackend(t, api.Config(), ns, "vm", kubevirt.Options{Logger: logger}), "vm")
+			m := mustMachine(t, kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{Logger: logger}), "vm")
 			if tc.deleteVM {
 				if err := env.Client.Delete(ctx, vm); err != nil {
 					t.Fatalf("deleting the VM: %v", err)

@@ -4,67 +4,38 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/testr"
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
-	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 )
 
 // One API server and one simulated virt-controller for the package.
 var (
-	env *kubetest.Env
-	sim *virtsim.Simulator
+	cluster *kubevirttest.Cluster
+	env     *kubetest.Env
+	sim     *virtsim.Simulator
 )
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
-	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
 	var err error
-	env, err = kubetest.Start(kubetest.Options{})
+	cluster, err = kubevirttest.Start("kv", virtsim.Options{StartDelay: 50 * time.Millisecond, StopDelay: 100 * time.Millisecond})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "envtest:", err)
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	defer func() { _ = env.Stop() }()
-	sim, err = virtsim.New(env.Config, virtsim.Options{StartDelay: 50 * time.Millisecond, StopDelay: 100 * time.Millisecond})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "virtsim:", err)
-		return 1
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() {
-		if err := sim.Start(ctx); err != nil {
-			fmt.Fprintln(os.Stderr, "virtsim:", err)
-		}
-	}()
+	defer func() { _ = cluster.Stop() }()
+	env, sim = cluster.Env, cluster.Sim
 	return m.Run()
-}
-
-var namespaces atomic.Int64
-
-// newNamespace creates a fresh namespace (envtest cannot delete them).
-func newNamespace(t testing.TB) string {
-	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("kv-%d", namespaces.Add(1))}}
-	if err := env.Client.Create(context.Background(), ns); err != nil {
-		t.Fatalf("creating namespace: %v", err)
-	}
-	return ns.Name
 }
 
 const testUUID = "5AD0B6E3-6A5D-4C7E-9F1B-3C2D1E0F9A8B"
@@ -122,35 +93,6 @@ func newVMObject(namespace, name string) *kubevirtv1.VirtualMachine {
 			},
 		},
 	}
-}
-
-// startBackend runs a backend for the VM until the test ends.
-func startBackend(t testing.TB, cfg *rest.Config, namespace, name string, opts kubevirt.Options) *kubevirt.Backend {
-	t.Helper()
-	if opts.Logger.GetSink() == nil {
-		if tt, ok := t.(*testing.T); ok {
-			opts.Logger = testr.New(tt)
-		}
-	}
-	b, err := kubevirt.New(cfg, namespace, name, opts)
-	if err != nil {
-		t.Fatalf("kubevirt.New: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := b.Start(ctx); err != nil {
-			t.Errorf("Start: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	syncCtx, syncCancel := context.WithTimeout(ctx, 30*time.Second)
-	defer syncCancel()
-	if !b.WaitForCacheSync(syncCtx) {
-		t.Fatalf("backend cache did not sync")
-	}
-	return b
 }
 
 // getVM reads the VM as an admin.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
 func getDataVolume(t *testing.T, ns, name string) (*cdiv1beta1.DataVolume, error) {
@@ -29,9 +30,9 @@ func getDataVolume(t *testing.T, ns, name string) (*cdiv1beta1.DataVolume, error
 // its DataVolume survives, importing its image, owned by the VM; eject
 // deletes it.
 func TestConcurrentInsertsAndEject(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
-	m := mustMachine(t, startBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
@@ -98,11 +99,11 @@ func (f failVMWrites) RoundTrip(req *http.Request) (*http.Response, error) {
 // TestFailedInsertLeavesNoDataVolume: when attaching fails, the DataVolume
 // the insert created is deleted.
 func TestFailedInsertLeavesNoDataVolume(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return failVMWrites{next: rt} })
-	m := mustMachine(t, startBackend(t, cfg, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{}), "vm")
 	if err := m.InsertMedia(t.Context(), "http://images.example/a.iso"); err == nil {
 		t.Fatal("InsertMedia succeeded although the VM could not be written")
 	}

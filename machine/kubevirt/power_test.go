@@ -17,6 +17,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
 // vmWrites counts the PUTs of one VM and can hold the first until told.
@@ -43,12 +44,12 @@ func (w *vmWrites) RoundTrip(r *http.Request) (*http.Response, error) {
 // the last. None gets an error, their writes are coalesced (the held one and
 // one more), and the VM ends in the state of the last request.
 func TestConcurrentResetsEndInTheLastOne(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
 	writes := &vmWrites{vmPath: "/namespaces/" + ns + "/virtualmachines/vm", held: make(chan struct{}), release: make(chan struct{})}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { writes.next = next; return writes })
-	backend := startBackend(t, cfg, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
+	backend := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
 	m, err := backend.Machine(t.Context(), "vm")
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ import (
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
 func mustMachine(t *testing.T, b *kubevirt.Backend, id string) machine.Machine {
@@ -48,7 +49,7 @@ func waitPower(t *testing.T, m machine.Machine, want machine.PowerState) {
 // TestBootOrderTranslation checks the bootOrder a Once Pxe override writes
 // on the VM and that the previous order (here: explicit) comes back.
 func TestBootOrderTranslation(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	one, two := uint(1), uint(2)
 	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
 		spec := &vm.Spec.Template.Spec
@@ -58,7 +59,7 @@ func TestBootOrderTranslation(t *testing.T) {
 		})
 		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: "data", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}})
 	})
-	m := mustMachine(t, startBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	if err := m.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
 		t.Fatalf("SetBootOverride: %v", err)
@@ -96,7 +97,7 @@ func deref(p *uint) any {
 // TestOnceSurvivesBMCRestart: the BMC that set a Once override is gone when
 // the VM boots; a new one on the same VM still restores the order.
 func TestOnceSurvivesBMCRestart(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
 	ctx := t.Context()
 
@@ -133,7 +134,7 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 		t.Fatalf("override state vanished with no BMC running")
 	}
 
-	second := mustMachine(t, startBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	second := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
 	eventually(t, "restored boot order", func() bool {
 		vm := getVM(t, ns, "vm")
 		_, pending := vm.Annotations["virtmetal.io/boot-override"]
@@ -154,9 +155,9 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 
 // TestVMDeleted: a deleted VM is ErrNotFound, as is any other machine ID.
 func TestVMDeleted(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	vm := newVM(t, ns, "vm", nil)
-	b := startBackend(t, env.Config, ns, "vm", kubevirt.Options{})
+	b := kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{})
 	m := mustMachine(t, b, "vm")
 	ctx := t.Context()
 	if _, err := b.Machine(ctx, "other"); !errors.Is(err, machine.ErrNotFound) {
@@ -191,7 +192,7 @@ func TestVMDeleted(t *testing.T) {
 // topology, BIOS firmware and MACs/IPs from the VMI status.
 func TestInventory(t *testing.T) {
 	ctx := t.Context()
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	it := &instancetypev1beta1.VirtualMachineInstancetype{
 		ObjectMeta: metav1.ObjectMeta{Name: "large", Namespace: ns},
 		Spec: instancetypev1beta1.VirtualMachineInstancetypeSpec{
@@ -235,7 +236,7 @@ func TestInventory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "vm-" + string(rune('a'+i))
 			newVM(t, ns, name, tc.change)
-			b := startBackend(t, env.Config, ns, name, kubevirt.Options{})
+			b := kubevirttest.StartBackend(t, env.Config, ns, name, kubevirt.Options{})
 			m := mustMachine(t, b, name)
 			inv, err := m.Inventory(ctx)
 			if err != nil {
@@ -266,7 +267,7 @@ func TestInventory(t *testing.T) {
 		newVM(t, ns, "dynamic", func(vm *kubevirtv1.VirtualMachine) {
 			vm.Spec.Template.Spec.Domain.Devices.Interfaces[0].MacAddress = ""
 		})
-		m := mustMachine(t, startBackend(t, env.Config, ns, "dynamic", kubevirt.Options{}), "dynamic")
+		m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "dynamic", kubevirt.Options{}), "dynamic")
 		if err := m.Reset(ctx, machine.ResetOn); err != nil {
 			t.Fatalf("Reset: %v", err)
 		}
@@ -288,7 +289,7 @@ func TestInventory(t *testing.T) {
 	})
 	t.Run("missing instancetype is an error, not a missing machine", func(t *testing.T) {
 		newVM(t, ns, "orphan", withInstancetype("VirtualMachineInstancetype", "gone"))
-		m := mustMachine(t, startBackend(t, env.Config, ns, "orphan", kubevirt.Options{}), "orphan")
+		m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "orphan", kubevirt.Options{}), "orphan")
 		if _, err := m.Inventory(ctx); err == nil || errors.Is(err, machine.ErrNotFound) {
 			t.Fatalf("Inventory = %v; want a plain error", err)
 		}
@@ -397,7 +398,7 @@ func (p *proxy) restore(t *testing.T) {
 // itself and sees what changed meanwhile.
 func TestAPIServerUnavailable(t *testing.T) {
 	ctx := t.Context()
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
 	apiHost, err := url(env.Config.Host)
 	if err != nil {
@@ -406,7 +407,7 @@ func TestAPIServerUnavailable(t *testing.T) {
 	p := newProxy(t, apiHost)
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Host = "https://" + p.addr
-	b := startBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: time.Second})
+	b := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: time.Second})
 	m := mustMachine(t, b, "vm")
 	waitPower(t, m, machine.PowerOff)
 
@@ -478,7 +479,7 @@ func url(host string) (string, error) {
 // virt-api) and cannot touch another one, subresources included.
 func TestRBAC(t *testing.T) {
 	ctx := t.Context()
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "mine", nil)
 	newVM(t, ns, "other", nil)
 	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: ns, VMName: "mine"})
@@ -494,7 +495,7 @@ func TestRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ConfigFor: %v", err)
 	}
-	m := mustMachine(t, startBackend(t, cfg, ns, "mine", kubevirt.Options{}), "mine")
+	m := mustMachine(t, kubevirttest.StartBackend(t, cfg, ns, "mine", kubevirt.Options{}), "mine")
 
 	if _, err := m.Inventory(ctx); err != nil {
 		t.Fatalf("Inventory: %v", err)
@@ -591,7 +592,7 @@ func TestMediaWithoutCDI(t *testing.T) {
 	if err := bare.Client.Create(t.Context(), vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	m := mustMachine(t, startBackend(t, bare.Config, "default", "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, bare.Config, "default", "vm", kubevirt.Options{}), "vm")
 	if m.Capabilities().VirtualMedia {
 		t.Fatalf("VirtualMedia capability without CDI")
 	}
@@ -610,7 +611,7 @@ func TestMediaWithoutCDI(t *testing.T) {
 // reads fail with ErrUnavailable instead of hanging.
 func TestBlackholedAPIServerDetected(t *testing.T) {
 	ctx := t.Context()
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
 	apiHost, err := url(env.Config.Host)
 	if err != nil {
@@ -620,7 +621,7 @@ func TestBlackholedAPIServerDetected(t *testing.T) {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Host = "https://" + p.addr
 	const timeout, probe = 500 * time.Millisecond, 200 * time.Millisecond
-	b := startBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: timeout, ProbeInterval: probe})
+	b := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: timeout, ProbeInterval: probe})
 	m := mustMachine(t, b, "vm")
 	eventually(t, "ready", func() bool { return b.Ready() == nil })
 

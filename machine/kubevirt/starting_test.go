@@ -9,6 +9,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
 )
 
@@ -17,13 +18,13 @@ import (
 // PoweringOn as off, so it skips its power-off, sets a one-time PXE boot
 // and sends On. The machine must boot from the network, once.
 func TestOverrideWhileStarting(t *testing.T) {
-	ns := newNamespace(t)
+	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
 		always := kubevirtv1.RunStrategyAlways
 		vm.Spec.RunStrategy = &always
 		vm.Annotations = map[string]string{virtsim.HoldStartAnnotation: "test"}
 	})
-	m := mustMachine(t, startBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	waitPower(t, m, machine.PoweringOn)
 
