@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -162,12 +163,9 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 		if status, _, body := kvRequest(t, ts, http.MethodPost, system+"/Actions/ComputerSystem.Reset", map[string]any{"ResetType": "On"}, ""); status/100 != 2 {
 			t.Fatalf("On: %d %v", status, body)
 		}
-		got := &kubevirtv1.VirtualMachine{}
-		if err := kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(caught), got); err != nil {
-			t.Fatal(err)
-		}
-		delete(got.Annotations, virtsim.HoldStartAnnotation)
-		if err := kubeEnv.Client.Update(ctx, got); err != nil {
+		// A merge patch: the VM's status keeps changing meanwhile.
+		release := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+virtsim.HoldStartAnnotation+`":null}}}`))
+		if err := kubeEnv.Client.Patch(ctx, caught, release); err != nil {
 			t.Fatalf("letting the start finish: %v", err)
 		}
 		kvWaitPower(t, ts, system, "On")

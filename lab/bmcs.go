@@ -21,6 +21,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/maas/maastest"
 )
 
 // bmcSupervisor plays the kubelet and the Ingress for the controller's BMC
@@ -397,7 +398,7 @@ func (l *Lab) RedfishSystem(ctx context.Context, vm maas.VMRef) map[string]any {
 			continue
 		}
 		d := newRedfishDriver("https://"+b.Host, b.Username, b.Password, vm.Name, l.bmcs.dial)
-		system, _, err := d.request(ctx, "GET", d.systemURI(vm.Name), "", "")
+		system, _, err := d.Request(ctx, "GET", maastest.SystemURI(vm.Name), "", "")
 		if err != nil {
 			l.logf("reading the system of %s: %v", vm, err)
 			return nil

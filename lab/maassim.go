@@ -293,7 +293,7 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 		fail(err)
 		return
 	}
-	if err := driver.powerOn(ctx); err != nil {
+	if err := driver.PowerOn(ctx); err != nil {
 		fail(fmt.Errorf("power on: %w", err))
 		return
 	}
@@ -322,7 +322,7 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 			s.storeBMCConfig(systemID, config)
 		}
 	}
-	if err := driver.powerOff(ctx); err != nil {
+	if err := driver.PowerOff(ctx); err != nil {
 		fail(fmt.Errorf("power off: %w", err))
 		return
 	}
@@ -332,8 +332,8 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 
 // powerDriver is the part of a MaaS power driver commissioning uses.
 type powerDriver interface {
-	powerOn(ctx context.Context) error // with a PXE boot once
-	powerOff(ctx context.Context) error
+	PowerOn(ctx context.Context) error // with a PXE boot once
+	PowerOff(ctx context.Context) error
 }
 
 // driverFor picks IPMI for a VM whose BMC serves it, else Redfish, with
