@@ -97,6 +97,10 @@ type Backend struct {
 	state stateVersion
 	// power coalesces runStrategy writes.
 	power powerWrites
+	// restartMu makes SetBootOverride and the loop take turns restarting
+	// a start that would boot without the override, so one start is
+	// restarted once.
+	restartMu sync.Mutex
 
 	instancetypes instancetypeMemo
 }
@@ -393,7 +397,8 @@ func (b *Backend) awaitCache(ctx context.Context, written string) {
 const cacheLagLimit = 2 * time.Second
 
 // consumeOnceLoop restores the boot order as soon as a VMI has started with
-// a Once override, also when that happened while no BMC was running.
+// a Once override, also when that happened while no BMC was running, and
+// restarts a start under way that would boot without the override.
 func (b *Backend) consumeOnceLoop(ctx context.Context) {
 	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: 10 * time.Second, Steps: 100}
 	var retryAfter <-chan time.Time
@@ -406,19 +411,43 @@ func (b *Backend) consumeOnceLoop(ctx context.Context) {
 		}
 		retryAfter = nil
 		vm, vmi, err := b.read(ctx)
-		if err != nil || !onceConsumed(vm, vmi) {
+		if err != nil {
 			continue
 		}
-		if _, err := b.updateVM(ctx, func(*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance) (bool, error) {
-			return false, nil // updateVM consumes the override itself
-		}); err != nil {
-			b.log.Error(err, "cannot restore the boot order after a Once override; will retry")
+		switch {
+		case onceConsumed(vm, vmi):
+			_, err = b.updateVM(ctx, func(*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance) (bool, error) {
+				return false, nil // updateVM consumes the override itself
+			})
+			if err != nil {
+				b.log.Error(err, "cannot restore the boot order after a Once override; will retry")
+			}
+		case startsWithoutOverride(vm, vmi):
+			err = b.restartStaleStart(ctx)
+			if err != nil {
+				b.log.Error(err, "cannot restart a start that would boot without the boot override; will retry")
+			}
+		}
+		if err != nil {
 			retryAfter = time.After(backoff.Step())
 			continue
 		}
 		backoff.Steps = 100
 		backoff.Duration = 100 * time.Millisecond
 	}
+}
+
+// restartStaleStart restarts a start under way that the API server, not
+// only the cache, shows without the VM's boot override.
+func (b *Backend) restartStaleStart(ctx context.Context) error {
+	b.restartMu.Lock()
+	defer b.restartMu.Unlock()
+	vm, vmi, err := b.readLive(ctx)
+	if err != nil || !startsWithoutOverride(vm, vmi) {
+		return err
+	}
+	b.log.Info("a start under way was made from the template before the boot override: restarting it so it boots the override", "vmi", vmi.UID)
+	return b.restartNow(ctx, vmi.UID)
 }
 
 // deleteVMI deletes the VMI with that UID (never a newer one), with the

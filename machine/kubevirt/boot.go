@@ -56,32 +56,45 @@ func (m *Machine) SetBootOverride(ctx context.Context, o machine.BootOverride) e
 		return err
 	}
 	o = o.Normalize()
-	recreated := false
+	// The loop that restarts stale starts waits until this one has acted.
+	m.b.restartMu.Lock()
+	defer m.b.restartMu.Unlock()
+	restart := false
 	vmi, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
 		if mode := bootMode(vm); o.Mode != mode {
 			return false, machine.Errorf(machine.ErrNotSupported, "boot mode %s: the VM's firmware is %s", o.Mode, mode)
 		}
-		strategy, err := vm.RunStrategy()
-		if err != nil {
-			return false, err
-		}
-		recreated = strategy == kubevirtv1.RunStrategyAlways || strategy == kubevirtv1.RunStrategyRerunOnFailure
-		return applyOverride(vm, vmi, o)
+		changed, err := applyOverride(vm, vmi, o)
+		restart = err == nil && startsWithoutOverride(vm, vmi)
+		return changed, err
 	})
-	if err != nil {
+	if err != nil || !restart {
 		return err
 	}
-	// A VMI that exists but whose guest has not started (PoweringOn) was
-	// made from the template before this override, and would boot without
-	// it; MaaS, reading PoweringOn as off, sets PXE and sends On, which
-	// does nothing. Nothing has booted yet, so that start is restarted:
-	// KubeVirt recreates the VMI from the template, override included.
-	if o.Target != machine.BootNone && recreated && vmi != nil && vmi.DeletionTimestamp == nil &&
-		!guestStarted(vmi) && firstBootDevice(&vmi.Spec) != o.Target {
-		m.b.log.Info("boot override set while the VM was starting: restarting that start so it boots the override", "target", o.Target)
-		return m.restartNow(ctx, vmi.UID)
+	// MaaS, reading PoweringOn as off, sets PXE and sends On, which does
+	// nothing to a start under way: that start is restarted instead.
+	m.b.log.Info("boot override set while the VM was starting: restarting that start so it boots the override", "target", o.Target)
+	return m.b.restartNow(ctx, vmi.UID)
+}
+
+// startsWithoutOverride reports whether vmi is a start under way (its guest
+// has not booted) made from the template as it was before the VM's boot
+// override: the template has the override's device first, the VMI does
+// not, and would boot without it. Nothing has booted yet, so the start can
+// be restarted, where the runStrategy makes KubeVirt replace a deleted VMI
+// (from the template, override included). This happens to a VMI that
+// exists when the override is set, and to one virt-controller creates from
+// the template it read just before the override was written.
+func startsWithoutOverride(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
+	state, ok := storedOverride(vm)
+	if !ok || vmi == nil || vmi.DeletionTimestamp != nil || guestStarted(vmi) {
+		return false
 	}
-	return nil
+	strategy, err := vm.RunStrategy()
+	if err != nil || strategy != kubevirtv1.RunStrategyAlways && strategy != kubevirtv1.RunStrategyRerunOnFailure {
+		return false
+	}
+	return firstBootDevice(&vm.Spec.Template.Spec) == state.Target && firstBootDevice(&vmi.Spec) != state.Target
 }
 
 // guestStarted reports whether the VMI's guest has booted (it is running or

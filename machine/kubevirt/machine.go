@@ -112,18 +112,18 @@ func (m *Machine) restart(ctx context.Context, force bool) error {
 	if !force {
 		return m.b.deleteVMI(ctx, vmi.UID, nil)
 	}
-	return m.restartNow(ctx, vmi.UID)
+	return m.b.restartNow(ctx, vmi.UID)
 }
 
 // restartNow replaces the VMI with that UID at once: virt-api's restart
 // with gracePeriodSeconds 0, or, where that is not served or is refused,
 // deleting the VMI.
-func (m *Machine) restartNow(ctx context.Context, uid types.UID) error {
-	result, err := m.b.callSubresource(ctx, "restart", &kubevirtv1.RestartOptions{GracePeriodSeconds: &gracePeriodNone})
+func (b *Backend) restartNow(ctx context.Context, uid types.UID) error {
+	result, err := b.callSubresource(ctx, "restart", &kubevirtv1.RestartOptions{GracePeriodSeconds: &gracePeriodNone})
 	if err != nil || result == subresourceDone {
 		return err
 	}
-	return m.b.deleteVMI(ctx, uid, &gracePeriodNone)
+	return b.deleteVMI(ctx, uid, &gracePeriodNone)
 }
 
 // setRunStrategy writes runStrategy directly (clearing the deprecated

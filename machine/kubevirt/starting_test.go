@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -57,4 +59,55 @@ func TestOverrideWhileStarting(t *testing.T) {
 	if boots := sim.Boots(ns, "vm"); boots[1] != machine.BootHdd {
 		t.Fatalf("boots = %v, want the disk after the Once override", boots)
 	}
+}
+
+// TestStartFromTheTemplateBeforeTheOverride: virt-controller can create a
+// VMI from the template as it read it just before a boot override was
+// written, so the BMC that wrote it saw no VMI to restart. The backend
+// restarts such a start as soon as it sees it: the guest boots the
+// override, once.
+func TestStartFromTheTemplateBeforeTheOverride(t *testing.T) {
+	ns := cluster.NewNamespace(t)
+	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
+		always := kubevirtv1.RunStrategyAlways
+		vm.Spec.RunStrategy = &always
+		vm.Annotations = map[string]string{virtsim.HoldStartAnnotation: "test"}
+	})
+	ctx := t.Context()
+	stale := &kubevirtv1.VirtualMachineInstance{}
+	eventually(t, "the VMI of the start under way", func() bool {
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, stale) == nil
+	})
+	// The override as a BMC writes it, after that VMI was made.
+	vm := &kubevirtv1.VirtualMachine{}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
+			return err
+		}
+		if err := kubevirt.WriteOverride(vm, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
+			return err
+		}
+		return env.Client.Update(ctx, vm)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	eventually(t, "the start made again from the template", func() bool {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vmi) == nil && vmi.UID != stale.UID
+	})
+	release := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+virtsim.HoldStartAnnotation+`":null}}}`))
+	if err := env.Client.Patch(ctx, vm, release); err != nil {
+		t.Fatal(err)
+	}
+	waitPower(t, m, machine.PowerOn)
+	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+		t.Fatalf("boots = %v, want [Pxe]: the start under way must boot the override", boots)
+	}
+	eventually(t, "the Once override consumed by that boot", func() bool {
+		o, err := m.BootOverride(ctx)
+		return err == nil && o.Enabled == machine.BootDisabled
+	})
 }
