@@ -187,15 +187,17 @@ func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backen
 }
 
 // kubeConfig finds the API server as kubectl does ($KUBECONFIG, else
-// ~/.kube/config), else as a pod (its ServiceAccount), with the request
-// rates controller-runtime's clients default to.
+// ~/.kube/config), else as a pod (its ServiceAccount). Like
+// controller-runtime's clients, it sends without a client-side rate limit:
+// the API server's priority and fairness protects it, and a limit of a few
+// requests a second would queue MaaS's power actions behind one another.
 func kubeConfig() (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, err
 	}
-	cfg.QPS, cfg.Burst = 20, 30
+	cfg.QPS = -1
 	return cfg, nil
 }
 
