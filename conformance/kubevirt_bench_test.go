@@ -3,17 +3,14 @@ package conformance_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"testing"
 
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	"github.com/virtmetal/virtmetal/redfish"
 )
 
 // BenchmarkKubeVirtRedfish measures Redfish on the KubeVirt backend against
@@ -45,16 +42,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 		b.Fatalf("creating VM: %v", err)
 	}
 	backend := kubevirttest.StartBackend(b, kubeEnv.Config, ns, name, kubevirt.Options{})
-	server, err := redfish.NewServer(redfish.Config{
-		Backend:  backend,
-		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
-		Logger:   logr.Discard(),
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ts := httptest.NewTLSServer(server)
-	b.Cleanup(ts.Close)
+	ts := serveBMC(b, backend)
 	system := "/redfish/v1/Systems/" + name
 
 	b.Run("GetSystem", func(b *testing.B) {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +21,6 @@ import (
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
-	"github.com/virtmetal/virtmetal/redfish"
 )
 
 // TestKubeVirtMaaSPowerSequence drives MaaS's Redfish power sequence through
@@ -71,16 +69,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	})
 
 	backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, name, kubevirt.Options{})
-	server, err := redfish.NewServer(redfish.Config{
-		Backend:  backend,
-		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
-		Logger:   testr.New(t),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewTLSServer(server)
-	t.Cleanup(ts.Close)
+	ts := serveBMC(t, backend)
 
 	// Discovery: the collection names the VM, the system describes it.
 	status, _, body := kvRequest(t, ts, http.MethodGet, "/redfish/v1/Systems", nil, "")
@@ -144,16 +133,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 			t.Fatalf("creating VM: %v", err)
 		}
 		backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, starting, kubevirt.Options{})
-		server, err := redfish.NewServer(redfish.Config{
-			Backend:  backend,
-			Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
-			Logger:   testr.New(t),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ts := httptest.NewTLSServer(server)
-		t.Cleanup(ts.Close)
+		ts := serveBMC(t, backend)
 		system := "/redfish/v1/Systems/" + starting
 		kvWaitPower(t, ts, system, "PoweringOn")
 		_, header, _ := kvRequest(t, ts, http.MethodGet, system, nil, "")

@@ -3,18 +3,15 @@ package conformance_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	"github.com/virtmetal/virtmetal/redfish"
 )
 
 // requestLog records the API requests a backend makes.
@@ -76,16 +73,7 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 			cfg = rest.CopyConfig(cfg)
 			cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { log.next = next; return log })
 			backend := kubevirttest.StartBackend(t, cfg, ns, "polled", kubevirt.Options{})
-			server, err := redfish.NewServer(redfish.Config{
-				Backend:  backend,
-				Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
-				Logger:   logr.Discard(),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ts := httptest.NewTLSServer(server)
-			t.Cleanup(ts.Close)
+			ts := serveBMC(t, backend)
 
 			// The first request may look up what the cluster serves; the
 			// system offers virtual media exactly where CDI is installed.

@@ -58,7 +58,7 @@ func insecureTransport(dial func(ctx context.Context, network, addr string) (net
 func newRedfishDriver(address, username, password, nodeID string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *maastest.RedfishDriver {
 	return &maastest.RedfishDriver{
 		Address: address, Username: username, Password: password, NodeID: nodeID,
-		Dial: dial, RetryDelay: retryDelay, PowerTimeout: powerTimeout,
+		Dial: dial, PowerTimeout: powerTimeout,
 	}
 }
 

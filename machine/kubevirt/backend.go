@@ -313,7 +313,7 @@ func (b *Backend) read(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevi
 		return nil, nil, b.apiError(err, "reading the VirtualMachine")
 	}
 	vmi, err := fromInformer[*kubevirtv1.VirtualMachineInstance](b.vmis, b, vmiResource)
-	return checkRead(b, vm, vmi, err)
+	return b.checkRead(vm, vmi, err)
 }
 
 // readLive reads from the API server, for read-modify-write.
@@ -325,12 +325,12 @@ func (b *Backend) readLive(ctx context.Context) (*kubevirtv1.VirtualMachine, *ku
 		return nil, nil, b.apiError(err, "reading the VirtualMachine")
 	}
 	vmi, err := b.getVMI(ctx)
-	return checkRead(b, vm, vmi, err)
+	return b.checkRead(vm, vmi, err)
 }
 
 // checkRead finishes a read: a VM without a template is no machine, and a
 // missing VMI is none (nil).
-func checkRead(b *Backend, vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, vmiErr error) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
+func (b *Backend) checkRead(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance, vmiErr error) (*kubevirtv1.VirtualMachine, *kubevirtv1.VirtualMachineInstance, error) {
 	if vm.Spec.Template == nil {
 		return nil, nil, fmt.Errorf("VirtualMachine %s/%s has no template", b.namespace, b.vmName)
 	}
