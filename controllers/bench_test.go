@@ -199,7 +199,6 @@ func reconciles(b *testing.B) float64 {
 		}
 		for _, m := range f.GetMetric() {
 			total += m.GetCounter().GetValue()
-			fmt.Println("DEBUG", m.GetLabel(), m.GetCounter().GetValue())
 		}
 	}
 	return total

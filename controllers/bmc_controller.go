@@ -150,9 +150,9 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 }
 
 // ensureCredentials makes the credentials Secret exist and rotates it when
-// the rotate annotation asks for it. The default Secret is created with a
-// random user and password, owned by the VM (not the BMC), so that a deleted
-// and recreated VirtualMachineBMC keeps the credentials MaaS already has.
+// the rotate annotation asks for it. Enrolment creates the default Secret
+// with the VirtualMachineBMC; this creates it for a VirtualMachineBMC made
+// by hand, and again when it was deleted.
 func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.VirtualMachineBMC, vm *kubevirtv1.VirtualMachine, st *statusBuilder) error {
 	name := credentialsSecretName(b)
 	key := types.NamespacedName{Namespace: b.Namespace, Name: name}
@@ -164,21 +164,20 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	err := reader.Get(ctx, key, secret)
 	switch {
 	case apierrors.IsNotFound(err) && b.Spec.CredentialsSecret == "":
-		secret = &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: childLabels(vm.Name)},
-			Type:       corev1.SecretTypeOpaque,
-			Data: map[string][]byte{
-				v1beta1.SecretUsernameKey: []byte(newUsername()),
-				v1beta1.SecretPasswordKey: []byte(newPassword()),
-			},
-		}
-		if err := controllerutil.SetOwnerReference(vm, secret, r.Scheme); err != nil {
+		if secret, err = newCredentialsSecret(vm, r.Scheme); err != nil {
 			return err
 		}
-		if err := r.Client.Create(ctx, secret); err != nil && !apierrors.IsAlreadyExists(err) {
+		switch err := r.Client.Create(ctx, secret); {
+		case apierrors.IsAlreadyExists(err):
+			// Enrolment created it and the cache has not shown it yet.
+			if err := r.APIReader.Get(ctx, key, secret); err != nil {
+				return err
+			}
+		case err != nil:
 			return err
+		default:
+			r.Events.Eventf(b, secret, corev1.EventTypeNormal, reasonCredentialsCreated, "Create", "created credentials Secret %s", name)
 		}
-		r.Events.Eventf(b, secret, corev1.EventTypeNormal, reasonCredentialsCreated, "Create", "created credentials Secret %s", name)
 	case apierrors.IsNotFound(err):
 		st.set(v1beta1.ConditionCredentialsReady, false, "SecretNotFound", "Secret %s does not exist", name)
 		return nil

@@ -105,18 +105,20 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	// One Event for what this reconcile did.
 	switch {
 	case created != "" && repaired != "":
-		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created VirtualMachineBMC %s; %s", created, repaired)
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created %s; %s", created, repaired)
 	case created != "":
-		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created VirtualMachineBMC %s", created)
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created %s", created)
 	case repaired != "":
 		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonIdentityRepaired, "Stamp", "%s", repaired)
 	}
 	return ctrl.Result{RequeueAfter: wait}, nil
 }
 
-// ensureBMC creates the VM's VirtualMachineBMC when it has none, and returns
-// its name when it did. One it created that the cache does not show yet is
-// not created again: it returns how long to wait for the cache instead.
+// ensureBMC creates the VM's VirtualMachineBMC, and its default credentials
+// Secret, when it has none, and says what it created. One it created that
+// the cache does not show yet is not created again: it returns how long to
+// wait for the cache instead. Creating the Secret here, not in the BMC
+// reconciler, lets one Event tell the VM's owner both.
 func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.VirtualMachine) (string, time.Duration, error) {
 	key := types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}
 	err := r.Client.Get(ctx, key, &v1beta1.VirtualMachineBMC{})
@@ -128,6 +130,22 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 	}
 	if wait := r.pending.wait(key, vm.UID, time.Now()); wait > 0 {
 		return "", wait, nil
+	}
+	var created []string
+	secretKey := types.NamespacedName{Namespace: vm.Namespace, Name: v1beta1.CredentialsSecretName(vm.Name)}
+	if err := r.Client.Get(ctx, secretKey, &corev1.Secret{}); apierrors.IsNotFound(err) {
+		secret, err := newCredentialsSecret(vm, r.Scheme)
+		if err != nil {
+			return "", 0, err
+		}
+		switch err := r.Client.Create(ctx, secret); {
+		case err == nil:
+			created = append(created, "credentials Secret "+secret.Name)
+		case !apierrors.IsAlreadyExists(err):
+			return "", 0, err
+		}
+	} else if err != nil {
+		return "", 0, err
 	}
 	bmcLabels := childLabels(vm.Name)
 	bmcLabels[v1beta1.LabelEnrolled] = "true"
@@ -143,10 +161,10 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 		return "", 0, err
 	}
 	r.pending.add(key, vm.UID, time.Now())
-	if err != nil {
-		return "", 0, nil // it exists: the cache will show it
+	if err == nil {
+		created = append([]string{"VirtualMachineBMC " + b.Name}, created...)
 	}
-	return b.Name, 0, nil
+	return strings.Join(created, " and "), 0, nil
 }
 
 // unenrol deletes what enrolment made: the VirtualMachineBMC it created and

@@ -122,7 +122,7 @@ func TestEnrolment(t *testing.T) {
 			obj.(*kubevirtv1.VirtualMachine).Spec.Template.Spec.Domain.Firmware.Serial = "victim.team-b"
 		})
 		waitFor(t, "serial repaired", func() error { return serialIs(key, "web1."+ns) })
-		waitFor(t, "an Event saying so", func() error { return eventWithReason(ns, "IdentityRepaired") })
+		waitFor(t, "an Event saying so", func() error { return eventWith(ns, "IdentityRepaired", "") })
 	})
 
 	t.Run("a deleted VirtualMachineBMC comes back", func(t *testing.T) {

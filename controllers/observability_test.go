@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -14,27 +16,34 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
+// TestEventsSayWhatHappened: one Event tells the VM's owner what enrolment
+// created; a Secret created again later is told on the VirtualMachineBMC.
 func TestEventsSayWhatHappened(t *testing.T) {
 	vm := enrolledVM(t, "events", "web1")
-	want := []string{"Enrolled", "CredentialsCreated"}
-	for _, reason := range want {
-		waitFor(t, reason, func() error { return eventWithReason(vm.Namespace, reason) })
-	}
+	waitFor(t, "the Enrolled Event", func() error {
+		return eventWith(vm.Namespace, "Enrolled", "created VirtualMachineBMC web1 and credentials Secret web1-bmc")
+	})
+	deleteObj(t, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{})
+	waitFor(t, "the CredentialsCreated Event", func() error {
+		return eventWith(vm.Namespace, "CredentialsCreated", "created credentials Secret web1-bmc")
+	})
 }
 
-func eventWithReason(namespace, reason string) error {
+// eventWith finds an Event of namespace with that reason whose note begins
+// with note.
+func eventWith(namespace, reason, note string) error {
 	var list eventsv1.EventList
 	if err := admin.List(context.Background(), &list, client.InNamespace(namespace)); err != nil {
 		return err
 	}
-	var reasons []string
+	var seen []string
 	for _, e := range list.Items {
-		if e.Reason == reason {
+		if e.Reason == reason && strings.HasPrefix(e.Note, note) {
 			return nil
 		}
-		reasons = append(reasons, e.Reason)
+		seen = append(seen, e.Reason+": "+e.Note)
 	}
-	return fmt.Errorf("reasons %v lack %s", reasons, reason)
+	return fmt.Errorf("events %q lack %s: %s", seen, reason, note)
 }
 
 func TestEnrolledVMsMetric(t *testing.T) {
