@@ -25,8 +25,7 @@ const wireClients = 8
 func BenchmarkWireSpeed(b *testing.B) {
 	var ceilingNs float64
 	b.Run("ceiling", func(b *testing.B) {
-		ts := httptest.NewTLSServer(ceiling.Handler(maasUser, maasPass))
-		b.Cleanup(ts.Close)
+		ts := quietTLSServer(b, ceiling.Handler(maasUser, maasPass))
 		ceilingNs = parallelGets(b, ts, "/")
 	})
 	for _, backend := range backends {
