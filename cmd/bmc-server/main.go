@@ -44,6 +44,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,6 +64,8 @@ import (
 )
 
 const shutdownTimeout = 10 * time.Second
+
+var klogOnce sync.Once
 
 // tuning is what tests shorten: the HTTP timeouts and the reload interval.
 type tuning struct {
@@ -240,8 +243,10 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	log := funcr.NewJSON(func(obj string) { fmt.Fprintln(stderr, obj) }, funcr.Options{Verbosity: o.verbosity})
 	// client-go reports what goes wrong inside its informers through klog:
-	// one log stream, one format.
-	klog.SetLogger(log.WithName("client-go"))
+	// one log stream, one format. klog's logger is the process's, so the
+	// first run sets it (tests run several in one process, whose earlier
+	// informers may still be logging).
+	klogOnce.Do(func() { klog.SetLogger(log.WithName("client-go")) })
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// One limiter: a source that fails over Redfish is slowed over IPMI
