@@ -216,6 +216,10 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	if want == "" || want == b.Status.CredentialsRotation {
 		return nil
 	}
+	if secret.Annotations[v1beta1.AnnotationRotatedFor] == want {
+		st.status.CredentialsRotation = want // done; the status write was lost or is not cached yet
+		return nil
+	}
 	if secret.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue {
 		st.set(v1beta1.ConditionCredentialsReady, true, "RotationRefused", "Secret %s is not managed by virtmetal: rotate it yourself", name)
 		return nil
@@ -223,8 +227,11 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	// The user name stays: bmc-server accepts the previous password for a
 	// while, so MaaS keeps power control until the MaaS reconciler has
 	// given it the new one.
+	// The update carries the cached resourceVersion: a Secret rotated since
+	// is a conflict and a retry, never a second new password.
 	rotated := secret.DeepCopy()
 	rotated.Data[v1beta1.SecretPasswordKey] = []byte(newPassword())
+	metav1.SetMetaDataAnnotation(&rotated.ObjectMeta, v1beta1.AnnotationRotatedFor, want)
 	if err := r.Client.Update(ctx, rotated); err != nil {
 		return err
 	}

@@ -417,6 +417,34 @@ func TestCredentialRotation(t *testing.T) {
 		}
 		return errors.New("unchanged")
 	})
+	if got := rotated.Annotations[v1beta1.AnnotationRotatedFor]; got != "2026-12-01" {
+		t.Fatalf("Secret's %s = %q", v1beta1.AnnotationRotatedFor, got)
+	}
+	// A reconcile that reads the status from before the rotation (a lost
+	// status write, a lagging cache) finds the answer on the Secret.
+	b := &v1beta1.VirtualMachineBMC{}
+	if err := get(vm, b); err != nil {
+		t.Fatal(err)
+	}
+	b.Status.CredentialsRotation = ""
+	if err := admin.Status().Update(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the status told again", func() error {
+		if err := get(vm, b); err != nil {
+			return err
+		}
+		if b.Status.CredentialsRotation != "2026-12-01" {
+			return fmt.Errorf("credentialsRotation %q", b.Status.CredentialsRotation)
+		}
+		return nil
+	})
+	if err := get(secretKey, before); err != nil {
+		t.Fatal(err)
+	}
+	if before.ResourceVersion != rotated.ResourceVersion {
+		t.Fatal("the Secret was rotated again")
+	}
 }
 
 // TestBMCRoleReachesOnlyItsVM runs as the ServiceAccount the controller

@@ -561,7 +561,7 @@ func TestSharedRefusals(t *testing.T) {
 				waitFor(t, "served again", func() error { return serves(ns, "web1", "web2") })
 			})
 			waitFor(t, "web2 not served", func() error { return serves(ns, "web1") })
-			waitFor(t, "an Event", func() error { return eventWithReason(ns, tc.reason) })
+			waitFor(t, "an Event", func() error { return eventWith(ns, tc.reason, "") })
 			if tc.check != nil {
 				waitFor(t, "status", func() error {
 					b := &v1beta1.VirtualMachineBMC{}

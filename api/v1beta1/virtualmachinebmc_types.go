@@ -26,6 +26,11 @@ const (
 	// AnnotationRotateCredentials on a VirtualMachineBMC asks for new
 	// credentials: every new value rotates them once.
 	AnnotationRotateCredentials = "bmc.virtmetal.io/rotate-credentials"
+	// AnnotationRotatedFor on a credentials Secret is the rotation request
+	// its password answers. It is written with the password, so a
+	// reconcile that reads the VirtualMachineBMC's status from before the
+	// rotation does not rotate a second time.
+	AnnotationRotatedFor = "bmc.virtmetal.io/rotated-for"
 	// LabelEnrolled marks a VirtualMachineBMC and Secret that enrolment
 	// created (as opposed to ones a user wrote), so that enrolment removes
 	// only its own when a VM leaves.
