@@ -204,12 +204,12 @@ func waitConsistent(b *testing.B, ns string, n int, shared bool) {
 	}
 }
 
-// sharedServesAll says what the shared Secret and Role of ns lack of n VMs,
-// or "".
+// sharedServesAll says what of ns's shared bmc-server is missing, or lacks
+// of n VMs, or "".
 func sharedServesAll(ctx context.Context, b *testing.B, ns string, n int) string {
 	secret := &corev1.Secret{}
 	role := &rbacv1.Role{}
-	for _, obj := range []client.Object{secret, role} {
+	for _, obj := range []client.Object{secret, role, &rbacv1.RoleBinding{}, &corev1.ServiceAccount{}, &appsv1.Deployment{}, &corev1.Service{}} {
 		if err := admin.Get(ctx, types.NamespacedName{Namespace: ns, Name: sharedName}, obj); err != nil {
 			if apierrors.IsNotFound(err) {
 				return fmt.Sprintf("no shared %T", obj)
