@@ -1,9 +1,11 @@
 package redfish_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -268,5 +270,37 @@ func TestOversizedChunkedBody(t *testing.T) {
 	}
 	if p, _ := f.backend.Get("vm-0").PowerState(t.Context()); p != machine.PowerOff {
 		t.Errorf("power = %s: the refused request changed state", p)
+	}
+}
+
+// TestNotFound: the answer a front end gives when no service takes the
+// request is the service's own 404 for an unknown URI.
+func TestNotFound(t *testing.T) {
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		t.Run(method, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			redfish.NotFound(rec, httptest.NewRequest(method, "/redfish/v1/Systems", nil))
+			if rec.Code != http.StatusNotFound || !strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") || rec.Header().Get("OData-Version") != "4.0" {
+				t.Fatalf("%d %v, want a Redfish JSON 404", rec.Code, rec.Header())
+			}
+			if method == http.MethodHead {
+				if rec.Body.Len() != 0 {
+					t.Errorf("HEAD got a body: %s", rec.Body)
+				}
+				return
+			}
+			var body struct {
+				Error struct {
+					Code    string `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Fatal(err)
+			}
+			if body.Error.Code != "Base.1.19.ResourceNotFound" || !strings.Contains(body.Error.Message, "/redfish/v1/Systems") {
+				t.Errorf("error %+v, want ResourceNotFound naming the path", body.Error)
+			}
+		})
 	}
 }

@@ -73,6 +73,18 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, e *apiError)
 	if e.status >= 500 {
 		s.log.Error(e, "request failed", "method", r.Method, "path", r.URL.Path, "status", e.status)
 	}
+	writeErrorBody(w, r, e)
+}
+
+// NotFound answers 404 with the Base registry's ResourceNotFound for r's
+// path, as the service does for an unknown URI: for a front end (virtual
+// hosts) that has no service to hand the request to.
+func NotFound(w http.ResponseWriter, r *http.Request) {
+	writeErrorBody(w, r, newError(http.StatusNotFound, msgResourceNotFound, "Resource", r.URL.Path))
+}
+
+// writeErrorBody sends e as the redfish-error JSON object.
+func writeErrorBody(w http.ResponseWriter, r *http.Request, e *apiError) {
 	h := w.Header()
 	commonHeaders(h)
 	copyHeader(h, e.header)

@@ -182,7 +182,7 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, s.unauthorized())
 		return
 	}
-	s.writeError(w, r, newError(http.StatusNotFound, msgResourceNotFound, "Resource", r.URL.Path))
+	NotFound(w, r)
 }
 
 func (s *Server) unauthorized() *apiError {

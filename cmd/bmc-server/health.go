@@ -6,14 +6,15 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 )
 
-// withHealth serves /healthz (the process answers) and /readyz (the
-// backend can serve) beside next. They need no credentials and say nothing
-// beyond ok or not: the reason is logged by the backend, not shown to
-// whoever probes.
-func withHealth(next http.Handler, backend machine.Backend) http.Handler {
+// withHealth serves /healthz (the process answers) and /readyz (ready, nil
+// when always, says the process can serve) beside next, for any Host: the
+// kubelet probes the pod's address. They need no credentials and say
+// nothing beyond ok or not: the reason is logged by the backend, not shown
+// to whoever probes.
+func withHealth(next http.Handler, readiness machine.Readiness) http.Handler {
 	ready := func() error { return nil }
-	if r, ok := backend.(machine.Readiness); ok {
-		ready = r.Ready
+	if readiness != nil {
+		ready = readiness.Ready
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -7,24 +7,46 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 )
 
-// TestKubeVirtBackendWiring runs the command as a Deployment would, with a
-// kubeconfig, against a real API server: the system it serves is the VM.
-func TestKubeVirtBackendWiring(t *testing.T) {
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		t.Fatalf("envtest: %v", err)
+// apiServer is the package's one API server, started by the first test
+// that needs it (it takes seconds) and stopped by TestMain.
+var apiServer struct {
+	once sync.Once
+	env  *kubetest.Env
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if apiServer.env != nil {
+		_ = apiServer.env.Stop()
 	}
-	t.Cleanup(func() { _ = env.Stop() })
-	kubeconfig, err := env.AdminKubeConfig()
+	os.Exit(code)
+}
+
+// useAPIServer starts the package's API server if need be and points
+// KUBECONFIG at it, as a Deployment's ServiceAccount would.
+func useAPIServer(t *testing.T) *kubetest.Env {
+	t.Helper()
+	apiServer.once.Do(func() { apiServer.env, apiServer.err = kubetest.Start(kubetest.Options{}) })
+	if apiServer.err != nil {
+		t.Fatalf("envtest: %v", apiServer.err)
+	}
+	kubeconfig, err := apiServer.env.AdminKubeConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,18 +55,23 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("KUBECONFIG", path)
+	return apiServer.env
+}
 
-	const uuid = "5b0c7f2e-8a43-4b0e-9d51-0d7a3c6f1e22"
+// createVM creates a halted VM with a firmware UUID, a serial of
+// name.namespace and one NIC.
+func createVM(t *testing.T, c client.Client, namespace, name, uuid, mac string) *kubevirtv1.VirtualMachine {
+	t.Helper()
 	halted := kubevirtv1.RunStrategyHalted
 	vm := &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "node-1"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: kubevirtv1.VirtualMachineSpec{
 			RunStrategy: &halted,
 			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
 				Domain: kubevirtv1.DomainSpec{
-					Firmware: &kubevirtv1.Firmware{UUID: uuid, Serial: "node-1.default"},
+					Firmware: &kubevirtv1.Firmware{UUID: types.UID(uuid), Serial: name + "." + namespace},
 					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
-						Name: "default", MacAddress: "02:00:00:00:00:01",
+						Name: "default", MacAddress: mac,
 						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
 					}}},
 				},
@@ -52,11 +79,20 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 			}},
 		},
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	if err := env.Client.Create(ctx, vm); err != nil {
+	if err := c.Create(t.Context(), vm); err != nil {
 		t.Fatalf("creating the VM: %v", err)
 	}
+	return vm
+}
+
+// TestKubeVirtBackendWiring runs the command as a Deployment would, with a
+// kubeconfig, against a real API server: the system it serves is the VM.
+func TestKubeVirtBackendWiring(t *testing.T) {
+	env := useAPIServer(t)
+	const uuid = "5b0c7f2e-8a43-4b0e-9d51-0d7a3c6f1e22"
+	createVM(t, env.Client, "default", "node-1", uuid, "02:00:00:00:00:01")
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
 
 	env2 := map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}
 	var stdout, stderr lockedBuffer
@@ -106,5 +142,85 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after shutdown", err)
+	}
+}
+
+// TestSharedKubeVirtWiring runs the command as the per-namespace
+// Deployment does, --vms-dir with two VMs, against a real API server: each
+// host serves its VM alone, with its credentials alone, and a power action
+// on one host changes that VM only.
+func TestSharedKubeVirtWiring(t *testing.T) {
+	env := useAPIServer(t)
+	const namespace = "team-a"
+	if err := env.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		t.Fatal(err)
+	}
+	createVM(t, env.Client, namespace, "web1", "0f6c2a3e-1b2d-4c5e-8f90-a1b2c3d4e5f1", "02:00:00:00:01:01")
+	createVM(t, env.Client, namespace, "web2", "0f6c2a3e-1b2d-4c5e-8f90-a1b2c3d4e5f2", "02:00:00:00:01:02")
+	dir := t.TempDir()
+	const web1Host, web2Host = "web1.team-a.bmc.example.com", "web2.team-a.bmc.example.com"
+	writeVMFile(t, dir, "web1", "maas-web1", "pw-web1", web1Host)
+	writeVMFile(t, dir, "web2", "maas-web2", "pw-web2", web2Host)
+
+	s := startServer(t, []string{"--backend", "kubevirt", "--namespace", namespace, "--vms-dir", dir,
+		"--listen", "127.0.0.1:0", "--insecure-http"}, nil, fastTuning)
+	if !strings.Contains(s.stdout.String(), "VMs: 2 read from "+dir) {
+		t.Errorf("banner %q: want it to count the 2 VMs", s.stdout.String())
+	}
+	httpClient := &http.Client{Timeout: 15 * time.Second}
+	if got := doAtHost(t, httpClient, "GET", s.base+"/readyz", "10.244.0.7:8443", "", "", "").status; got != http.StatusOK {
+		t.Errorf("/readyz at the pod's address: %d, want 200", got)
+	}
+	systems := func(host, user, pass string) (int, []string) {
+		res := doAtHost(t, httpClient, "GET", s.base+"/redfish/v1/Systems", host, user, pass, "")
+		var body struct {
+			Members []struct {
+				ID string `json:"@odata.id"`
+			}
+		}
+		_ = json.Unmarshal(res.body, &body)
+		var ids []string
+		for _, m := range body.Members {
+			ids = append(ids, m.ID)
+		}
+		return res.status, ids
+	}
+	for _, vm := range []struct{ name, host, user, pass string }{
+		{"web1", web1Host, "maas-web1", "pw-web1"},
+		{"web2", web2Host, "maas-web2", "pw-web2"},
+	} {
+		// 503 until the VM's cache has synced.
+		status, ids := systems(vm.host, vm.user, vm.pass)
+		for deadline := time.Now().Add(10 * time.Second); status == http.StatusServiceUnavailable && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			status, ids = systems(vm.host, vm.user, vm.pass)
+		}
+		if want := []string{"/redfish/v1/Systems/" + vm.name}; status != http.StatusOK || !slices.Equal(ids, want) {
+			t.Fatalf("Systems at %s: %d %v, want 200 %v; stderr %s", vm.host, status, ids, want, s.stderr.String())
+		}
+	}
+	if status, _ := systems(web1Host, "maas-web2", "pw-web2"); status != http.StatusUnauthorized {
+		t.Errorf("web2's credentials at web1's host: %d, want 401", status)
+	}
+
+	reset := doAtHost(t, httpClient, "POST", s.base+"/redfish/v1/Systems/web1/Actions/ComputerSystem.Reset", web1Host,
+		"maas-web1", "pw-web1", `{"ResetType": "On"}`)
+	if reset.status/100 != 2 {
+		t.Fatalf("Reset On at web1's host: %d %s", reset.status, reset.body)
+	}
+	runStrategy := func(name string) kubevirtv1.VirtualMachineRunStrategy {
+		var vm kubevirtv1.VirtualMachine
+		if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: namespace, Name: name}, &vm); err != nil {
+			t.Fatal(err)
+		}
+		if vm.Spec.RunStrategy == nil {
+			return ""
+		}
+		return *vm.Spec.RunStrategy
+	}
+	if got := runStrategy("web1"); got != kubevirtv1.RunStrategyAlways {
+		t.Errorf("web1's runStrategy after Reset On: %q, want %q", got, kubevirtv1.RunStrategyAlways)
+	}
+	if got := runStrategy("web2"); got != kubevirtv1.RunStrategyHalted {
+		t.Errorf("web2's runStrategy after Reset On at web1's host: %q, want %q", got, kubevirtv1.RunStrategyHalted)
 	}
 }

@@ -3,8 +3,18 @@
 //
 //	bmc-server --backend memory --listen 127.0.0.1:8443 --machines 2
 //	bmc-server --backend kubevirt --namespace NS --vm NAME --listen :8443 [--ipmi-listen :623]
+//	bmc-server --backend kubevirt --namespace NS --vms-dir /etc/virtmetal/vms --listen :8443
 //
-// Credentials come from BMC_USERNAME/BMC_PASSWORD, or from the files
+// The third form serves many VMs of one namespace from one process, each as
+// a virtual host: every file of --vms-dir (a mounted Secret) named after a
+// VM holds {"username": ..., "password": ..., "hosts": [...]}, and a request
+// whose Host is one of a VM's hosts reaches a Redfish service of that VM
+// alone, with that VM's credentials only; other hosts get 404. The
+// directory is re-read while running: new files start serving, removed
+// ones stop, changed passwords rotate with --credentials-grace. IPMI, which
+// has no Host to tell VMs apart, is served by the second form only.
+//
+// Otherwise credentials come from BMC_USERNAME/BMC_PASSWORD, or from the files
 // username and password in --credentials-dir (a mounted Secret, re-read
 // while running: a rotated password takes over at once and the previous
 // one keeps working for --credentials-grace); with neither, a random
@@ -96,6 +106,7 @@ type options struct {
 	machines       int
 	namespace      string
 	vm             string
+	vmsDir         string
 	credentialsDir string
 	tlsCert        string
 	tlsKey         string
@@ -117,13 +128,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.machines, "machines", 1, "number of machines (memory backend)")
 	fs.StringVar(&o.namespace, "namespace", "", "the VirtualMachine's namespace (kubevirt backend)")
 	fs.StringVar(&o.vm, "vm", "", "the VirtualMachine's name (kubevirt backend)")
+	fs.StringVar(&o.vmsDir, "vms-dir", "", `directory of one file per VM of --namespace, {"username","password","hosts"}: serve each VM at its hosts (kubevirt backend)`)
 	fs.StringVar(&o.credentialsDir, "credentials-dir", "", "directory with files username and password")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate file (default: generated self-signed)")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key file for --tls-cert")
 	fs.BoolVar(&o.insecureHTTP, "insecure-http", false, "serve plain HTTP instead of HTTPS")
 	fs.StringVar(&o.ipmiListen, "ipmi-listen", "", "UDP address to serve IPMI on, e.g. :623 (default: off); it serves the first machine")
 	fs.BoolVar(&o.ipmiV15, "ipmi-v15", false, "also serve IPMI 1.5 sessions (ipmitool -I lan); off because their MD5 auth codes allow offline password guessing")
-	fs.DurationVar(&o.grace, "credentials-grace", 10*time.Minute, "how long the previous password keeps working after --credentials-dir changes")
+	fs.DurationVar(&o.grace, "credentials-grace", 10*time.Minute, "how long the previous password keeps working after --credentials-dir, or a VM's file in --vms-dir, changes it")
 	fs.Func("trusted-proxies", "comma-separated CIDRs of reverse proxies whose X-Forwarded-For names the client", func(v string) error {
 		for _, cidr := range strings.Split(v, ",") {
 			p, err := netip.ParsePrefix(strings.TrimSpace(cidr))
@@ -144,8 +156,18 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case o.machines < 1:
 		return o, fmt.Errorf("--machines must be at least 1, got %d", o.machines)
-	case o.backend == "kubevirt" && (o.namespace == "" || o.vm == ""):
-		return o, errors.New("--backend kubevirt needs --namespace and --vm")
+	case o.vmsDir != "" && o.backend != "kubevirt":
+		return o, errors.New("--vms-dir needs --backend kubevirt")
+	case o.vmsDir != "" && o.namespace == "":
+		return o, errors.New("--vms-dir needs --namespace: its VMs are in one namespace")
+	case o.vmsDir != "" && o.vm != "":
+		return o, errors.New("--vms-dir and --vm exclude each other: the directory names the VMs")
+	case o.vmsDir != "" && o.credentialsDir != "":
+		return o, errors.New("--vms-dir and --credentials-dir exclude each other: each VM's file holds its credentials")
+	case o.vmsDir != "" && o.ipmiListen != "":
+		return o, errors.New("--ipmi-listen cannot serve --vms-dir: IPMI has no Host header to tell the VMs apart; serve IPMI with one bmc-server per VM (--vm)")
+	case o.backend == "kubevirt" && o.vmsDir == "" && (o.namespace == "" || o.vm == ""):
+		return o, errors.New("--backend kubevirt needs --namespace and --vm (or --vms-dir)")
 	case (o.tlsCert == "") != (o.tlsKey == ""):
 		return o, errors.New("--tls-cert and --tls-key go together")
 	case o.insecureHTTP && o.tlsCert != "":
@@ -172,18 +194,24 @@ func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backen
 		if err != nil {
 			return nil, fmt.Errorf("kubeconfig: %w", err)
 		}
-		b, err := kubevirt.New(cfg, o.namespace, o.vm, kubevirt.Options{Logger: log.WithName("kubevirt")})
-		if err != nil {
-			return nil, err
-		}
-		go func() {
-			if err := b.Start(ctx); err != nil {
-				log.Error(err, "kubevirt backend stopped")
-			}
-		}()
-		return b, nil
+		return startKubeVirt(ctx, cfg, o.namespace, o.vm, log)
 	}
 	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", o.backend)
+}
+
+// startKubeVirt starts the kubevirt backend of one VM, which runs its
+// informers until ctx ends.
+func startKubeVirt(ctx context.Context, cfg *rest.Config, namespace, vm string, log logr.Logger) (machine.Backend, error) {
+	b, err := kubevirt.New(cfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt")})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := b.Start(ctx); err != nil {
+			log.Error(err, "kubevirt backend stopped", "vm", vm)
+		}
+	}()
+	return b, nil
 }
 
 // kubeConfig finds the API server as kubectl does ($KUBECONFIG, else
@@ -216,6 +244,12 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	klog.SetLogger(log.WithName("client-go"))
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// One limiter: a source that fails over Redfish is slowed over IPMI
+	// too, and, serving many VMs, on every VM's host.
+	limiter := throttle.New(throttle.Policy{})
+	if o.vmsDir != "" {
+		return runShared(ctx, o, getenv, stdout, tune, limiter, log)
+	}
 	backend, err := newBackend(ctx, o, log)
 	if err != nil {
 		return err
@@ -224,8 +258,6 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	// One limiter: a source that fails over Redfish is slowed over IPMI too.
-	limiter := throttle.New(throttle.Policy{})
 	handler, err := redfish.NewServer(redfish.Config{
 		Backend:        backend,
 		Accounts:       []redfish.Account{{Username: creds.username, Password: creds.password, Role: redfish.RoleAdministrator}},
@@ -239,26 +271,11 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	rotators := []rotator{func(c credentials, grace time.Duration) error {
 		return handler.SetAccounts([]redfish.Account{{Username: c.username, Password: c.password, Role: redfish.RoleAdministrator}}, grace)
 	}}
-	srv := &http.Server{
-		Handler:           withHealth(handler, backend),
-		ReadHeaderTimeout: tune.readHeaderTimeout,
-		ReadTimeout:       tune.readTimeout,
-		WriteTimeout:      tune.writeTimeout,
-		IdleTimeout:       tune.idleTimeout,
-		ErrorLog:          stdlog.New(io.Discard, "", 0), // TLS probes and cut slow clients are not errors worth a line each
-	}
-	scheme := "http"
-	if !o.insecureHTTP {
-		scheme = "https"
-		if srv.TLSConfig, err = tlsConfig(ctx, o, tune, log); err != nil {
-			return err
-		}
-	}
-	listener, err := net.Listen("tcp", o.listen)
+	ready, _ := backend.(machine.Readiness)
+	srv, listener, scheme, err := listen(ctx, o, tune, withHealth(handler, ready), log)
 	if err != nil {
 		return err
 	}
-	listener = limitPerSource(listener, o.maxConns, o.trustedProxies)
 	if o.ipmiListen != "" {
 		ipmiSrv, addr, err := startIPMI(ctx, cancel, o, backend, creds, limiter, log.WithName("ipmi"))
 		if err != nil {
@@ -285,6 +302,32 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		fmt.Fprintf(stdout, "Password: from %s\n", creds.source)
 	}
 	return serve(ctx, srv, listener, log)
+}
+
+// listen opens the Redfish listener, capped per source, and builds its
+// server with the timeouts of tune and TLS unless --insecure-http.
+func listen(ctx context.Context, o options, tune tuning, handler http.Handler, log logr.Logger) (*http.Server, net.Listener, string, error) {
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: tune.readHeaderTimeout,
+		ReadTimeout:       tune.readTimeout,
+		WriteTimeout:      tune.writeTimeout,
+		IdleTimeout:       tune.idleTimeout,
+		ErrorLog:          stdlog.New(io.Discard, "", 0), // TLS probes and cut slow clients are not errors worth a line each
+	}
+	scheme := "http"
+	if !o.insecureHTTP {
+		scheme = "https"
+		var err error
+		if srv.TLSConfig, err = tlsConfig(ctx, o, tune, log); err != nil {
+			return nil, nil, "", err
+		}
+	}
+	listener, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	return srv, limitPerSource(listener, o.maxConns, o.trustedProxies), scheme, nil
 }
 
 // tlsConfig serves --tls-cert/--tls-key, reloaded when they change, or a

@@ -95,12 +95,29 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--trusted-proxies", "10.0.0.0/8,not-a-cidr"}, "not-a-cidr"},
 		{[]string{"--max-connections-per-source", "0"}, "at least 1"},
 		{[]string{"--credentials-grace", "-1m"}, "negative"},
+		{[]string{"--namespace", "ns", "--vms-dir", "d"}, "--vms-dir needs --backend kubevirt"},
+		{[]string{"--backend", "memory", "--namespace", "ns", "--vms-dir", "d"}, "--vms-dir needs --backend kubevirt"},
+		{[]string{"--backend", "kubevirt", "--vms-dir", "d"}, "--vms-dir needs --namespace"},
+		{[]string{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--vm", "web1"}, "--vms-dir and --vm exclude each other"},
+		{[]string{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--credentials-dir", "c"}, "--vms-dir and --credentials-dir exclude each other"},
+		{[]string{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--ipmi-listen", ":623"}, "IPMI has no Host header"},
+		{[]string{"--backend", "kubevirt", "--namespace", "ns"}, "needs --namespace and --vm (or --vms-dir)"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
 			_, err := parseFlags(tt.args, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("error = %v, want one mentioning %q", err, tt.wantErr)
+			}
+		})
+	}
+	for _, args := range [][]string{
+		{"--backend", "kubevirt", "--namespace", "ns", "--vm", "web1", "--credentials-dir", "c", "--ipmi-listen", ":623"},
+		{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--credentials-grace", "1m", "--tls-cert", "c", "--tls-key", "k"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			if _, err := parseFlags(args, io.Discard); err != nil {
+				t.Errorf("error = %v, want none", err)
 			}
 		})
 	}

@@ -57,7 +57,8 @@ func startServer(t *testing.T, args []string, env map[string]string, tune tuning
 	ipmiPattern := regexp.MustCompile(`at udp \S+:(\d+)`)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		out := s.stdout.String()
-		if m := urlPattern.FindStringSubmatch(out); m != nil && strings.Contains(out, "Password:") {
+		// The banner ends with the password, or, serving --vms-dir, the VMs.
+		if m := urlPattern.FindStringSubmatch(out); m != nil && (strings.Contains(out, "Password:") || strings.Contains(out, "VMs:")) {
 			s.base = m[1]
 			if m := ipmiPattern.FindStringSubmatch(out); m != nil {
 				s.ipmiPort = m[1]
@@ -215,24 +216,7 @@ func TestHealthEndpoints(t *testing.T) {
 // with Retry-After, IPMI "node busy" to ipmitool) instead of exiting.
 func TestStartsWithAPIServerDown(t *testing.T) {
 	ipmitool := lookTool(t, "ipmitool")
-	// A port that refuses connections: nothing listens on it.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadAddr := l.Addr().String()
-	l.Close()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://%s"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`, deadAddr)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("KUBECONFIG", kubeconfig)
+	useDeadAPIServer(t)
 	env := map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}
 	s := startServer(t, []string{"--backend", "kubevirt", "--namespace", "default", "--vm", "node-1",
 		"--listen", "127.0.0.1:0", "--insecure-http", "--ipmi-listen", "127.0.0.1:0"}, env, fastTuning)
@@ -267,6 +251,29 @@ current-context: c
 	if !strings.Contains(logs, "API server unreachable") {
 		t.Errorf("no log line says the API server is unreachable:\n%s", logs)
 	}
+}
+
+// useDeadAPIServer points KUBECONFIG at an API server address that
+// refuses connections: nothing listens on it.
+func useDeadAPIServer(t *testing.T) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := l.Addr().String()
+	l.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "http://%s"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, deadAddr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", kubeconfig)
 }
 
 func lookTool(t *testing.T, name string) string {

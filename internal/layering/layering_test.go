@@ -1,7 +1,8 @@
 // Package layering checks the project's import rules, which nothing else
 // would notice breaking: protocols never reach Kubernetes, controllers never
-// reach the protocols, and bmc-server, one process per VM, links none of
-// the Kubernetes machinery it does not use.
+// reach the protocols, virtual hosts never reach Kubernetes, and
+// bmc-server, one process per VM (or per namespace), links none of the
+// Kubernetes machinery it does not use.
 package layering
 
 import (
@@ -20,6 +21,7 @@ func TestImportRules(t *testing.T) {
 	}{
 		{"redfish", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "protocols speak the backend contract, never Kubernetes"},
 		{"ipmi", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "protocols speak the backend contract, never Kubernetes"},
+		{"internal/vhost", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "virtual hosts route to backends through the machine contract; bmc-server wires the kubevirt one"},
 		{"controllers/...", []string{module + "/redfish", module + "/ipmi"}, "controllers never import the protocol packages"},
 		{"cmd/bmc-server", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
 			"a BMC pod per VM: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},

@@ -1,0 +1,365 @@
+// Package vhost serves the BMCs of many VMs from one process, as virtual
+// hosts. A directory (a mounted Secret) holds one file per VM, named after
+// it, with the VM's credentials and the host names its BMC answers to:
+//
+//	{"username": "maas", "password": "...", "hosts": ["web1.team-a.bmc.example.com"]}
+//
+// A request reaches the Redfish service of the VM whose host its Host
+// header names; each VM has a service, a backend and accounts of its own,
+// so one VM's credentials open nothing of another's. The package knows
+// machines only through the backend contract: the caller says how a VM's
+// backend starts.
+package vhost
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/redfish"
+)
+
+// Spec is one VM's file.
+type Spec struct {
+	Username string   `json:"username"`
+	Password string   `json:"password"`
+	Hosts    []string `json:"hosts"`
+}
+
+// Config configures a Router.
+type Config struct {
+	// Dir holds the VM files.
+	Dir string
+	// StartBackend starts the backend of the VM named vm, which serves
+	// until ctx ends: when the VM's file is removed, or the context given
+	// to Reload ends.
+	StartBackend func(ctx context.Context, vm string) (machine.Backend, error)
+	// Limiter is shared by every VM's service, so a source that fails to
+	// log in on one host is slowed on all of them; nil means one with the
+	// default policy.
+	Limiter *throttle.Limiter
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client.
+	TrustedProxies []netip.Prefix
+	// Grace is how long a VM's previous password keeps working after its
+	// file changes it.
+	Grace  time.Duration
+	Logger logr.Logger
+}
+
+// Router is the http.Handler of the virtual hosts.
+type Router struct {
+	cfg Config
+	log logr.Logger
+
+	// hosts maps a host name to the service of the VM that claims it; it
+	// is replaced whole by Reload, so requests read it without a lock.
+	hosts  atomic.Pointer[map[string]http.Handler]
+	loaded atomic.Bool
+
+	mu  sync.Mutex // serialises Reload
+	vms map[string]*servedVM
+	// reported is the last message logged per problem, so a bad file is
+	// logged when it appears or changes rather than at every reload.
+	reported map[string]string
+}
+
+type servedVM struct {
+	spec   Spec
+	server *redfish.Server
+	stop   context.CancelFunc
+}
+
+var (
+	_ http.Handler      = (*Router)(nil)
+	_ machine.Readiness = (*Router)(nil)
+)
+
+// New builds a Router that serves nothing until Reload has read Dir.
+func New(cfg Config) (*Router, error) {
+	switch {
+	case cfg.Dir == "":
+		return nil, errors.New("vhost: Config.Dir is empty")
+	case cfg.StartBackend == nil:
+		return nil, errors.New("vhost: Config.StartBackend is nil")
+	}
+	if cfg.Limiter == nil {
+		cfg.Limiter = throttle.New(throttle.Policy{})
+	}
+	if cfg.Logger.GetSink() == nil {
+		cfg.Logger = logr.Discard()
+	}
+	r := &Router{cfg: cfg, log: cfg.Logger.WithName("vhost"), vms: map[string]*servedVM{}, reported: map[string]string{}}
+	r.hosts.Store(&map[string]http.Handler{})
+	return r, nil
+}
+
+// ServeHTTP hands the request to the service of the VM its Host names; a
+// host that no VM claims gets Redfish's own 404.
+func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	if h, ok := (*r.hosts.Load())[hostOf(req.Host)]; ok {
+		h.ServeHTTP(w, req)
+		return
+	}
+	redfish.NotFound(w, req)
+}
+
+// hostOf is the host name of a Host header: port stripped, lower case, no
+// trailing dot, as hosts are compared.
+func hostOf(hostport string) string {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	return canonicalHost(host)
+}
+
+func canonicalHost(host string) string { return strings.TrimSuffix(strings.ToLower(host), ".") }
+
+// Ready is nil once the directory has been read. Each VM's readiness is
+// its own service's (503 until its backend can serve), so that one VM
+// whose cache has not synced does not take every other out of service.
+func (r *Router) Ready() error {
+	if !r.loaded.Load() {
+		return machine.Errorf(machine.ErrUnavailable, "%s has not been read yet", r.cfg.Dir)
+	}
+	return nil
+}
+
+// Run reloads the directory every interval until ctx ends.
+func (r *Router) Run(ctx context.Context, every time.Duration) {
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		// Reload has logged what went wrong; the VMs it could not read
+		// keep being served as they were.
+		_, _ = r.Reload(ctx)
+	}
+}
+
+// Reload reads the directory and serves what it says: a new file starts
+// its VM's backend (it runs until ctx ends or the file goes), a removed one
+// stops it, changed credentials are rotated with the grace, and the hosts
+// are routed afresh. A file that cannot be read or parsed is logged and
+// skipped; the VM it described, if served, keeps its last good
+// description. If the directory cannot be read at all, nothing changes.
+// Reload returns how many VMs are served.
+func (r *Router) Reload(ctx context.Context) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := map[string]bool{}
+	defer r.forgetResolved(seen)
+	specs, bad, err := readDir(r.cfg.Dir)
+	if err != nil {
+		err = fmt.Errorf("reading the VMs directory: %w", err)
+		r.problem(seen, "dir", err, "cannot read the VMs directory; serving the VMs read before", "dir", r.cfg.Dir)
+		return len(r.vms), err
+	}
+	for name, err := range bad {
+		r.problem(seen, "file/"+name, err, "skipping a VM file", "file", filepath.Join(r.cfg.Dir, name))
+		if vm, ok := r.vms[name]; ok {
+			specs[name] = vm.spec
+		}
+	}
+	for name, vm := range r.vms {
+		if _, ok := specs[name]; !ok {
+			vm.stop()
+			delete(r.vms, name)
+			r.log.Info("stopped serving a VM", "vm", name)
+		}
+	}
+	for name, spec := range specs {
+		vm, ok := r.vms[name]
+		if !ok {
+			vm, err := r.start(ctx, name, spec)
+			if err != nil {
+				r.problem(seen, "file/"+name, err, "cannot serve a VM; retrying at the next reload", "vm", name)
+				continue
+			}
+			r.vms[name] = vm
+			r.log.Info("serving a VM", "vm", name, "hosts", spec.Hosts)
+			continue
+		}
+		if spec.Username != vm.spec.Username || spec.Password != vm.spec.Password {
+			if err := vm.server.SetAccounts(accounts(spec), r.cfg.Grace); err != nil {
+				r.problem(seen, "file/"+name, err, "cannot apply a VM's new credentials; keeping the current ones", "vm", name)
+				continue
+			}
+			r.log.Info("credentials rotated", "vm", name, "username", spec.Username, "previousAcceptedFor", r.cfg.Grace)
+		}
+		if !slices.Equal(spec.Hosts, vm.spec.Hosts) {
+			r.log.Info("hosts changed", "vm", name, "hosts", spec.Hosts)
+		}
+		vm.spec = spec
+	}
+	r.route(seen)
+	r.loaded.Store(true)
+	return len(r.vms), nil
+}
+
+// start starts a VM's backend and its Redfish service.
+func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, error) {
+	ctx, stop := context.WithCancel(ctx)
+	backend, err := r.cfg.StartBackend(ctx, name)
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("starting its backend: %w", err)
+	}
+	server, err := redfish.NewServer(redfish.Config{
+		Backend:        backend,
+		Accounts:       accounts(spec),
+		Logger:         r.cfg.Logger.WithName("redfish").WithValues("vm", name),
+		Limiter:        r.cfg.Limiter,
+		TrustedProxies: r.cfg.TrustedProxies,
+	})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return &servedVM{spec: spec, server: server, stop: stop}, nil
+}
+
+func accounts(spec Spec) []redfish.Account {
+	return []redfish.Account{{Username: spec.Username, Password: spec.Password, Role: redfish.RoleAdministrator}}
+}
+
+// route rebuilds the host table. A host that two VMs claim is served by
+// neither: which one a client reaches would be a guess.
+func (r *Router) route(seen map[string]bool) {
+	claims := map[string][]string{}
+	for name, vm := range r.vms {
+		for _, host := range vm.spec.Hosts {
+			claims[host] = append(claims[host], name)
+		}
+	}
+	table := make(map[string]http.Handler, len(claims))
+	for host, names := range claims {
+		if len(names) > 1 {
+			slices.Sort(names)
+			r.problem(seen, "host/"+host, fmt.Errorf("host %s is claimed by VMs %s", host, strings.Join(names, ", ")),
+				"a host claimed by several VMs is served by none", "host", host, "vms", names)
+			continue
+		}
+		table[host] = r.vms[names[0]].server
+	}
+	r.hosts.Store(&table)
+}
+
+// problem logs err under key unless the last reload logged the same.
+func (r *Router) problem(seen map[string]bool, key string, err error, msg string, keysAndValues ...any) {
+	seen[key] = true
+	if r.reported[key] == err.Error() {
+		return
+	}
+	r.reported[key] = err.Error()
+	r.log.Error(err, msg, keysAndValues...)
+}
+
+// forgetResolved drops the problems this reload did not meet again, so
+// they are logged if they come back.
+func (r *Router) forgetResolved(seen map[string]bool) {
+	for key := range r.reported {
+		if !seen[key] {
+			delete(r.reported, key)
+		}
+	}
+}
+
+// dns1123Subdomain is a Kubernetes object name, as VM names and host names
+// are; the pattern is Kubernetes', restated so this package needs none of
+// its modules.
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+func isDNS1123Subdomain(s string) bool {
+	return len(s) <= 253 && dns1123Subdomain.MatchString(s)
+}
+
+// readDir reads the VM files of dir through its entries, so that a
+// Secret volume's NAME -> ..data/NAME links are followed. Dot-files (the
+// volume's ..data and timestamped directories among them) and entries
+// that are not regular files are not VMs; a file that cannot be read or
+// parsed, or whose name is not a VM name, is returned in bad.
+func readDir(dir string) (specs map[string]Spec, bad map[string]error, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	specs, bad = map[string]Spec{}, map[string]error{}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") {
+			continue
+		}
+		path := filepath.Join(dir, name)
+		info, err := os.Stat(path)
+		switch {
+		case err != nil:
+			bad[name] = err
+			continue
+		case !info.Mode().IsRegular():
+			continue
+		case !isDNS1123Subdomain(name):
+			bad[name] = fmt.Errorf("%q is not a VM name (a DNS-1123 subdomain)", name)
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			bad[name] = err
+			continue
+		}
+		spec, err := parseSpec(data)
+		if err != nil {
+			bad[name] = err
+			continue
+		}
+		specs[name] = spec
+	}
+	return specs, bad, nil
+}
+
+// parseSpec parses and checks a VM file. Errors never quote the password.
+func parseSpec(data []byte) (Spec, error) {
+	var s Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return Spec{}, fmt.Errorf("not a VM description: %w", err)
+	}
+	switch {
+	case s.Username == "":
+		return Spec{}, errors.New("no username")
+	case s.Password == "":
+		return Spec{}, errors.New("no password")
+	case len(s.Hosts) == 0:
+		return Spec{}, errors.New("no hosts")
+	}
+	hosts := make([]string, len(s.Hosts))
+	for i, h := range s.Hosts {
+		hosts[i] = canonicalHost(h)
+		if !isDNS1123Subdomain(hosts[i]) {
+			return Spec{}, fmt.Errorf("host %q is not a DNS name", h)
+		}
+	}
+	slices.Sort(hosts)
+	s.Hosts = slices.Compact(hosts)
+	return s, nil
+}

@@ -1,0 +1,616 @@
+package vhost_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/internal/vhost"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/memory"
+)
+
+const (
+	web1Host = "web1.team-a.bmc.example.com"
+	web2Host = "web2.team-a.bmc.example.com"
+)
+
+// vmFile is the content of a VM's file.
+func vmFile(user, pass string, hosts ...string) string {
+	data, _ := json.Marshal(vhost.Spec{Username: user, Password: pass, Hosts: hosts})
+	return string(data)
+}
+
+// secretDir lays files out as the kubelet does in a Secret volume: the
+// files in a timestamped directory, ..data a link to it, swapped in one
+// rename, and NAME -> ..data/NAME at the top.
+type secretDir struct {
+	path string
+	gen  int
+}
+
+func newSecretDir(t *testing.T) *secretDir {
+	return &secretDir{path: t.TempDir()}
+}
+
+func (d *secretDir) write(t *testing.T, files map[string]string) {
+	t.Helper()
+	d.gen++
+	gen := fmt.Sprintf("..2026_01_01_00_00_%02d.%d", d.gen, d.gen)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Mkdir(filepath.Join(d.path, gen), 0o755))
+	for name, content := range files {
+		must(os.WriteFile(filepath.Join(d.path, gen, name), []byte(content), 0o600))
+	}
+	old, _ := os.Readlink(filepath.Join(d.path, "..data"))
+	must(os.Symlink(gen, filepath.Join(d.path, "..data_tmp")))
+	must(os.Rename(filepath.Join(d.path, "..data_tmp"), filepath.Join(d.path, "..data")))
+	entries, err := os.ReadDir(d.path)
+	must(err)
+	for _, e := range entries {
+		if _, keep := files[e.Name()]; !keep && !strings.HasPrefix(e.Name(), ".") {
+			must(os.Remove(filepath.Join(d.path, e.Name())))
+		}
+	}
+	for name := range files {
+		link := filepath.Join(d.path, name)
+		if _, err := os.Lstat(link); err != nil {
+			must(os.Symlink(filepath.Join("..data", name), link))
+		}
+	}
+	if old != "" {
+		must(os.RemoveAll(filepath.Join(d.path, old)))
+	}
+}
+
+// fakeBackend serves one machine named after its VM.
+type fakeBackend struct {
+	ctx      context.Context // the context the router started it with
+	vm       string
+	machine  machine.Machine
+	notReady bool
+}
+
+// namedMachine is a memory machine under the VM's name.
+type namedMachine struct {
+	*memory.Machine
+	id string
+}
+
+func (m namedMachine) ID() string { return m.id }
+
+func (b *fakeBackend) Machines(context.Context) ([]string, error) { return []string{b.vm}, nil }
+
+func (b *fakeBackend) Machine(_ context.Context, id string) (machine.Machine, error) {
+	if id != b.vm {
+		return nil, machine.Errorf(machine.ErrNotFound, "%q", id)
+	}
+	return b.machine, nil
+}
+
+func (b *fakeBackend) Ready() error {
+	if b.notReady {
+		return machine.Errorf(machine.ErrUnavailable, "cache of %s not synced", b.vm)
+	}
+	return nil
+}
+
+// fakes starts fake backends; it can be told to fail a VM's start or to
+// start it not ready.
+type fakes struct {
+	mu       sync.Mutex
+	fail     map[string]error
+	notReady map[string]bool
+	started  map[string]*fakeBackend // the last backend started per VM
+}
+
+func newFakes() *fakes {
+	return &fakes{fail: map[string]error{}, notReady: map[string]bool{}, started: map[string]*fakeBackend{}}
+}
+
+func (f *fakes) start(ctx context.Context, vm string) (machine.Backend, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail[vm]; err != nil {
+		return nil, err
+	}
+	b := &fakeBackend{ctx: ctx, vm: vm, machine: namedMachine{memory.New(memory.Options{}).Get("vm-0"), vm}, notReady: f.notReady[vm]}
+	f.started[vm] = b
+	return b, nil
+}
+
+func (f *fakes) backend(vm string) *fakeBackend {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.started[vm]
+}
+
+// logBuffer collects the router's log lines.
+type logBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Join(b.lines, "\n")
+}
+
+func (b *logBuffer) count(substr string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, l := range b.lines {
+		if strings.Contains(l, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+type fixture struct {
+	router *vhost.Router
+	dir    *secretDir
+	fakes  *fakes
+	logs   *logBuffer
+}
+
+func newFixture(t *testing.T, tweak func(*vhost.Config)) *fixture {
+	t.Helper()
+	f := &fixture{dir: newSecretDir(t), fakes: newFakes(), logs: &logBuffer{}}
+	cfg := vhost.Config{
+		Dir:          f.dir.path,
+		StartBackend: f.fakes.start,
+		Grace:        time.Minute,
+		Logger: funcr.NewJSON(func(obj string) {
+			f.logs.mu.Lock()
+			defer f.logs.mu.Unlock()
+			f.logs.lines = append(f.logs.lines, obj)
+		}, funcr.Options{}),
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	r, err := vhost.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.router = r
+	return f
+}
+
+func (f *fixture) reload(t *testing.T, ctx context.Context, wantVMs int) {
+	t.Helper()
+	n, err := f.router.Reload(ctx)
+	if err != nil || n != wantVMs {
+		t.Fatalf("Reload = %d, %v; want %d VMs; logs:\n%s", n, err, wantVMs, f.logs)
+	}
+}
+
+// sources gives each request a client address of its own, so that the
+// failures a test provokes on purpose do not throttle its other requests.
+var sources atomic.Uint32
+
+type request struct {
+	host, path, user, pass string
+	source                 string // default: a fresh address
+}
+
+type answer struct {
+	status  int
+	body    map[string]any
+	members []string
+}
+
+func (f *fixture) do(t *testing.T, req request) answer {
+	t.Helper()
+	path := req.path
+	if path == "" {
+		path = "/redfish/v1/Systems"
+	}
+	r := httptest.NewRequest(http.MethodGet, path, nil)
+	r.Host = req.host
+	r.RemoteAddr = req.source
+	if r.RemoteAddr == "" {
+		n := sources.Add(1)
+		r.RemoteAddr = fmt.Sprintf("10.%d.%d.%d:40000", n>>16&255, n>>8&255, n&255)
+	}
+	if req.user != "" {
+		r.SetBasicAuth(req.user, req.pass)
+	}
+	rec := httptest.NewRecorder()
+	f.router.ServeHTTP(rec, r)
+	a := answer{status: rec.Code}
+	if strings.HasPrefix(rec.Header().Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(rec.Body.Bytes(), &a.body); err != nil {
+			t.Fatalf("body is not JSON: %v\n%s", err, rec.Body)
+		}
+	}
+	members, _ := a.body["Members"].([]any)
+	for _, m := range members {
+		id, _ := m.(map[string]any)["@odata.id"].(string)
+		a.members = append(a.members, id)
+	}
+	return a
+}
+
+func errorCode(a answer) string {
+	e, _ := a.body["error"].(map[string]any)
+	code, _ := e["code"].(string)
+	return code
+}
+
+func TestRouting(t *testing.T) {
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{
+		"web1": vmFile("maas1", "pw1", web1Host),
+		"web2": vmFile("maas2", "pw2", web2Host, "Web2-Alt.Example.com."),
+	})
+	f.reload(t, t.Context(), 2)
+	tests := []struct {
+		name        string
+		req         request
+		wantStatus  int
+		wantMembers []string
+		wantCode    string
+	}{
+		{name: "web1 at its host", req: request{host: web1Host, user: "maas1", pass: "pw1"}, wantStatus: 200, wantMembers: []string{"/redfish/v1/Systems/web1"}},
+		{name: "web2 at its host", req: request{host: web2Host, user: "maas2", pass: "pw2"}, wantStatus: 200, wantMembers: []string{"/redfish/v1/Systems/web2"}},
+		{name: "web2 at its second host", req: request{host: "web2-alt.example.com", user: "maas2", pass: "pw2"}, wantStatus: 200, wantMembers: []string{"/redfish/v1/Systems/web2"}},
+		{name: "host with port, in capitals", req: request{host: "WEB1.team-a.bmc.example.com:8443", user: "maas1", pass: "pw1"}, wantStatus: 200, wantMembers: []string{"/redfish/v1/Systems/web1"}},
+		{name: "host with a trailing dot", req: request{host: web1Host + ".", user: "maas1", pass: "pw1"}, wantStatus: 200, wantMembers: []string{"/redfish/v1/Systems/web1"}},
+		{name: "web2's credentials at web1", req: request{host: web1Host, user: "maas2", pass: "pw2"}, wantStatus: 401},
+		{name: "web1's credentials at web2", req: request{host: web2Host, user: "maas1", pass: "pw1"}, wantStatus: 401},
+		{name: "web2's system at web1", req: request{host: web1Host, path: "/redfish/v1/Systems/web2", user: "maas1", pass: "pw1"}, wantStatus: 404},
+		{name: "unknown host", req: request{host: "web3.team-a.bmc.example.com", user: "maas1", pass: "pw1"}, wantStatus: 404, wantCode: "Base.1.19.ResourceNotFound"},
+		{name: "unknown host without credentials", req: request{host: "10.0.0.7:8443"}, wantStatus: 404, wantCode: "Base.1.19.ResourceNotFound"},
+		{name: "short name of a host", req: request{host: "web1", user: "maas1", pass: "pw1"}, wantStatus: 404, wantCode: "Base.1.19.ResourceNotFound"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := f.do(t, tt.req)
+			if got.status != tt.wantStatus {
+				t.Fatalf("status %d, want %d; body %v", got.status, tt.wantStatus, got.body)
+			}
+			if tt.wantMembers != nil && !slices.Equal(got.members, tt.wantMembers) {
+				t.Errorf("members %v, want %v", got.members, tt.wantMembers)
+			}
+			if tt.wantCode != "" && errorCode(got) != tt.wantCode {
+				t.Errorf("error code %q, want %q (body %v)", errorCode(got), tt.wantCode, got.body)
+			}
+		})
+	}
+}
+
+// eventually polls cond until it holds or 5 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 5 s", what)
+		}
+	}
+}
+
+// TestRunAddsAndRemovesVMs: while Run reloads, a new file is served and a
+// removed one stops, its backend's context cancelled; when Run's context
+// ends, every backend's does.
+func TestRunAddsAndRemovesVMs(t *testing.T) {
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host)})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	f.reload(t, ctx, 1)
+	done := make(chan struct{})
+	go func() { defer close(done); f.router.Run(ctx, 10*time.Millisecond) }()
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 404 {
+		t.Fatalf("web2 before its file: %d, want 404", got)
+	}
+
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	eventually(t, "web2 served after its file appeared", func() bool {
+		return f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status == 200
+	})
+	web1 := f.fakes.backend("web1")
+
+	f.dir.write(t, map[string]string{"web2": vmFile("maas2", "pw2", web2Host)})
+	eventually(t, "web1 gone after its file was removed", func() bool {
+		return f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status == 404
+	})
+	if web1.ctx.Err() == nil {
+		t.Error("web1's backend context still live after its file was removed")
+	}
+	web2 := f.fakes.backend("web2")
+	if web2.ctx.Err() != nil {
+		t.Error("web2's backend context ended while its file is there")
+	}
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
+		t.Errorf("web2 after web1 left: %d, want 200", got)
+	}
+	cancel()
+	<-done
+	if web2.ctx.Err() == nil {
+		t.Error("web2's backend context still live after the router's ended")
+	}
+}
+
+// TestCredentialRotation: a VM's new password works at the next reload,
+// the previous one for the grace only, and the other VMs are untouched.
+func TestCredentialRotation(t *testing.T) {
+	const grace = 500 * time.Millisecond
+	f := newFixture(t, func(c *vhost.Config) { c.Grace = grace })
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "old", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	f.reload(t, t.Context(), 2)
+	web1 := f.fakes.backend("web1")
+
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "new", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	f.reload(t, t.Context(), 2)
+	rotated := time.Now()
+	for _, tc := range []struct {
+		host, user, pass string
+		want             int
+	}{
+		{web1Host, "maas1", "new", 200},
+		{web1Host, "maas1", "old", 200},
+		{web2Host, "maas2", "pw2", 200},
+	} {
+		if got := f.do(t, request{host: tc.host, user: tc.user, pass: tc.pass}).status; got != tc.want {
+			t.Errorf("%s as %s/%s in the grace: %d, want %d", tc.host, tc.user, tc.pass, got, tc.want)
+		}
+	}
+	if time.Since(rotated) >= grace {
+		t.Fatal("the checks in the grace took longer than the grace; the machine is too slow for this test")
+	}
+	if f.fakes.backend("web1") != web1 {
+		t.Error("rotating the credentials restarted the backend")
+	}
+	time.Sleep(time.Until(rotated.Add(grace + 50*time.Millisecond)))
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "old"}).status; got != 401 {
+		t.Errorf("old password after the grace: %d, want 401", got)
+	}
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "new"}).status; got != 200 {
+		t.Errorf("new password after the grace: %d, want 200", got)
+	}
+}
+
+// TestHostsChange: a VM's changed hosts are routed at the next reload.
+func TestHostsChange(t *testing.T) {
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host)})
+	f.reload(t, t.Context(), 1)
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", "web1.team-b.bmc.example.com")})
+	f.reload(t, t.Context(), 1)
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 404 {
+		t.Errorf("old host: %d, want 404", got)
+	}
+	if got := f.do(t, request{host: "web1.team-b.bmc.example.com", user: "maas1", pass: "pw1"}).status; got != 200 {
+		t.Errorf("new host: %d, want 200", got)
+	}
+}
+
+// TestBadFiles: a file that is not a VM description, or whose name is not
+// a VM name, is skipped and logged by name; the others are served.
+func TestBadFiles(t *testing.T) {
+	tests := []struct {
+		name, file, content string
+	}{
+		{"not JSON", "web3", "username=maas"},
+		{"truncated JSON", "web3", `{"username": "maas", "pass`},
+		{"no hosts", "web3", `{"username": "maas", "password": "pw"}`},
+		{"no username", "web3", vmFile("", "pw", "web3.example.com")},
+		{"no password", "web3", vmFile("maas", "", "web3.example.com")},
+		{"host not a DNS name", "web3", vmFile("maas", "pw", "web3_example.com")},
+		{"host with a port", "web3", vmFile("maas", "pw", "web3.example.com:8443")},
+		{"hosts not a list", "web3", `{"username": "maas", "password": "pw", "hosts": "web3.example.com"}`},
+		{"file name not a VM name", "Web3", vmFile("maas", "pw", "web3.example.com")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), tt.file: tt.content})
+			f.reload(t, t.Context(), 1)
+			f.reload(t, t.Context(), 1)
+			if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 200 {
+				t.Errorf("web1 beside a bad file: %d, want 200", got)
+			}
+			if got := f.do(t, request{host: "web3.example.com", user: "maas", pass: "pw"}).status; got != 404 {
+				t.Errorf("the bad file's host: %d, want 404", got)
+			}
+			if n := f.logs.count(filepath.Join(f.dir.path, tt.file)); n != 1 {
+				t.Errorf("%d log lines name the bad file, want 1 over two reloads:\n%s", n, f.logs)
+			}
+			if f.fakes.backend(strings.ToLower(tt.file)) != nil {
+				t.Error("a backend was started for the bad file")
+			}
+		})
+	}
+}
+
+// TestServedVMFileTurnsBad: a served VM whose file stops parsing keeps its
+// last good credentials and hosts; when the file is good again, it applies.
+func TestServedVMFileTurnsBad(t *testing.T) {
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host)})
+	f.reload(t, t.Context(), 1)
+	f.dir.write(t, map[string]string{"web1": `{"username": "maas1", "password": "pw2", "hosts": [`})
+	f.reload(t, t.Context(), 1)
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 200 {
+		t.Errorf("web1 with its file corrupt: %d, want 200 with its last credentials", got)
+	}
+	if !strings.Contains(f.logs.String(), filepath.Join(f.dir.path, "web1")) {
+		t.Errorf("no log line names the corrupt file:\n%s", f.logs)
+	}
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw2", web1Host)})
+	f.reload(t, t.Context(), 1)
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw2"}).status; got != 200 {
+		t.Errorf("web1's new password once the file is good: %d, want 200", got)
+	}
+}
+
+// TestDuplicateHost: a host two files claim is served by neither, and
+// logged; their other hosts are served, and the host is again once one
+// file lets it go.
+func TestDuplicateHost(t *testing.T) {
+	const shared = "shared.team-a.bmc.example.com"
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{
+		"web1": vmFile("maas1", "pw1", web1Host, shared),
+		"web2": vmFile("maas2", "pw2", web2Host, shared),
+	})
+	f.reload(t, t.Context(), 2)
+	for _, creds := range [][2]string{{"maas1", "pw1"}, {"maas2", "pw2"}} {
+		if got := f.do(t, request{host: shared, user: creds[0], pass: creds[1]}).status; got != 404 {
+			t.Errorf("shared host as %s: %d, want 404", creds[0], got)
+		}
+	}
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 200 {
+		t.Errorf("web1's own host: %d, want 200", got)
+	}
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
+		t.Errorf("web2's own host: %d, want 200", got)
+	}
+	f.reload(t, t.Context(), 2)
+	if n := f.logs.count(`"host":"` + shared + `"`); n != 1 {
+		t.Errorf("%d log lines name the shared host over two reloads, want 1:\n%s", n, f.logs)
+	}
+	f.dir.write(t, map[string]string{
+		"web1": vmFile("maas1", "pw1", web1Host, shared),
+		"web2": vmFile("maas2", "pw2", web2Host),
+	})
+	f.reload(t, t.Context(), 2)
+	if got := f.do(t, request{host: shared, user: "maas1", pass: "pw1"}).status; got != 200 {
+		t.Errorf("shared host once only web1 claims it: %d, want 200", got)
+	}
+}
+
+// TestReadiness: the router is ready once the directory has been read,
+// whatever its VMs' backends say; a VM whose backend is not ready answers
+// 503 on its own host; a directory that cannot be read later changes
+// nothing.
+func TestReadiness(t *testing.T) {
+	f := newFixture(t, nil)
+	if err := f.router.Ready(); !errors.Is(err, machine.ErrUnavailable) {
+		t.Errorf("Ready before any reload: %v, want ErrUnavailable", err)
+	}
+	ctx := t.Context()
+	if err := os.RemoveAll(f.dir.path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.router.Reload(ctx); err == nil {
+		t.Fatal("Reload of a missing directory: no error")
+	}
+	if err := f.router.Ready(); err == nil {
+		t.Error("Ready after a failed first read: nil, want an error")
+	}
+	if err := os.Mkdir(f.dir.path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.fakes.notReady["web1"] = true
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	f.reload(t, ctx, 2)
+	if err := f.router.Ready(); err != nil {
+		t.Errorf("Ready with one VM not synced: %v, want nil", err)
+	}
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 503 {
+		t.Errorf("web1 not synced: %d, want 503", got)
+	}
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
+		t.Errorf("web2 beside an unsynced VM: %d, want 200", got)
+	}
+	if err := os.RemoveAll(f.dir.path); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.router.Reload(ctx); err == nil || n != 2 {
+		t.Errorf("Reload of a vanished directory = %d, %v; want an error and the 2 VMs kept", n, err)
+	}
+	if err := f.router.Ready(); err != nil {
+		t.Errorf("Ready after a failed reload: %v, want nil", err)
+	}
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
+		t.Errorf("web2 after a failed reload: %d, want 200", got)
+	}
+}
+
+// TestBackendStartFails: a VM whose backend does not start is not served
+// and is tried again at the next reload; the others are served.
+func TestBackendStartFails(t *testing.T) {
+	f := newFixture(t, nil)
+	f.fakes.fail["web2"] = errors.New("no kubeconfig today")
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	f.reload(t, t.Context(), 1)
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 404 {
+		t.Errorf("web2 whose backend failed: %d, want 404", got)
+	}
+	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 200 {
+		t.Errorf("web1: %d, want 200", got)
+	}
+	if !strings.Contains(f.logs.String(), "no kubeconfig today") {
+		t.Errorf("the failure is not logged:\n%s", f.logs)
+	}
+	f.fakes.mu.Lock()
+	delete(f.fakes.fail, "web2")
+	f.fakes.mu.Unlock()
+	f.reload(t, t.Context(), 2)
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
+		t.Errorf("web2 once its backend starts: %d, want 200", got)
+	}
+}
+
+// TestOneThrottleForAllHosts: failed logins on one host slow the source on
+// every host, and no one else.
+func TestOneThrottleForAllHosts(t *testing.T) {
+	f := newFixture(t, func(c *vhost.Config) {
+		c.Limiter = throttle.New(throttle.Policy{FreeFailures: 1, BaseDelay: time.Hour, MaxDelay: time.Hour})
+	})
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	f.reload(t, t.Context(), 2)
+	const guesser = "192.0.2.66:40000"
+	for range 2 {
+		f.do(t, request{host: web1Host, user: "maas1", pass: "guess", source: guesser})
+	}
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2", source: guesser}).status; got != 401 {
+		t.Errorf("the guessing source on another host: %d, want 401 (throttled)", got)
+	}
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
+		t.Errorf("another source on that host: %d, want 200", got)
+	}
+}
+
+func TestNewRefusesIncompleteConfig(t *testing.T) {
+	start := func(context.Context, string) (machine.Backend, error) { return nil, nil }
+	tests := []struct {
+		name string
+		cfg  vhost.Config
+		want string
+	}{
+		{"no directory", vhost.Config{StartBackend: start}, "Dir"},
+		{"no backend starter", vhost.Config{Dir: t.TempDir()}, "StartBackend"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := vhost.New(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %v, want one naming %s", err, tt.want)
+			}
+		})
+	}
+}
