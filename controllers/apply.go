@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -67,6 +68,19 @@ func upToDate(desired, actual client.Object) bool {
 		!equality.Semantic.DeepDerivative(desired.GetAnnotations(), actual.GetAnnotations()) ||
 		!equality.Semantic.DeepDerivative(desired.GetOwnerReferences(), actual.GetOwnerReferences()) {
 		return false
+	}
+	// RBAC rules get no defaults, and a name too many in a list (which
+	// DeepDerivative takes for a longer list's prefix) is a permission
+	// too many: they must be equal.
+	switch d := desired.(type) {
+	case *rbacv1.Role:
+		if a, ok := actual.(*rbacv1.Role); !ok || !equality.Semantic.DeepEqual(d.Rules, a.Rules) {
+			return false
+		}
+	case *rbacv1.ClusterRole:
+		if a, ok := actual.(*rbacv1.ClusterRole); !ok || !equality.Semantic.DeepEqual(d.Rules, a.Rules) {
+			return false
+		}
 	}
 	// Compare bodies only: give the copy the actual type and object meta.
 	body := desired.DeepCopyObject()

@@ -18,15 +18,18 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/controllers"
 )
 
 // benchVMs is 1,000 unless VIRTMETAL_BENCH_VMS says otherwise.
@@ -55,13 +58,19 @@ func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // BenchmarkEnrolExistingVMs measures a controller installed on a cluster
-// that already has 1,000 VMs in an opted-in namespace: the time until every
-// VM has a consistent set of children (envtest runs no pods, so "ready"
-// means every object created as wanted), the API requests per VM it took,
-// and the memory of this process (the controller, plus the test's client)
-// at that point.
+// that already has 1,000 VMs in an opted-in namespace, in each workload
+// mode: the time until every VM has a consistent set of children (envtest
+// runs no pods, so "ready" means every object created as wanted), the API
+// requests per VM it took, and the memory of this process (the controller,
+// plus the test's client) at that point.
 func BenchmarkEnrolExistingVMs(b *testing.B) {
 	stopSharedManager() // two managers would enrol the same VMs
+	for _, mode := range []string{controllers.WorkloadPodPerVM, controllers.WorkloadShared} {
+		b.Run(mode, func(b *testing.B) { benchmarkEnrolment(b, mode) })
+	}
+}
+
+func benchmarkEnrolment(b *testing.B, mode string) {
 	ctx := context.Background()
 	for i := range b.N {
 		b.StopTimer()
@@ -77,6 +86,7 @@ func BenchmarkEnrolExistingVMs(b *testing.B) {
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &requests, &conflicts} })
 		config := defaultConfig()
 		config.NamespaceSelector = labels.SelectorFromSet(labels.Set{label: "true"})
+		config.Workload = mode
 		reconcilesBefore := reconciles(b)
 		b.StartTimer()
 		start := time.Now()
@@ -84,7 +94,7 @@ func BenchmarkEnrolExistingVMs(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		waitConsistent(b, ns, benchVMs)
+		waitConsistent(b, ns, benchVMs, mode == controllers.WorkloadShared)
 		elapsed := time.Since(start)
 		b.StopTimer()
 		runtime.GC()
@@ -132,21 +142,26 @@ func createVMs(b *testing.B, ns string, n int) {
 	}
 }
 
-// waitConsistent waits until n VMs of ns each have every child. It polls
-// metadata only, once a second, so that the watching costs the API server
-// little beside the controller it measures.
-func waitConsistent(b *testing.B, ns string, n int) {
+// waitConsistent waits until n VMs of ns each have every child (in the
+// shared mode: a VirtualMachineBMC, Secret and Ingress each, and the shared
+// Secret and Role serving all of them). It polls metadata only, once a
+// second, so that the watching costs the API server little beside the
+// controller it measures.
+func waitConsistent(b *testing.B, ns string, n int, shared bool) {
 	b.Helper()
 	ctx := context.Background()
 	kinds := []schema.GroupVersionKind{
 		v1beta1.GroupVersion.WithKind("VirtualMachineBMCList"),
 		corev1.SchemeGroupVersion.WithKind("SecretList"),
-		corev1.SchemeGroupVersion.WithKind("ServiceAccountList"),
-		rbacv1.SchemeGroupVersion.WithKind("RoleList"),
-		rbacv1.SchemeGroupVersion.WithKind("RoleBindingList"),
-		appsv1.SchemeGroupVersion.WithKind("DeploymentList"),
-		corev1.SchemeGroupVersion.WithKind("ServiceList"),
 		networkingv1.SchemeGroupVersion.WithKind("IngressList"),
+	}
+	if !shared {
+		kinds = append(kinds,
+			corev1.SchemeGroupVersion.WithKind("ServiceAccountList"),
+			rbacv1.SchemeGroupVersion.WithKind("RoleList"),
+			rbacv1.SchemeGroupVersion.WithKind("RoleBindingList"),
+			appsv1.SchemeGroupVersion.WithKind("DeploymentList"),
+			corev1.SchemeGroupVersion.WithKind("ServiceList"))
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
@@ -154,13 +169,17 @@ func waitConsistent(b *testing.B, ns string, n int) {
 		for _, kind := range kinds {
 			list := &metav1.PartialObjectMetadataList{}
 			list.SetGroupVersionKind(kind)
-			if err := admin.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
+			// Per VM: the shared objects do not count.
+			if err := admin.List(ctx, list, client.InNamespace(ns), client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}, client.HasLabels{v1beta1.LabelVM}); err != nil {
 				b.Fatal(err)
 			}
 			if len(list.Items) < n {
 				missing = fmt.Sprintf("%s has %d of %d", kind.Kind, len(list.Items), n)
 				break
 			}
+		}
+		if missing == "" && shared {
+			missing = sharedServesAll(ctx, b, ns, n)
 		}
 		if missing == "" {
 			var vms kubevirtv1.VirtualMachineList
@@ -183,6 +202,28 @@ func waitConsistent(b *testing.B, ns string, n int) {
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// sharedServesAll says what the shared Secret and Role of ns lack of n VMs,
+// or "".
+func sharedServesAll(ctx context.Context, b *testing.B, ns string, n int) string {
+	secret := &corev1.Secret{}
+	role := &rbacv1.Role{}
+	for _, obj := range []client.Object{secret, role} {
+		if err := admin.Get(ctx, types.NamespacedName{Namespace: ns, Name: sharedName}, obj); err != nil {
+			if apierrors.IsNotFound(err) {
+				return fmt.Sprintf("no shared %T", obj)
+			}
+			b.Fatal(err)
+		}
+	}
+	if len(secret.Data) < n {
+		return fmt.Sprintf("shared Secret has %d of %d VMs", len(secret.Data), n)
+	}
+	if len(role.Rules[0].ResourceNames) < n {
+		return fmt.Sprintf("shared Role names %d of %d VMs", len(role.Rules[0].ResourceNames), n)
+	}
+	return ""
 }
 
 // reconciles is how many reconciles this process's controllers have run.

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/deploy/bmc"
 )
 
 // clusterRBACFinalizer holds a VirtualMachineBMC until its cluster-scoped
@@ -37,6 +38,7 @@ const (
 	reasonWorkloadFailed     = "WorkloadFailed"
 	reasonHostNotAllowed     = "HostNotAllowed"
 	reasonVMNotFound         = "VMNotFound"
+	reasonSecretNotAllowed   = "SecretNotAllowed"
 )
 
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs,verbs=get;list;watch;create;update;patch;delete
@@ -101,6 +103,14 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 	st.set(v1beta1.ConditionVMFound, true, "Found", "VirtualMachine %s exists", vm.Name)
 
+	// The shared bmc-server's Secret holds every VM's credentials: a
+	// tenant's BMC must not mount or serve it as its own.
+	if bmcObj.Spec.CredentialsSecret == sharedName {
+		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretNotAllowed, "Secret %s is the shared bmc-server's, not credentials", sharedName)
+		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonSecretNotAllowed, "Reconcile", "Secret %s is the shared bmc-server's, not credentials", sharedName)
+		return ctrl.Result{}, r.writeStatus(ctx, bmcObj, st)
+	}
+
 	if err := r.ensureCredentials(ctx, bmcObj, vm, st); err != nil {
 		return ctrl.Result{}, errors.Join(err, r.writeStatus(ctx, bmcObj, st))
 	}
@@ -131,10 +141,22 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 
 	st.status.RedfishURL = w.RedfishURL
 	st.status.IPMIAddress = w.IPMIAddress
-	st.deployment(actual[fmt.Sprintf("%T", &appsv1.Deployment{})])
-	if _, ok := actual[fmt.Sprintf("%T", &corev1.Service{})]; ok {
+	_, hasService := actual[fmt.Sprintf("%T", &corev1.Service{})]
+	switch {
+	case w.Shared:
+		// The shared reconciler creates it; its availability event
+		// brings this BMC back.
+		d := &appsv1.Deployment{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: bmcObj.Namespace, Name: sharedName}, d); client.IgnoreNotFound(err) != nil {
+			return ctrl.Result{}, err
+		}
+		st.deployment(d)
+		st.set(v1beta1.ConditionServiceReady, true, "Shared", "Service %s serves the BMC", sharedName)
+	case hasService:
+		st.deployment(actual[fmt.Sprintf("%T", &appsv1.Deployment{})])
 		st.set(v1beta1.ConditionServiceReady, true, "Created", "Service %s serves the BMC", workloadName(vm.Name))
-	} else {
+	default:
+		st.deployment(actual[fmt.Sprintf("%T", &appsv1.Deployment{})])
 		st.set(v1beta1.ConditionServiceReady, true, "Disabled", "neither Redfish nor IPMI is on")
 	}
 	switch {
@@ -211,12 +233,14 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	return nil
 }
 
-// removeUnwanted deletes the workload's objects that the spec no longer
-// asks for: the Service and Ingress when their protocols are off, cluster
-// RBAC when the VM no longer has a cluster instancetype.
+// removeUnwanted deletes the workload's objects that the spec or the mode
+// no longer asks for: the Service and Ingress when their protocols are off,
+// the Deployment, Service and RBAC of a VM the shared bmc-server serves,
+// cluster RBAC when the VM no longer has a cluster instancetype.
 func (r *BMCReconciler) removeUnwanted(ctx context.Context, b *v1beta1.VirtualMachineBMC, w Workload) error {
 	name := types.NamespacedName{Namespace: b.Namespace, Name: workloadName(b.Spec.VMName)}
-	for _, candidate := range []client.Object{&corev1.Service{}, &networkingv1.Ingress{}} {
+	for _, candidate := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
 		if slices.ContainsFunc(w.Objects, func(o client.Object) bool { return fmt.Sprintf("%T", o) == fmt.Sprintf("%T", candidate) }) {
 			continue
 		}
@@ -243,7 +267,7 @@ func (r *BMCReconciler) finalize(ctx context.Context, b *v1beta1.VirtualMachineB
 	if !controllerutil.ContainsFinalizer(b, clusterRBACFinalizer) {
 		return nil
 	}
-	name := clusterRBACName(b)
+	name := bmc.ClusterRBACName(b.Namespace, b.Spec.VMName)
 	for _, obj := range []client.Object{&rbacv1.ClusterRoleBinding{}, &rbacv1.ClusterRole{}} {
 		obj.SetName(name)
 		if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
@@ -252,12 +276,6 @@ func (r *BMCReconciler) finalize(ctx context.Context, b *v1beta1.VirtualMachineB
 	}
 	controllerutil.RemoveFinalizer(b, clusterRBACFinalizer)
 	return r.Client.Update(ctx, b)
-}
-
-// clusterRBACName is the name deploy/bmc/rbac.yaml.tmpl gives the cluster
-// RBAC of a VM with a cluster instancetype.
-func clusterRBACName(b *v1beta1.VirtualMachineBMC) string {
-	return "virtmetal-bmc-" + b.Namespace + "-" + b.Spec.VMName
 }
 
 // statusBuilder collects the controller's part of a status.

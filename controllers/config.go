@@ -35,7 +35,23 @@ type Config struct {
 	IPMIDefault bool
 	// BMCImage is the container image that runs bmc-server.
 	BMCImage string
+	// Workload is how BMCs run: WorkloadPodPerVM (also when empty) or
+	// WorkloadShared.
+	Workload string
 }
+
+// Workload modes.
+const (
+	// WorkloadPodPerVM runs one bmc-server Deployment per VM.
+	WorkloadPodPerVM = "pod-per-vm"
+	// WorkloadShared runs one bmc-server per namespace for the VMs it can
+	// serve (Redfish without IPMI), which costs the API server a few writes
+	// per VM instead of a dozen.
+	WorkloadShared = "shared"
+)
+
+// shared says whether the shared workload mode is on.
+func (c Config) shared() bool { return c.Workload == WorkloadShared }
 
 // Keys of the optional ConfigMap that overrides the flags at run time.
 const (
@@ -46,6 +62,7 @@ const (
 	configKeyClusterIssuer     = "tlsClusterIssuer"
 	configKeyIPMIDefault       = "ipmiDefault"
 	configKeyBMCImage          = "bmcImage"
+	configKeyWorkload          = "workload"
 )
 
 // Validate reports a Config that cannot work.
@@ -61,6 +78,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("the bmc-server image is required")
 	case c.Issuer != "" && c.ClusterIssuer != "":
 		return fmt.Errorf("a TLS issuer and a cluster issuer exclude each other")
+	case c.Workload != "" && c.Workload != WorkloadPodPerVM && c.Workload != WorkloadShared:
+		return fmt.Errorf("workload %q is neither %s nor %s", c.Workload, WorkloadPodPerVM, WorkloadShared)
 	}
 	return nil
 }
@@ -123,6 +142,8 @@ func (c Config) overlay(data map[string]string) (Config, error) {
 			c.IPMIDefault = on
 		case configKeyBMCImage:
 			c.BMCImage = value
+		case configKeyWorkload:
+			c.Workload = value
 		default:
 			return c, fmt.Errorf("unknown key %q", key)
 		}

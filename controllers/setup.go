@@ -2,6 +2,9 @@ package controllers
 
 import (
 	"context"
+	"maps"
+	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -58,17 +62,24 @@ func CacheOptions(configMap types.NamespacedName) cache.Options {
 type Options struct {
 	Config   *ConfigSource
 	Identity IdentityStamper
-	// Workload defaults to PodPerVM.
+	// Workload defaults to Shared, which is PodPerVM unless the Config in
+	// force says "shared".
 	Workload WorkloadFunc
 	// MaxConcurrentReconciles per controller; zero means 4.
 	MaxConcurrentReconciles int
+	// SharedResync is how often a shared bmc-server's user-named
+	// credentials Secrets are read again; zero means a minute.
+	SharedResync time.Duration
 }
 
-// Setup registers the enrolment and BMC reconcilers with mgr and returns the
-// enrolment reconciler, whose Enrolled the admission webhook asks.
+// Setup registers the enrolment, BMC and shared reconcilers with mgr and
+// returns the enrolment reconciler, whose Enrolled the admission webhook asks.
 func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	if opts.Workload == nil {
-		opts.Workload = PodPerVM
+		opts.Workload = Shared
+	}
+	if opts.SharedResync == 0 {
+		opts.SharedResync = time.Minute
 	}
 	if opts.MaxConcurrentReconciles == 0 {
 		opts.MaxConcurrentReconciles = 4
@@ -81,6 +92,10 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	bmcs := &BMCReconciler{
 		Client: c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
 		Workload: opts.Workload, Events: recorder,
+	}
+	shared := &SharedReconciler{
+		Client: c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
+		Events: recorder, Resync: opts.SharedResync,
 	}
 	concurrency := controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}
 
@@ -124,6 +139,51 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	configChanged := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
 		return allVMs(ctx, "")
 	})
+	bmcsInNamespace := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
+		var list v1beta1.VirtualMachineBMCList
+		if err := c.List(ctx, &list, client.InNamespace(obj.GetNamespace())); err != nil {
+			return nil
+		}
+		requests := make([]reconcile.Request, 0, len(list.Items))
+		for _, b := range list.Items {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+		}
+		return requests
+	})
+	ownNamespace := func(_ context.Context, obj client.Object) []string { return []string{obj.GetNamespace()} }
+	labelledNamespace := func(_ context.Context, obj client.Object) []string {
+		return []string{obj.GetLabels()[v1beta1.LabelNamespace]}
+	}
+	// Namespaces that may have a shared bmc-server, or should lose one.
+	bmcNamespaces := func(ctx context.Context, _ client.Object) []string {
+		var bmcs v1beta1.VirtualMachineBMCList
+		var secrets corev1.SecretList
+		if err := c.List(ctx, &bmcs); err != nil {
+			return nil
+		}
+		if err := c.List(ctx, &secrets, client.MatchingLabels{v1beta1.LabelShared: "true"}); err != nil {
+			return nil
+		}
+		namespaces := map[string]bool{}
+		for _, b := range bmcs.Items {
+			namespaces[b.Namespace] = true
+		}
+		for _, s := range secrets.Items {
+			namespaces[s.Namespace] = true
+		}
+		return slices.Collect(maps.Keys(namespaces))
+	}
+	sharedOnly := builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
+		return obj.GetLabels()[v1beta1.LabelShared] == "true"
+	}))
+	// A BMC's status follows the shared Deployment's availability, not
+	// its every status update.
+	sharedAvailability := builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
+		return obj.GetLabels()[v1beta1.LabelShared] == "true"
+	}), predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		before, after := e.ObjectOld.(*appsv1.Deployment), e.ObjectNew.(*appsv1.Deployment)
+		return deploymentAvailable(before) != deploymentAvailable(after)
+	}})
 
 	enrolmentBuilder := ctrl.NewControllerManagedBy(mgr).Named("enrolment").
 		For(&kubevirtv1.VirtualMachine{}).
@@ -149,15 +209,34 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 		Watches(&corev1.Secret{}, byVMLabel).
 		Watches(&rbacv1.ClusterRole{}, byVMLabel).
 		Watches(&rbacv1.ClusterRoleBinding{}, byVMLabel).
+		Watches(&appsv1.Deployment{}, bmcsInNamespace, sharedAvailability).
+		WithOptions(concurrency)
+	// Every event about a namespace's BMCs reaches the shared reconciler
+	// late (delayed): a thousand of them make one reconcile.
+	sharedBuilder := ctrl.NewControllerManagedBy(mgr).Named("shared").
+		Watches(&v1beta1.VirtualMachineBMC{}, delayed(ownNamespace), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&kubevirtv1.VirtualMachine{}, delayed(ownNamespace), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&corev1.Secret{}, delayed(ownNamespace)).
+		Watches(&appsv1.Deployment{}, delayed(ownNamespace), sharedOnly).
+		Watches(&corev1.Service{}, delayed(ownNamespace), sharedOnly).
+		Watches(&corev1.ServiceAccount{}, delayed(ownNamespace), sharedOnly).
+		Watches(&rbacv1.Role{}, delayed(ownNamespace), sharedOnly).
+		Watches(&rbacv1.RoleBinding{}, delayed(ownNamespace), sharedOnly).
+		Watches(&rbacv1.ClusterRole{}, delayed(labelledNamespace), sharedOnly).
+		Watches(&rbacv1.ClusterRoleBinding{}, delayed(labelledNamespace), sharedOnly).
 		WithOptions(concurrency)
 	if opts.Config.ConfigMap.Name != "" {
 		enrolmentBuilder = enrolmentBuilder.Watches(&corev1.ConfigMap{}, configChanged)
 		bmcBuilder = bmcBuilder.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(allBMCs))
+		sharedBuilder = sharedBuilder.Watches(&corev1.ConfigMap{}, delayed(bmcNamespaces))
 	}
 	if err := enrolmentBuilder.Complete(enrolment); err != nil {
 		return nil, err
 	}
 	if err := bmcBuilder.Complete(bmcs); err != nil {
+		return nil, err
+	}
+	if err := sharedBuilder.Complete(shared); err != nil {
 		return nil, err
 	}
 	return enrolment, nil

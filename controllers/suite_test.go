@@ -157,7 +157,11 @@ func startManager(cfg *rest.Config, config controllers.Config, concurrency int) 
 	if err := vmidentity.SetupIndexes(context.Background(), mgr.GetFieldIndexer()); err != nil {
 		return nil, err
 	}
-	enrolment, err := controllers.Setup(mgr, controllers.Options{Config: source, Identity: stamper, MaxConcurrentReconciles: concurrency})
+	enrolment, err := controllers.Setup(mgr, controllers.Options{
+		Config: source, Identity: stamper, MaxConcurrentReconciles: concurrency,
+		// A user's Secret changing shows within a test's patience.
+		SharedResync: 2 * time.Second,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -32,8 +32,8 @@ const (
 
 // WorkloadFunc returns every object one VirtualMachineBMC needs, owned by
 // it, with no status. The controller creates what is missing and puts back
-// what drifted. It is a function of its inputs alone, so that a later shared
-// mode (one bmc-server for many VMs) is another WorkloadFunc, not a rewrite.
+// what drifted, and deletes the per-VM objects it no longer returns. It is
+// a function of its inputs alone: PodPerVM and Shared are two of them.
 type WorkloadFunc func(in WorkloadInput) (Workload, error)
 
 // WorkloadInput is what a workload is a function of.
@@ -56,6 +56,9 @@ type Workload struct {
 	// IngressProblem says why the Ingress was left out although Redfish is
 	// on (a host outside the namespace's zone).
 	IngressProblem error
+	// Shared says the namespace's shared bmc-server serves the VM: the
+	// Deployment and Service are not among Objects.
+	Shared bool
 }
 
 // Names of a BMC's objects.
@@ -104,7 +107,8 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		return metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: labels}
 	}
 
-	rbacObjects, err := bmc.RBACObjects(bmc.RBACParams{
+	var err error
+	w.Objects, w.ClusterObjects, err = rbacObjects(bmc.RBACParams{
 		Namespace:           b.Namespace,
 		VMName:              b.Spec.VMName,
 		ServiceAccount:      workloadName(b.Spec.VMName),
@@ -113,20 +117,6 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 	})
 	if err != nil {
 		return w, err
-	}
-	for _, u := range rbacObjects {
-		obj, err := typedRBAC(u.GetKind())
-		if err != nil {
-			return w, err
-		}
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
-			return w, fmt.Errorf("rendered %s: %w", u.GetKind(), err)
-		}
-		if obj.GetNamespace() == "" {
-			w.ClusterObjects = append(w.ClusterObjects, obj)
-		} else {
-			w.Objects = append(w.Objects, obj)
-		}
 	}
 
 	redfish, ipmi := redfishEnabled(b), ipmiEnabled(b, cfg)
@@ -156,80 +146,19 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		w.IPMIAddress = fmt.Sprintf("%s.%s.svc:%d", workloadName(b.Spec.VMName), b.Namespace, ipmiServicePort)
 	}
 
-	probe := func(path string) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-				Path: path, Port: intstr.FromString("redfish"), Scheme: corev1.URISchemeHTTPS,
-			}},
-			// All set, so the API server's defaults never read as drift.
-			PeriodSeconds: 10, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: 3,
-		}
-	}
-	resources := corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
-		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("96Mi")},
-	}
+	resources := defaultResources()
 	if b.Spec.Resources != nil {
 		resources = *b.Spec.Resources
 	}
-	replicas := int32(1)
-	maxUnavailable := intstr.FromInt32(0)
-	yes, no := true, false
-	uid := int64(bmcUserID)
-	readOnly := int32(0o440)
-	deployment := &appsv1.Deployment{
-		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-		ObjectMeta: meta(workloadName(b.Spec.VMName)),
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			// Power control must not lapse during an update: the new
-			// pod is ready before the old one goes.
-			Strategy: appsv1.DeploymentStrategy{
-				Type:          appsv1.RollingUpdateDeploymentStrategyType,
-				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &maxUnavailable},
-			},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					ServiceAccountName:           workloadName(b.Spec.VMName),
-					AutomountServiceAccountToken: &yes, // bmc-server talks to the API server as that account
-					EnableServiceLinks:           &no,
-					SecurityContext: &corev1.PodSecurityContext{
-						RunAsNonRoot:   &yes,
-						RunAsUser:      &uid,
-						RunAsGroup:     &uid,
-						FSGroup:        &uid,
-						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-					},
-					Containers: []corev1.Container{{
-						Name:  "bmc-server",
-						Image: cfg.BMCImage,
-						Args:  args,
-						Ports: containerPorts,
-						SecurityContext: &corev1.SecurityContext{
-							AllowPrivilegeEscalation: &no,
-							ReadOnlyRootFilesystem:   &yes,
-							Privileged:               &no,
-							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-						},
-						Resources:      resources,
-						ReadinessProbe: probe("/readyz"),
-						LivenessProbe:  probe("/healthz"),
-						VolumeMounts:   []corev1.VolumeMount{{Name: "credentials", MountPath: credentialsMountPath, ReadOnly: true}},
-					}},
-					Volumes: []corev1.Volume{{
-						Name: "credentials",
-						VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-							SecretName:  credentialsSecretName(b),
-							DefaultMode: &readOnly,
-						}},
-					}},
-				},
-			},
-		},
-	}
-	w.Objects = append(w.Objects, deployment)
+	w.Objects = append(w.Objects, bmcDeployment(meta(workloadName(b.Spec.VMName)), bmcPod{
+		serviceAccount: workloadName(b.Spec.VMName),
+		image:          cfg.BMCImage,
+		args:           args,
+		ports:          containerPorts,
+		resources:      resources,
+		secret:         credentialsSecretName(b),
+		mountPath:      credentialsMountPath,
+	}))
 
 	if len(servicePorts) > 0 {
 		w.Objects = append(w.Objects, &corev1.Service{
@@ -253,6 +182,123 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		setControllerRef(obj, b)
 	}
 	return w, nil
+}
+
+// Shared is the WorkloadFunc of the shared mode: with Config.Workload
+// "shared", a VM that needs only Redfish is served by its namespace's
+// bmc-server virtmetal-bmcs (which SharedReconciler keeps) and has only an
+// Ingress of its own, to that server's Service; any other VM (IPMI, which
+// has no host name to tell VMs apart by, or neither protocol) gets PodPerVM.
+func Shared(in WorkloadInput) (Workload, error) {
+	if !servedShared(in.BMC, in.Config) {
+		return PodPerVM(in)
+	}
+	b := in.BMC
+	w := Workload{Shared: true}
+	meta := metav1.ObjectMeta{Name: workloadName(b.Spec.VMName), Namespace: b.Namespace, Labels: childLabels(b.Spec.VMName)}
+	ingress, url, err := bmcIngress(b, in.Config, meta)
+	if err != nil {
+		w.IngressProblem = err
+		return w, nil
+	}
+	ingress.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name = sharedName
+	setControllerRef(ingress, b)
+	w.Objects, w.RedfishURL = []client.Object{ingress}, url
+	return w, nil
+}
+
+// servedShared says whether the namespace's shared bmc-server serves b.
+func servedShared(b *v1beta1.VirtualMachineBMC, cfg Config) bool {
+	return cfg.shared() && redfishEnabled(b) && !ipmiEnabled(b, cfg)
+}
+
+// bmcPod is what differs between the pods of PodPerVM and of the shared
+// bmc-server.
+type bmcPod struct {
+	serviceAccount, image string
+	args                  []string
+	ports                 []corev1.ContainerPort
+	resources             corev1.ResourceRequirements
+	// secret is mounted read-only at mountPath.
+	secret, mountPath string
+}
+
+func defaultResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("96Mi")},
+	}
+}
+
+// bmcDeployment is a hardened one-replica bmc-server Deployment whose pods
+// carry meta's labels.
+func bmcDeployment(meta metav1.ObjectMeta, p bmcPod) *appsv1.Deployment {
+	probe := func(path string) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString("redfish"), Scheme: corev1.URISchemeHTTPS,
+			}},
+			// All set, so the API server's defaults never read as drift.
+			PeriodSeconds: 10, TimeoutSeconds: 2, SuccessThreshold: 1, FailureThreshold: 3,
+		}
+	}
+	replicas := int32(1)
+	maxUnavailable := intstr.FromInt32(0)
+	yes, no := true, false
+	uid := int64(bmcUserID)
+	readOnly := int32(0o440)
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: meta,
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: meta.Labels},
+			// Power control must not lapse during an update: the new
+			// pod is ready before the old one goes.
+			Strategy: appsv1.DeploymentStrategy{
+				Type:          appsv1.RollingUpdateDeploymentStrategyType,
+				RollingUpdate: &appsv1.RollingUpdateDeployment{MaxUnavailable: &maxUnavailable},
+			},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: meta.Labels},
+				Spec: corev1.PodSpec{
+					ServiceAccountName:           p.serviceAccount,
+					AutomountServiceAccountToken: &yes, // bmc-server talks to the API server as that account
+					EnableServiceLinks:           &no,
+					SecurityContext: &corev1.PodSecurityContext{
+						RunAsNonRoot:   &yes,
+						RunAsUser:      &uid,
+						RunAsGroup:     &uid,
+						FSGroup:        &uid,
+						SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+					},
+					Containers: []corev1.Container{{
+						Name:  "bmc-server",
+						Image: p.image,
+						Args:  p.args,
+						Ports: p.ports,
+						SecurityContext: &corev1.SecurityContext{
+							AllowPrivilegeEscalation: &no,
+							ReadOnlyRootFilesystem:   &yes,
+							Privileged:               &no,
+							Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						Resources:      p.resources,
+						ReadinessProbe: probe("/readyz"),
+						LivenessProbe:  probe("/healthz"),
+						VolumeMounts:   []corev1.VolumeMount{{Name: "credentials", MountPath: p.mountPath, ReadOnly: true}},
+					}},
+					Volumes: []corev1.Volume{{
+						Name: "credentials",
+						VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+							SecretName:  p.secret,
+							DefaultMode: &readOnly,
+						}},
+					}},
+				},
+			},
+		},
+	}
 }
 
 func bmcIngress(b *v1beta1.VirtualMachineBMC, cfg Config, meta metav1.ObjectMeta) (*networkingv1.Ingress, string, error) {
@@ -324,6 +370,30 @@ func instancetypeName(vm *kubevirtv1.VirtualMachine, kind string) string {
 		return ""
 	}
 	return it.Name
+}
+
+// rbacObjects renders deploy/bmc's RBAC as typed namespaced and cluster
+// objects.
+func rbacObjects(p bmc.RBACParams) (namespaced, cluster []client.Object, err error) {
+	rendered, err := bmc.RBACObjects(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, u := range rendered {
+		obj, err := typedRBAC(u.GetKind())
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, obj); err != nil {
+			return nil, nil, fmt.Errorf("rendered %s: %w", u.GetKind(), err)
+		}
+		if obj.GetNamespace() == "" {
+			cluster = append(cluster, obj)
+		} else {
+			namespaced = append(namespaced, obj)
+		}
+	}
+	return namespaced, cluster, nil
 }
 
 func typedRBAC(kind string) (client.Object, error) {

@@ -69,7 +69,7 @@ func TestConfigIsWhatTheControllerReads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the controller refuses the installed config: %v", err)
 	}
-	if cfg.NamespaceSelector.String() != "virtmetal.io/enabled=true" || cfg.IPMIDefault {
+	if cfg.NamespaceSelector.String() != "virtmetal.io/enabled=true" || cfg.IPMIDefault || cfg.Workload != controllers.WorkloadPodPerVM {
 		t.Errorf("config = %+v", cfg)
 	}
 	var d appsv1.Deployment

@@ -55,6 +55,7 @@ func TestYAMLReadsTheSameIn11And12(t *testing.T) {
 		for _, p := range []bmc.RBACParams{
 			{Namespace: "tenant-a", VMName: "web1", Instancetype: "u1.small"},
 			{Namespace: "tenant-a", VMName: "web1", ClusterInstancetype: "u1.small"},
+			{Namespace: "tenant-a", VMs: []string{"web1", "web2"}, Instancetypes: []string{"u1.small"}, ClusterInstancetypes: []string{"u1.large"}},
 		} {
 			data, err := bmc.RenderRBAC(p)
 			if err != nil {

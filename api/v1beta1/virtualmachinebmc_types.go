@@ -16,6 +16,9 @@ const (
 	// LabelNamespace its namespace where the object is cluster-scoped.
 	LabelVM        = "virtmetal.io/vm"
 	LabelNamespace = "virtmetal.io/namespace"
+	// LabelShared, "true", marks the objects of a namespace's shared
+	// bmc-server, which serves several VMs.
+	LabelShared = "virtmetal.io/shared"
 	// AnnotationBMC on a VirtualMachine set to BMCDisabled opts it out of
 	// enrolment.
 	AnnotationBMC = "virtmetal.io/bmc"

@@ -9,7 +9,9 @@
 // webhook networking): identities are then set by the reconcile loop, before
 // a VM's next start. --config NAMESPACE/NAME names a ConfigMap whose keys
 // (namespaceSelector, domain, ingressClass, tlsIssuer, tlsClusterIssuer,
-// ipmiDefault, bmcImage) override the flags while the controller runs.
+// ipmiDefault, bmcImage, workload) override the flags while the controller
+// runs. --workload shared serves the Redfish-only BMCs of a namespace from
+// one bmc-server instead of one per VM.
 package main
 
 import (
@@ -80,6 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&c.ClusterIssuer, "tls-cluster-issuer", "", "cert-manager ClusterIssuer of BMC Ingress certificates")
 	fs.BoolVar(&c.IPMIDefault, "ipmi-default", false, "serve IPMI for VirtualMachineBMCs that do not say")
 	fs.StringVar(&c.BMCImage, "bmc-image", "", "container image of bmc-server (required)")
+	fs.StringVar(&c.Workload, "workload", controllers.WorkloadPodPerVM, `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
 	fs.StringVar(&o.macRange, "mac-range", "02:00:00:00:00:00-02:00:00:ff:ff:ff", `locally administered MACs for interfaces without one, "START-END"; "" assigns none (KubeMacPool)`)
 	fs.StringVar(&o.configMap, "config", "", "NAMESPACE/NAME of a ConfigMap that overrides these flags at run time")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")

@@ -50,6 +50,8 @@ func TestParseFlags(t *testing.T) {
 		{"bad domain", []string{"--domain", "Not A Domain", "--bmc-image", "img"}, "not a DNS name"},
 		{"bad selector", append([]string{"--namespace-selector", "a in (b"}, required...), "--namespace-selector"},
 		{"both issuers", append([]string{"--tls-issuer", "a", "--tls-cluster-issuer", "b"}, required...), "exclude each other"},
+		{"shared workload", append([]string{"--workload", "shared"}, required...), ""},
+		{"bad workload", append([]string{"--workload", "pod-per-namespace"}, required...), "neither pod-per-vm nor shared"},
 		{"bad config name", append([]string{"--config", "just-a-name"}, required...), "NAMESPACE/NAME"},
 		{"bad webhook port", append([]string{"--webhook-port", "70000"}, required...), "--webhook-port"},
 		{"no cache sync time", append([]string{"--cache-sync-timeout", "0s"}, required...), "--cache-sync-timeout"},

@@ -1,5 +1,6 @@
-// Package bmc renders the least-privilege RBAC of one VM's bmc-server from
-// rbac.yaml.tmpl, for the controller and for the tests that prove it.
+// Package bmc renders the least-privilege RBAC of a bmc-server (of one VM,
+// or shared by several VMs of a namespace) from rbac.yaml.tmpl, for the
+// controller and for the tests that prove it.
 package bmc
 
 import (
@@ -8,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"text/template"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -18,41 +21,104 @@ import (
 //go:embed rbac.yaml.tmpl
 var rbacTemplate string
 
-var rbac = template.Must(template.New("rbac.yaml.tmpl").Option("missingkey=error").Parse(rbacTemplate))
+var rbac = template.Must(template.New("rbac.yaml.tmpl").Option("missingkey=error").
+	Funcs(template.FuncMap{"list": func(names []string) string { return strings.Join(names, ", ") }}).
+	Parse(rbacTemplate))
 
-// RBACParams fills the template.
+// SharedServiceAccount is the default ServiceAccount of a bmc-server shared
+// by several VMs.
+const SharedServiceAccount = "virtmetal-bmcs"
+
+// RBACParams fills the template: VMName for one VM's bmc-server, or VMs for
+// one bmc-server shared by several VMs of the namespace.
 type RBACParams struct {
 	Namespace string
 	VMName    string
-	// ServiceAccount the bmc-server runs as; empty means "bmc-" + VMName.
+	// ServiceAccount the bmc-server runs as; empty means "bmc-" + VMName,
+	// or SharedServiceAccount with VMs.
 	ServiceAccount string
 	// Instancetype or ClusterInstancetype names the VM's instancetype (by
 	// the kind in its spec.instancetype), which Inventory reads.
 	Instancetype        string
 	ClusterInstancetype string
+
+	// VMs, instead of VMName, are the VMs of a shared bmc-server; its
+	// objects are labelled virtmetal.io/shared rather than with one VM.
+	VMs []string
+	// Instancetypes and ClusterInstancetypes are, with VMs, those of all
+	// of them.
+	Instancetypes        []string
+	ClusterInstancetypes []string
+}
+
+// rendering is what the template reads: RBACParams as lists either way.
+type rendering struct {
+	Namespace, ServiceAccount, VMName, ClusterName  string
+	Shared                                          bool
+	VMs, Media, Instancetypes, ClusterInstancetypes []string
+}
+
+// ClusterRBACName is the name of the ClusterRole and ClusterRoleBinding that
+// grant the cluster instancetypes; vm is "" for a shared bmc-server.
+func ClusterRBACName(namespace, vm string) string {
+	if vm == "" {
+		return "virtmetal-bmcs-" + namespace
+	}
+	return "virtmetal-bmc-" + namespace + "-" + vm
 }
 
 // RenderRBAC returns the ServiceAccount, Role and RoleBinding (and, for a
 // cluster instancetype, a ClusterRole and ClusterRoleBinding) as YAML.
 func RenderRBAC(p RBACParams) ([]byte, error) {
-	if p.ServiceAccount == "" {
-		p.ServiceAccount = "bmc-" + p.VMName
+	r, err := p.rendering()
+	if err != nil {
+		return nil, err
 	}
-	for _, name := range []string{p.Namespace, p.VMName, p.ServiceAccount} {
+	for _, name := range slices.Concat([]string{r.Namespace, r.ServiceAccount}, r.VMs) {
 		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 			return nil, fmt.Errorf("invalid name %q: %v", name, errs)
 		}
 	}
-	for _, name := range []string{p.Instancetype, p.ClusterInstancetype} {
-		if errs := validation.IsDNS1123Subdomain(name); name != "" && len(errs) > 0 {
+	for _, name := range slices.Concat(r.Instancetypes, r.ClusterInstancetypes) {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 			return nil, fmt.Errorf("invalid instancetype name %q: %v", name, errs)
 		}
 	}
 	var out bytes.Buffer
-	if err := rbac.Execute(&out, p); err != nil {
+	if err := rbac.Execute(&out, r); err != nil {
 		return nil, err
 	}
 	return out.Bytes(), nil
+}
+
+func (p RBACParams) rendering() (rendering, error) {
+	r := rendering{Namespace: p.Namespace, ServiceAccount: p.ServiceAccount, VMName: p.VMName}
+	switch {
+	case p.VMName != "" && len(p.VMs) > 0:
+		return r, errors.New("VMName and VMs exclude each other")
+	case len(p.VMs) > 0:
+		r.Shared, r.VMs = true, p.VMs
+		r.Instancetypes, r.ClusterInstancetypes = p.Instancetypes, p.ClusterInstancetypes
+		if r.ServiceAccount == "" {
+			r.ServiceAccount = SharedServiceAccount
+		}
+	default:
+		r.VMs = []string{p.VMName}
+		if p.Instancetype != "" {
+			r.Instancetypes = []string{p.Instancetype}
+		}
+		if p.ClusterInstancetype != "" {
+			r.ClusterInstancetypes = []string{p.ClusterInstancetype}
+		}
+		if r.ServiceAccount == "" {
+			r.ServiceAccount = "bmc-" + p.VMName
+		}
+	}
+	r.ClusterName = ClusterRBACName(p.Namespace, p.VMName)
+	for _, vm := range r.VMs {
+		r.Media = append(r.Media, vm+"-virtmetal-media")
+	}
+	return r, nil
 }
 
 // RBACObjects renders the RBAC and decodes it into objects ready to create.

@@ -81,12 +81,77 @@ func TestRBACObjects(t *testing.T) {
 	}
 }
 
+// TestSharedRBAC: a bmc-server of several VMs gets every rule for exactly
+// those VMs (and their media and instancetypes), labelled shared.
+func TestSharedRBAC(t *testing.T) {
+	tests := []struct {
+		name   string
+		params bmc.RBACParams
+		kinds  []string
+	}{
+		{"namespaced instancetypes", bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}, Instancetypes: []string{"large", "small"}},
+			[]string{"ServiceAccount", "Role", "RoleBinding"}},
+		{"cluster instancetypes", bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}, ClusterInstancetypes: []string{"u1.large"}},
+			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := bmc.RBACObjects(tc.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var kinds []string
+			for _, o := range objs {
+				kinds = append(kinds, o.GetKind())
+				if o.GetName() != "virtmetal-bmcs" && o.GetName() != "virtmetal-bmcs-lab" {
+					t.Errorf("%s named %s", o.GetKind(), o.GetName())
+				}
+				if l := o.GetLabels(); l["virtmetal.io/shared"] != "true" || l["virtmetal.io/vm"] != "" {
+					t.Errorf("%s labels %v", o.GetKind(), l)
+				}
+			}
+			if !slices.Equal(kinds, tc.kinds) {
+				t.Fatalf("kinds = %v, want %v", kinds, tc.kinds)
+			}
+			for _, o := range objs[1:] {
+				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+				for _, r := range rules {
+					rule := r.(map[string]any)
+					resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
+					names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+					verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+					var want []string
+					switch resources[0] {
+					case "virtualmachines", "virtualmachineinstances", "virtualmachines/stop":
+						want = tc.params.VMs
+					case "datavolumes":
+						if slices.Equal(verbs, []string{"create"}) {
+							continue
+						}
+						want = []string{"node-1-virtmetal-media", "node-2-virtmetal-media"}
+					case "virtualmachineinstancetypes":
+						want = tc.params.Instancetypes
+					case "virtualmachineclusterinstancetypes":
+						want = tc.params.ClusterInstancetypes
+					}
+					if !slices.Equal(names, want) {
+						t.Errorf("rule on %v names %v, want %v", resources, names, want)
+					}
+				}
+			}
+		})
+	}
+}
+
 func TestRBACRejectsBadNames(t *testing.T) {
 	for _, p := range []bmc.RBACParams{
 		{Namespace: "lab", VMName: ""},
 		{Namespace: "", VMName: "vm"},
 		{Namespace: "lab", VMName: "vm\nkind: ClusterRole"},
 		{Namespace: "lab", VMName: "vm", Instancetype: "Bad Name"},
+		{Namespace: "lab", VMName: "vm", VMs: []string{"other"}},
+		{Namespace: "lab", VMs: []string{"vm", "Bad Name"}},
+		{Namespace: "lab", VMs: []string{"vm"}, ClusterInstancetypes: []string{"bad\nkind: x"}},
 	} {
 		if _, err := bmc.RenderRBAC(p); err == nil {
 			t.Errorf("RenderRBAC(%+v) accepted it", p)

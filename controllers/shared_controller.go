@@ -1,0 +1,385 @@
+package controllers
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/client-go/util/workqueue"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+)
+
+const (
+	// sharedName names every namespaced object of a namespace's shared
+	// bmc-server. It is deploy/bmc's shared ServiceAccount, so that the
+	// rendered RBAC and the Deployment agree.
+	sharedName = bmc.SharedServiceAccount
+	// sharedVMsMountPath is where the shared bmc-server reads its VMs: one
+	// file per VM, from the Secret sharedName.
+	sharedVMsMountPath = "/etc/virtmetal/vms"
+	// sharedBatchDelay gathers the events about a namespace (1,000 VMs
+	// enrolled at once) into one reconcile, so that the shared Secret and
+	// Role are written once per batch rather than once per VM. The queue
+	// keeps one entry per namespace, at the earliest time asked.
+	sharedBatchDelay = time.Second
+	// reasonHostTaken: two VMs asked for one host name.
+	reasonHostTaken = "HostTaken"
+)
+
+// sharedCredentials is one VM's entry (key: the VM's name) of the Secret
+// sharedName: the contract with bmc-server --vms-dir, which routes a
+// request to the VM whose hosts hold its Host header.
+type sharedCredentials struct {
+	Username string   `json:"username"`
+	Password string   `json:"password"`
+	Hosts    []string `json:"hosts"`
+}
+
+// sharedVM is a VM the shared bmc-server serves.
+type sharedVM struct {
+	name                              string
+	credentials                       sharedCredentials
+	instancetype, clusterInstancetype string
+}
+
+func sharedLabels() map[string]string {
+	return map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelShared: "true"}
+}
+
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=delete
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=delete
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=delete
+
+// SharedReconciler keeps, per namespace with VirtualMachineBMCs in the shared
+// mode (see Shared), the one bmc-server that serves them: the Secret of
+// their credentials and hosts, a Deployment, Service and least-privilege
+// RBAC for exactly those VMs, all named virtmetal-bmcs; and deletes them
+// when no such VirtualMachineBMC is left. Its key is the namespace (the
+// request's name is sharedName).
+type SharedReconciler struct {
+	Client client.Client // the manager's cached client
+	// APIReader reads credentials Secrets the user named, which the
+	// label-scoped Secret cache does not hold.
+	APIReader client.Reader
+	Scheme    *runtime.Scheme
+	Config    *ConfigSource
+	Events    events.EventRecorder
+	// Resync is how often a namespace is read again while it serves a VM
+	// whose credentials are in a user-named Secret: the cache holds only
+	// the controller's Secrets, so no event tells of that one's change.
+	Resync time.Duration
+
+	mu sync.Mutex
+	// refused remembers, per namespace, the VMs refused a host, so that
+	// the Event is sent once, not at every reconcile.
+	refused map[string]map[string]string
+}
+
+// Reconcile implements reconcile.Reconciler for a namespace.
+func (r *SharedReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	cfg, err := r.Config.Get(ctx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	var list v1beta1.VirtualMachineBMCList
+	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace)); err != nil {
+		return ctrl.Result{}, err
+	}
+	vms, unwatched, err := r.served(ctx, cfg, list.Items)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(vms) == 0 {
+		return ctrl.Result{}, r.remove(ctx, req.Namespace)
+	}
+	if err := r.apply(ctx, cfg, req.Namespace, vms); err != nil {
+		return ctrl.Result{}, err
+	}
+	if unwatched {
+		return ctrl.Result{RequeueAfter: r.Resync}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// served returns the VMs the namespace's shared bmc-server serves, by name,
+// and whether any has credentials outside the cache. Everything comes from
+// the namespace's own VirtualMachineBMCs, VMs and Secrets, and a host only
+// from ingressHost, which keeps it inside the namespace's zone: nothing a
+// tenant writes reaches another namespace's VM or host. A VM left out for
+// its Secret or host says why in its own status (the BMC reconciler's
+// conditions); one whose host another VM has is told by an Event.
+func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta1.VirtualMachineBMC) ([]sharedVM, bool, error) {
+	// The older VirtualMachineBMC keeps a host both ask for.
+	slices.SortFunc(bmcs, func(a, b v1beta1.VirtualMachineBMC) int {
+		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
+	})
+	var vms []sharedVM
+	unwatched := false
+	owner := map[string]string{} // host -> VM
+	refused := map[string]string{}
+	for i := range bmcs {
+		b := &bmcs[i]
+		if !b.DeletionTimestamp.IsZero() || !servedShared(b, cfg) || b.Spec.CredentialsSecret == sharedName {
+			continue
+		}
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.VMName}, vm); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, false, err
+		}
+		host, err := ingressHost(b, cfg.Domain)
+		if err != nil {
+			continue
+		}
+		if other, ok := owner[host]; ok {
+			refused[b.Name] = fmt.Sprintf("host %s is VirtualMachineBMC %s's: this VM is not served", host, other)
+			continue
+		}
+		var reader client.Reader = r.Client
+		if b.Spec.CredentialsSecret != "" {
+			reader, unwatched = r.APIReader, true
+		}
+		secret := &corev1.Secret{}
+		if err := reader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: credentialsSecretName(b)}, secret); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return nil, false, err
+		}
+		user, password := secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey]
+		if len(user) == 0 || len(password) == 0 {
+			continue
+		}
+		owner[host] = b.Name
+		vms = append(vms, sharedVM{
+			name:                b.Spec.VMName,
+			credentials:         sharedCredentials{Username: string(user), Password: string(password), Hosts: []string{host}},
+			instancetype:        instancetypeName(vm, "VirtualMachineInstancetype"),
+			clusterInstancetype: instancetypeName(vm, "VirtualMachineClusterInstancetype"),
+		})
+	}
+	r.reportRefused(namespaceOf(bmcs), bmcs, refused)
+	slices.SortFunc(vms, func(a, b sharedVM) int { return cmp.Compare(a.name, b.name) })
+	return vms, unwatched, nil
+}
+
+func namespaceOf(bmcs []v1beta1.VirtualMachineBMC) string {
+	if len(bmcs) == 0 {
+		return ""
+	}
+	return bmcs[0].Namespace
+}
+
+// reportRefused sends an Event for every VM newly refused its host.
+func (r *SharedReconciler) reportRefused(namespace string, bmcs []v1beta1.VirtualMachineBMC, refused map[string]string) {
+	r.mu.Lock()
+	before := r.refused[namespace]
+	if r.refused == nil {
+		r.refused = map[string]map[string]string{}
+	}
+	if len(refused) == 0 {
+		delete(r.refused, namespace)
+	} else {
+		r.refused[namespace] = refused
+	}
+	r.mu.Unlock()
+	for i := range bmcs {
+		if why, ok := refused[bmcs[i].Name]; ok && before[bmcs[i].Name] != why {
+			r.Events.Eventf(&bmcs[i], nil, corev1.EventTypeWarning, reasonHostTaken, "Serve", "%s", why)
+		}
+	}
+}
+
+// apply makes the shared objects serve exactly vms.
+func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM) error {
+	data := make(map[string][]byte, len(vms))
+	params := bmc.RBACParams{Namespace: namespace}
+	for _, vm := range vms {
+		entry, err := json.Marshal(vm.credentials)
+		if err != nil {
+			return err
+		}
+		data[vm.name] = entry
+		params.VMs = append(params.VMs, vm.name)
+		if vm.instancetype != "" {
+			params.Instancetypes = append(params.Instancetypes, vm.instancetype)
+		}
+		if vm.clusterInstancetype != "" {
+			params.ClusterInstancetypes = append(params.ClusterInstancetypes, vm.clusterInstancetype)
+		}
+	}
+	slices.Sort(params.Instancetypes)
+	slices.Sort(params.ClusterInstancetypes)
+	params.Instancetypes = slices.Compact(params.Instancetypes)
+	params.ClusterInstancetypes = slices.Compact(params.ClusterInstancetypes)
+
+	if err := r.ensureSecret(ctx, namespace, data); err != nil {
+		return err
+	}
+	objects, clusterObjects, err := rbacObjects(params)
+	if err != nil {
+		return err
+	}
+	if len(clusterObjects) > 0 {
+		// The Namespace owns them, so that deleting it takes them too.
+		ns := &corev1.Namespace{}
+		if err := r.Client.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
+			return err
+		}
+		yes := true
+		for _, obj := range clusterObjects {
+			obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Namespace", Name: ns.Name, UID: ns.UID, Controller: &yes}})
+		}
+	} else if err := r.deleteClusterRBAC(ctx, namespace); err != nil {
+		return err
+	}
+	meta := metav1.ObjectMeta{Name: sharedName, Namespace: namespace, Labels: sharedLabels()}
+	objects = append(objects,
+		bmcDeployment(meta, bmcPod{
+			serviceAccount: sharedName,
+			image:          cfg.BMCImage,
+			args: []string{
+				"--backend", "kubevirt",
+				"--namespace", namespace,
+				"--vms-dir", sharedVMsMountPath,
+				"--listen", fmt.Sprintf(":%d", redfishContainerPort),
+			},
+			ports:     []corev1.ContainerPort{{Name: "redfish", ContainerPort: redfishContainerPort, Protocol: corev1.ProtocolTCP}},
+			resources: defaultResources(),
+			secret:    sharedName,
+			mountPath: sharedVMsMountPath,
+		}),
+		&corev1.Service{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: meta,
+			Spec: corev1.ServiceSpec{Selector: sharedLabels(), Ports: []corev1.ServicePort{{
+				Name: "redfish", Port: redfishServicePort, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("redfish"),
+			}}},
+		},
+	)
+	for _, obj := range slices.Concat(objects, clusterObjects) {
+		if _, err := (applier{r.Client, r.Scheme}).ensure(ctx, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureSecret makes the Secret sharedName hold exactly data. Unlike the
+// applier, it compares every key both ways and replaces the whole Secret:
+// a key someone added would be a VM (and host) the server serves.
+func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, data map[string][]byte) error {
+	want := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: sharedName, Namespace: namespace, Labels: sharedLabels()},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       data,
+	}
+	current := &corev1.Secret{}
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), current)
+	switch {
+	case apierrors.IsNotFound(err):
+		// One the cache does not show yet exists: its creation event
+		// brings the namespace back to compare.
+		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		log.FromContext(ctx).V(1).Info("shared Secret created", "vms", len(data))
+		return nil
+	case err != nil:
+		return err
+	case maps.EqualFunc(current.Data, data, bytes.Equal) && maps.Equal(current.Labels, want.Labels):
+		return nil
+	}
+	want.ResourceVersion = current.ResourceVersion
+	if err := r.Client.Update(ctx, want); err != nil {
+		return err
+	}
+	log.FromContext(ctx).V(1).Info("shared Secret updated", "vms", len(data))
+	return nil
+}
+
+// remove deletes the namespace's shared objects.
+func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
+	for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, obj); err != nil {
+			return err
+		}
+	}
+	return r.deleteClusterRBAC(ctx, namespace)
+}
+
+func (r *SharedReconciler) deleteClusterRBAC(ctx context.Context, namespace string) error {
+	name := types.NamespacedName{Name: bmc.ClusterRBACName(namespace, "")}
+	for _, obj := range []client.Object{&rbacv1.ClusterRoleBinding{}, &rbacv1.ClusterRole{}} {
+		if err := r.deleteShared(ctx, name, obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteShared deletes key when the cache shows it as a shared object: an
+// absent object costs no request.
+func (r *SharedReconciler) deleteShared(ctx context.Context, key types.NamespacedName, obj client.Object) error {
+	if err := r.Client.Get(ctx, key, obj); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if obj.GetLabels()[v1beta1.LabelShared] != "true" {
+		return nil
+	}
+	if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	log.FromContext(ctx).V(1).Info("shared object deleted", "kind", fmt.Sprintf("%T", obj))
+	return nil
+}
+
+// delayed enqueues the namespaces that mapFn returns after sharedBatchDelay.
+func delayed(mapFn func(context.Context, client.Object) []string) handler.EventHandler {
+	add := func(ctx context.Context, obj client.Object, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+		for _, ns := range mapFn(ctx, obj) {
+			q.AddAfter(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: sharedName}}, sharedBatchDelay)
+		}
+	}
+	return handler.Funcs{
+		CreateFunc: func(ctx context.Context, e event.CreateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+		UpdateFunc: func(ctx context.Context, e event.UpdateEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.ObjectNew, q)
+		},
+		DeleteFunc: func(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+		GenericFunc: func(ctx context.Context, e event.GenericEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
+			add(ctx, e.Object, q)
+		},
+	}
+}

@@ -1,0 +1,680 @@
+package controllers_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+)
+
+const sharedName = "virtmetal-bmcs"
+
+func sharedKey(namespace string) types.NamespacedName {
+	return types.NamespacedName{Namespace: namespace, Name: sharedName}
+}
+
+// setWorkload sets the run-time ConfigMap's workload key ("" removes the
+// ConfigMap: the flags' pod-per-vm) for the rest of the test.
+func setWorkload(t *testing.T, mode string) {
+	t.Helper()
+	ctx := context.Background()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: configNamespace, Name: configName}}
+	if mode == "" {
+		if err := admin.Delete(ctx, cm); client.IgnoreNotFound(err) != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	cm.Data = map[string]string{"workload": mode}
+	err := admin.Create(ctx, cm)
+	if apierrors.IsAlreadyExists(err) {
+		err = admin.Update(ctx, cm)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Delete(ctx, cm) })
+}
+
+// sharedEntry is one VM's entry of the shared Secret (bmc-server's contract).
+type sharedEntry struct {
+	Username string   `json:"username"`
+	Password string   `json:"password"`
+	Hosts    []string `json:"hosts"`
+}
+
+// aggregate reads the namespace's shared Secret.
+func aggregate(namespace string) (map[string]sharedEntry, error) {
+	s := &corev1.Secret{}
+	if err := get(sharedKey(namespace), s); err != nil {
+		return nil, err
+	}
+	entries := map[string]sharedEntry{}
+	for vm, data := range s.Data {
+		var e sharedEntry
+		if err := json.Unmarshal(data, &e); err != nil {
+			return nil, fmt.Errorf("entry %s: %w", vm, err)
+		}
+		entries[vm] = e
+	}
+	return entries, nil
+}
+
+// serves is nil once the namespace's shared Secret and Role name exactly vms.
+func serves(namespace string, vms ...string) error {
+	entries, err := aggregate(namespace)
+	if err != nil {
+		return err
+	}
+	slices.Sort(vms)
+	if got := slices.Sorted(maps.Keys(entries)); !slices.Equal(got, vms) {
+		return fmt.Errorf("shared Secret serves %v, want %v", got, vms)
+	}
+	role := &rbacv1.Role{}
+	if err := get(sharedKey(namespace), role); err != nil {
+		return err
+	}
+	if got := role.Rules[0].ResourceNames; !slices.Equal(got, vms) {
+		return fmt.Errorf("shared Role names %v, want %v", got, vms)
+	}
+	return nil
+}
+
+// sharedExist is nil once all of the namespace's shared objects exist.
+func sharedExist(namespace string) error {
+	for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		if err := get(sharedKey(namespace), obj); err != nil {
+			return fmt.Errorf("%T: %w", obj, err)
+		}
+	}
+	return nil
+}
+
+// sharedGone is nil once none of the namespace's shared objects exist.
+func sharedGone(namespace string) error {
+	for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		if err := gone(sharedKey(namespace), obj); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// servedShared is nil once vm has only its Secret and an Ingress to the
+// shared Service: no bmc-server objects of its own.
+func servedShared(vm types.NamespacedName) error {
+	key := workloadKey(vm)
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		if err := gone(key, obj); err != nil {
+			return err
+		}
+	}
+	in := &networkingv1.Ingress{}
+	if err := get(key, in); err != nil {
+		return err
+	}
+	if backend := in.Spec.Rules[0].HTTP.Paths[0].Backend.Service; backend.Name != sharedName || backend.Port.Name != "redfish" {
+		return fmt.Errorf("Ingress backend %+v", backend)
+	}
+	return get(types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name + "-bmc"}, &corev1.Secret{})
+}
+
+// sharedVMs creates VMs in a new opted-in namespace and waits until the
+// shared bmc-server serves them.
+func sharedVMs(t *testing.T, namespaceName string, vms ...string) []types.NamespacedName {
+	t.Helper()
+	sharedManager(t)
+	ns := namespace(t, namespaceName, true)
+	var keys []types.NamespacedName
+	for _, name := range vms {
+		keys = append(keys, client.ObjectKeyFromObject(createVM(t, newVM(ns, name))))
+	}
+	waitFor(t, "shared bmc-server", func() error { return serves(ns, vms...) })
+	waitFor(t, "shared objects", func() error { return sharedExist(ns) })
+	for _, key := range keys {
+		waitFor(t, "per-VM objects", func() error { return servedShared(key) })
+	}
+	return keys
+}
+
+func TestSharedWorkload(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vmsA := sharedVMs(t, "shared-a", "web1", "web2")
+	vmsB := sharedVMs(t, "shared-b", "web1")
+	all := slices.Concat(vmsA, vmsB)
+
+	t.Run("Secret: each VM's credentials and host, its namespace's only", func(t *testing.T) {
+		hosts := map[string]bool{}
+		for _, vm := range all {
+			entries, err := aggregate(vm.Namespace)
+			if err != nil {
+				t.Fatal(err)
+			}
+			creds := &corev1.Secret{}
+			if err := get(types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name + "-bmc"}, creds); err != nil {
+				t.Fatal(err)
+			}
+			e := entries[vm.Name]
+			if e.Username != string(creds.Data["username"]) || e.Password != string(creds.Data["password"]) {
+				t.Errorf("%s: entry %+v is not its credentials", vm, e)
+			}
+			if want := vm.Name + "." + vm.Namespace + "." + testDomain; !slices.Equal(e.Hosts, []string{want}) {
+				t.Errorf("%s: hosts %v, want [%s]", vm, e.Hosts, want)
+			}
+			for _, h := range e.Hosts {
+				if hosts[h] {
+					t.Errorf("host %s given twice", h)
+				}
+				hosts[h] = true
+			}
+		}
+		if len(hosts) != 3 {
+			t.Errorf("hosts %v, want three", hosts)
+		}
+	})
+
+	t.Run("Deployment", func(t *testing.T) {
+		d := &appsv1.Deployment{}
+		if err := get(sharedKey("shared-a"), d); err != nil {
+			t.Fatal(err)
+		}
+		pod := d.Spec.Template.Spec
+		c := pod.Containers[0]
+		checks := []struct {
+			what string
+			ok   bool
+		}{
+			{"one replica", *d.Spec.Replicas == 1},
+			{"the configured image", c.Image == testImage},
+			{"bmc-server on the namespace's VMs", strings.Join(c.Args, " ") == "--backend kubevirt --namespace shared-a --vms-dir /etc/virtmetal/vms --listen :8443"},
+			{"the shared Secret mounted read-only", pod.Volumes[0].Secret != nil && pod.Volumes[0].Secret.SecretName == sharedName &&
+				c.VolumeMounts[0].MountPath == "/etc/virtmetal/vms" && c.VolumeMounts[0].ReadOnly},
+			{"its own ServiceAccount", pod.ServiceAccountName == sharedName},
+			{"non-root", *pod.SecurityContext.RunAsNonRoot && *pod.SecurityContext.RunAsUser != 0},
+			{"read-only root", *c.SecurityContext.ReadOnlyRootFilesystem},
+			{"no privilege escalation", !*c.SecurityContext.AllowPrivilegeEscalation},
+			{"capabilities dropped", slices.Equal(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
+			{"requests and limits", !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero()},
+			{"probes on the Redfish port", c.ReadinessProbe.HTTPGet.Path == "/readyz" && c.LivenessProbe.HTTPGet.Path == "/healthz" && c.LivenessProbe.HTTPGet.Port.String() == "redfish"},
+			{"no IPMI port", len(c.Ports) == 1 && c.Ports[0].Name == "redfish"},
+		}
+		for _, check := range checks {
+			if !check.ok {
+				t.Errorf("Deployment: want %s; pod spec %+v", check.what, pod)
+			}
+		}
+	})
+
+	t.Run("Service", func(t *testing.T) {
+		s := &corev1.Service{}
+		if err := get(sharedKey("shared-a"), s); err != nil {
+			t.Fatal(err)
+		}
+		if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Port != 443 || s.Spec.Ports[0].Name != "redfish" || s.Spec.Ports[0].TargetPort.String() != "redfish" {
+			t.Errorf("ports %+v, want redfish 443", s.Spec.Ports)
+		}
+		if s.Spec.Selector["virtmetal.io/shared"] != "true" || s.Spec.Selector["virtmetal.io/vm"] != "" {
+			t.Errorf("selector %v", s.Spec.Selector)
+		}
+	})
+
+	t.Run("labels", func(t *testing.T) {
+		for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
+			&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+			if err := get(sharedKey("shared-b"), obj); err != nil {
+				t.Fatal(err)
+			}
+			l := obj.GetLabels()
+			if l[v1beta1.LabelManagedBy] != "virtmetal" || l["virtmetal.io/shared"] != "true" || l[v1beta1.LabelVM] != "" {
+				t.Errorf("%T labels %v", obj, l)
+			}
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		for _, vm := range all {
+			waitFor(t, "status", func() error {
+				b := &v1beta1.VirtualMachineBMC{}
+				if err := get(vm, b); err != nil {
+					return err
+				}
+				if want := "https://" + vm.Name + "." + vm.Namespace + "." + testDomain + "/redfish/v1/"; b.Status.RedfishURL != want {
+					return fmt.Errorf("redfishURL %q, want %q", b.Status.RedfishURL, want)
+				}
+				for _, c := range []string{v1beta1.ConditionCredentialsReady, v1beta1.ConditionServiceReady, v1beta1.ConditionIngressReady} {
+					if !meta.IsStatusConditionTrue(b.Status.Conditions, c) {
+						return fmt.Errorf("condition %s not true: %+v", c, b.Status.Conditions)
+					}
+				}
+				return nil
+			})
+		}
+	})
+
+	t.Run("Ready once the shared Deployment is available", func(t *testing.T) {
+		d := &appsv1.Deployment{}
+		if err := get(sharedKey("shared-b"), d); err != nil {
+			t.Fatal(err)
+		}
+		d.Status.Replicas, d.Status.AvailableReplicas, d.Status.ReadyReplicas = 1, 1, 1
+		d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}}
+		if err := admin.Status().Update(context.Background(), d); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "Ready", func() error {
+			b := &v1beta1.VirtualMachineBMC{}
+			if err := get(vmsB[0], b); err != nil {
+				return err
+			}
+			if !meta.IsStatusConditionTrue(b.Status.Conditions, v1beta1.ConditionReady) {
+				return fmt.Errorf("conditions %+v", b.Status.Conditions)
+			}
+			return nil
+		})
+	})
+}
+
+// TestSharedRoleReachesOnlyItsVMs runs as the shared ServiceAccount: it may
+// patch the VMs it serves and no other.
+func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-rbac", "web1", "web2")
+	ns := vms[0].Namespace
+	// Not enrolled, so not served.
+	other := newVM(ns, "other")
+	other.Annotations = map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled}
+	createVM(t, other)
+	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(ns, sharedName), "system:serviceaccounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bmcClient, err := client.New(cfg, client.Options{Scheme: admin.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Always"}}`))
+	for _, vm := range vms {
+		waitFor(t, "a served VM", func() error {
+			return bmcClient.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: vm.Name}}, patch)
+		})
+	}
+	tests := []struct {
+		name string
+		call func() error
+	}{
+		{"patch a VM not served", func() error { return bmcClient.Patch(ctx, other, patch) }},
+		{"read a VM not served", func() error {
+			return bmcClient.Get(ctx, client.ObjectKeyFromObject(other), &kubevirtv1.VirtualMachine{})
+		}},
+		{"read the shared Secret through the API", func() error { return bmcClient.Get(ctx, sharedKey(ns), &corev1.Secret{}) }},
+		{"read a VM's Secret", func() error {
+			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, &corev1.Secret{})
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); !apierrors.IsForbidden(err) {
+				t.Errorf("= %v, want Forbidden", err)
+			}
+		})
+	}
+}
+
+func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-ipmi", "web1", "web2")
+	update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(true)
+	})
+	waitFor(t, "a pod of its own", func() error { return workloadExists(vms[1]) })
+	waitFor(t, "not served by the shared server", func() error { return serves(vms[0].Namespace, "web1") })
+	in := &networkingv1.Ingress{}
+	if err := get(workloadKey(vms[1]), in); err != nil {
+		t.Fatal(err)
+	}
+	if name := in.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name; name != "bmc-web2" {
+		t.Errorf("Ingress backend %s, want bmc-web2", name)
+	}
+	if err := servedShared(vms[0]); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSwitchWorkloadAtRunTime(t *testing.T) {
+	vm := enrolledVM(t, "switch", "web1")
+	steps := []struct {
+		mode  string
+		check func() error
+	}{
+		{"shared", func() error {
+			if err := serves(vm.Namespace, "web1"); err != nil {
+				return err
+			}
+			return servedShared(vm)
+		}},
+		{"", func() error {
+			if err := workloadExists(vm); err != nil {
+				return err
+			}
+			in := &networkingv1.Ingress{}
+			if err := get(workloadKey(vm), in); err != nil {
+				return err
+			}
+			if name := in.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name; name != "bmc-web1" {
+				return fmt.Errorf("Ingress backend %s", name)
+			}
+			return sharedGone(vm.Namespace)
+		}},
+		{"shared", func() error {
+			if err := serves(vm.Namespace, "web1"); err != nil {
+				return err
+			}
+			return servedShared(vm)
+		}},
+	}
+	for _, step := range steps {
+		t.Run("workload "+cmpOr(step.mode, "pod-per-vm"), func(t *testing.T) {
+			setWorkload(t, step.mode)
+			waitFor(t, "objects of the mode", step.check)
+		})
+	}
+}
+
+func cmpOr(s, fallback string) string {
+	if s == "" {
+		return fallback
+	}
+	return s
+}
+
+func TestSharedObjectsGoWithTheLastBMC(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	ns := namespace(t, "shared-last", true)
+	plain := createVM(t, newVM(ns, "web1"))
+	withIT := newVM(ns, "web2")
+	withIT.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
+	createVM(t, withIT)
+	clusterName := types.NamespacedName{Name: "virtmetal-bmcs-" + ns}
+	waitFor(t, "shared bmc-server", func() error { return serves(ns, "web1", "web2") })
+	waitFor(t, "cluster RBAC of the union", func() error {
+		role := &rbacv1.ClusterRole{}
+		if err := get(clusterName, role); err != nil {
+			return err
+		}
+		if !slices.Equal(role.Rules[0].ResourceNames, []string{"u1.small"}) {
+			return fmt.Errorf("rules %+v", role.Rules)
+		}
+		if owners := role.OwnerReferences; len(owners) != 1 || owners[0].Kind != "Namespace" || owners[0].Name != ns {
+			return fmt.Errorf("owners %+v, want the Namespace", owners)
+		}
+		return get(clusterName, &rbacv1.ClusterRoleBinding{})
+	})
+	annotate(t, client.ObjectKeyFromObject(withIT), map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
+	waitFor(t, "one VM left", func() error { return serves(ns, "web1") })
+	waitFor(t, "no cluster RBAC without a cluster instancetype", func() error {
+		if err := gone(clusterName, &rbacv1.ClusterRole{}); err != nil {
+			return err
+		}
+		return gone(clusterName, &rbacv1.ClusterRoleBinding{})
+	})
+	annotate(t, client.ObjectKeyFromObject(plain), map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
+	waitFor(t, "shared objects gone with the last BMC", func() error { return sharedGone(ns) })
+}
+
+func TestSharedCredentialsRotation(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-rotation", "web1", "web2")
+	ns := vms[0].Namespace
+	ctx := context.Background()
+	own := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "own-credentials"},
+		Data:       map[string][]byte{"username": []byte("admin2"), "password": []byte("first")},
+	}
+	if err := admin.Create(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.CredentialsSecret = own.Name
+	})
+	passwordIs := func(vm, want string) func() error {
+		return func() error {
+			entries, err := aggregate(ns)
+			if err != nil {
+				return err
+			}
+			if got := entries[vm].Password; got != want {
+				return fmt.Errorf("%s's password %q, want %q", vm, got, want)
+			}
+			return nil
+		}
+	}
+	waitFor(t, "the user's Secret served", passwordIs("web2", "first"))
+
+	tests := []struct {
+		name   string
+		rotate func(t *testing.T) string // returns the new password
+		vm     string
+	}{
+		{"managed Secret, rotate annotation", func(t *testing.T) string {
+			update(t, vms[0], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+				obj.SetAnnotations(map[string]string{v1beta1.AnnotationRotateCredentials: "2026-12-01"})
+			})
+			var password string
+			waitFor(t, "rotation", func() error {
+				s := &corev1.Secret{}
+				if err := get(types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, s); err != nil {
+					return err
+				}
+				b := &v1beta1.VirtualMachineBMC{}
+				if err := get(vms[0], b); err != nil {
+					return err
+				}
+				if b.Status.CredentialsRotation != "2026-12-01" {
+					return errors.New("not rotated yet")
+				}
+				password = string(s.Data["password"])
+				return nil
+			})
+			return password
+		}, "web1"},
+		{"user-named Secret edited", func(t *testing.T) string {
+			update(t, client.ObjectKeyFromObject(own), &corev1.Secret{}, func(obj client.Object) {
+				obj.(*corev1.Secret).Data["password"] = []byte("second")
+			})
+			return "second"
+		}, "web2"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			waitFor(t, "the aggregate follows", passwordIs(tc.vm, tc.rotate(t)))
+		})
+	}
+}
+
+func TestSharedRefusals(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-refusals", "web1", "web2")
+	ns := vms[0].Namespace
+	tests := []struct {
+		name   string
+		edit   func(b *v1beta1.VirtualMachineBMC)
+		reason string // an Event's
+		check  func(b *v1beta1.VirtualMachineBMC) error
+	}{
+		{"the shared Secret as credentials", func(b *v1beta1.VirtualMachineBMC) { b.Spec.CredentialsSecret = sharedName }, "SecretNotAllowed",
+			func(b *v1beta1.VirtualMachineBMC) error {
+				if c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionCredentialsReady); c == nil || c.Reason != "SecretNotAllowed" {
+					return fmt.Errorf("CredentialsReady %+v", c)
+				}
+				return nil
+			}},
+		{"another VM's host", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.Host = "web1." + ns + "." + testDomain }, "HostTaken", nil},
+		{"a host of another namespace", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.Host = "web1.shared-a." + testDomain }, "HostNotAllowed",
+			func(b *v1beta1.VirtualMachineBMC) error {
+				if c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady); c == nil || c.Reason != "HostNotAllowed" {
+					return fmt.Errorf("IngressReady %+v", c)
+				}
+				return nil
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var before v1beta1.VirtualMachineBMC
+			update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+				b := obj.(*v1beta1.VirtualMachineBMC)
+				b.Spec.DeepCopyInto(&before.Spec)
+				tc.edit(b)
+			})
+			t.Cleanup(func() {
+				update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
+				waitFor(t, "served again", func() error { return serves(ns, "web1", "web2") })
+			})
+			waitFor(t, "web2 not served", func() error { return serves(ns, "web1") })
+			waitFor(t, "an Event", func() error { return eventWith(ns, tc.reason, "") })
+			if tc.check != nil {
+				waitFor(t, "status", func() error {
+					b := &v1beta1.VirtualMachineBMC{}
+					if err := get(vms[1], b); err != nil {
+						return err
+					}
+					return tc.check(b)
+				})
+			}
+			entries, err := aggregate(ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if hosts := entries["web1"].Hosts; !slices.Equal(hosts, []string{"web1." + ns + "." + testDomain}) {
+				t.Errorf("web1's hosts %v", hosts)
+			}
+		})
+	}
+}
+
+func TestSharedDriftIsRepaired(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-drift", "web1")
+	ns := vms[0].Namespace
+	key := sharedKey(ns)
+	tests := []struct {
+		name  string
+		edit  func(t *testing.T)
+		check func() error
+	}{
+		{
+			name: "a VM added to the Secret",
+			edit: func(t *testing.T) {
+				update(t, key, &corev1.Secret{}, func(obj client.Object) {
+					obj.(*corev1.Secret).Data["intruder"] = []byte(`{"username":"a","password":"b","hosts":["victim.other.` + testDomain + `"]}`)
+				})
+			},
+			check: func() error { return serves(ns, "web1") },
+		},
+		{
+			name: "Deployment args edited",
+			edit: func(t *testing.T) {
+				update(t, key, &appsv1.Deployment{}, func(obj client.Object) {
+					obj.(*appsv1.Deployment).Spec.Template.Spec.Containers[0].Args = []string{"--backend", "kubevirt", "--namespace", "other"}
+				})
+			},
+			check: func() error {
+				d := &appsv1.Deployment{}
+				if err := get(key, d); err != nil {
+					return err
+				}
+				if args := d.Spec.Template.Spec.Containers[0].Args; args[3] != ns {
+					return fmt.Errorf("args %v", args)
+				}
+				return nil
+			},
+		},
+		{
+			name: "Role widened",
+			edit: func(t *testing.T) {
+				update(t, key, &rbacv1.Role{}, func(obj client.Object) { obj.(*rbacv1.Role).Rules[0].ResourceNames = nil })
+			},
+			check: func() error { return serves(ns, "web1") },
+		},
+		{"Secret deleted", func(t *testing.T) { deleteObj(t, key, &corev1.Secret{}) }, func() error { return serves(ns, "web1") }},
+		{"Service deleted", func(t *testing.T) { deleteObj(t, key, &corev1.Service{}) }, func() error { return get(key, &corev1.Service{}) }},
+		{"RoleBinding deleted", func(t *testing.T) { deleteObj(t, key, &rbacv1.RoleBinding{}) }, func() error { return get(key, &rbacv1.RoleBinding{}) }},
+		{"Deployment deleted", func(t *testing.T) { deleteObj(t, key, &appsv1.Deployment{}) }, func() error { return get(key, &appsv1.Deployment{}) }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.edit(t)
+			waitFor(t, "repair", tc.check)
+		})
+	}
+}
+
+// TestSharedWritesInBatches: a namespace's VMs arriving together cost a
+// few writes of the shared Secret, not one each.
+func TestSharedWritesInBatches(t *testing.T) {
+	const n = 50
+	sharedManager(t)
+	setWorkload(t, "shared")
+	ns := namespace(t, "shared-batch", true)
+	watcher, err := client.NewWithWatch(env.Config, client.Options{Scheme: admin.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watcher.Watch(context.Background(), &corev1.SecretList{}, client.InNamespace(ns),
+		client.MatchingFields{"metadata.name": sharedName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var names []string
+	for i := range n {
+		names = append(names, fmt.Sprintf("vm-%02d", i))
+		createVM(t, newVM(ns, names[i]))
+	}
+	waitFor(t, "all served", func() error { return serves(ns, names...) })
+	writes := 0
+	for {
+		select {
+		case e := <-w.ResultChan():
+			if e.Type == watch.Added || e.Type == watch.Modified {
+				writes++
+			}
+			continue
+		default:
+		}
+		break
+	}
+	t.Logf("%d writes of the shared Secret for %d VMs", writes, n)
+	if writes == 0 || writes > n/5 {
+		t.Errorf("%d writes of the shared Secret for %d VMs, want a few", writes, n)
+	}
+}
