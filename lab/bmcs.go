@@ -50,11 +50,13 @@ type bmcSupervisor struct {
 // vmBMC is one VM's BMC: its Ingress host, the process behind it and the
 // VM's credentials.
 type vmBMC struct {
-	host               string
-	proc               *bmcProcess
-	ready              bool // proc is ready and serves the VM
-	username, password string
+	host  string
+	proc  *bmcProcess
+	ready bool // proc is ready and serves the VM
+	credentials
 }
+
+type credentials struct{ username, password string }
 
 type bmcProcess struct {
 	deployment types.NamespacedName
@@ -138,7 +140,7 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 	if err := s.syncProcesses(deployments.Items, secrets); err != nil {
 		return err
 	}
-	s.route(ingresses.Items, services.Items, credentials(bmcs.Items, secrets))
+	s.route(ingresses.Items, services.Items, vmCredentials(bmcs.Items, secrets))
 	return nil
 }
 
@@ -397,18 +399,18 @@ func (s *bmcSupervisor) awaitReady(key types.NamespacedName, p *bmcProcess) {
 	}
 }
 
-// credentials are each VM's username and password, from its BMC's
+// vmCredentials are each VM's username and password, from its BMC's
 // credentials Secret.
-func credentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.NamespacedName]map[string][]byte) map[maas.VMRef][2]string {
-	out := map[maas.VMRef][2]string{}
+func vmCredentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.NamespacedName]map[string][]byte) map[maas.VMRef]credentials {
+	out := map[maas.VMRef]credentials{}
 	for _, b := range bmcs {
 		name := b.Spec.CredentialsSecret
 		if name == "" {
 			name = v1beta1.CredentialsSecretName(b.Spec.VMName)
 		}
 		data := secrets[types.NamespacedName{Namespace: b.Namespace, Name: name}]
-		out[maas.VMRef{Namespace: b.Namespace, Name: b.Spec.VMName}] = [2]string{
-			string(data[v1beta1.SecretUsernameKey]), string(data[v1beta1.SecretPasswordKey]),
+		out[maas.VMRef{Namespace: b.Namespace, Name: b.Spec.VMName}] = credentials{
+			username: string(data[v1beta1.SecretUsernameKey]), password: string(data[v1beta1.SecretPasswordKey]),
 		}
 	}
 	return out
@@ -418,7 +420,7 @@ func credentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.NamespacedN
 // process of the Deployment its backend Service selects. A VM's BMC is
 // ready once its host (<vm>.<namespace>.<domain>) leads to a ready process
 // that serves the VM.
-func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev1.Service, creds map[maas.VMRef][2]string) {
+func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev1.Service, creds map[maas.VMRef]credentials) {
 	selectors := map[types.NamespacedName]labels.Selector{}
 	for _, svc := range services {
 		if len(svc.Spec.Selector) > 0 {
@@ -439,8 +441,7 @@ func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev
 				hosts[host] = p
 			}
 			if vm, ok := maas.ParseBMCAddress(host, s.l.Domain); ok {
-				c := creds[vm]
-				vms[vm] = &vmBMC{host: host, proc: p, ready: p.ready && p.serves(vm), username: c[0], password: c[1]}
+				vms[vm] = &vmBMC{host: host, proc: p, ready: p.ready && p.serves(vm), credentials: creds[vm]}
 			}
 		}
 	}
