@@ -1,8 +1,10 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +18,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -24,39 +27,78 @@ import (
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
 
-// bmcSupervisor plays the kubelet and the Ingress for the controller's BMC
-// Deployments: one bmc-server process per Deployment, started with the
-// container's arguments, its Secret volume written to a folder, a
-// kubeconfig of the pod's ServiceAccount, and loopback ports in place of the
-// container ports. A process that exits is started again, as its pod would
-// be; a changed pod template replaces it. Its Redfish port is reachable
-// under the Ingress host name through dial, its IPMI port through
-// ipmiAddress.
+// bmcSupervisor plays the kubelet and the Ingress controller for the
+// controller's BMC Deployments, whatever their workload mode: one bmc-server
+// process per Deployment, started with the container's arguments, its Secret
+// volumes written to folders (and rewritten when the Secrets change, as the
+// kubelet does), a kubeconfig of the pod's ServiceAccount, and loopback
+// ports in place of the container ports. A process that exits is started
+// again, as its pod would be; a changed pod template replaces it. Each
+// Ingress host leads through dial to the ready process of the Deployment
+// its backend Service selects; a per-VM process's IPMI port is found
+// through ipmiAddress.
 type bmcSupervisor struct {
-	l *Lab
+	l    *Lab
+	wake chan struct{} // a process got ready: route it without waiting
 
 	mu      sync.Mutex
-	running map[types.NamespacedName]*bmcProcess
-	hosts   map[string]string     // Ingress host → 127.0.0.1:port, while ready
-	ipmi    map[maas.VMRef]string // → 127.0.0.1:port, while ready
+	running map[types.NamespacedName]*bmcProcess // by Deployment
+	hosts   map[string]*bmcProcess               // Ingress host → its ready process
+	vms     map[maas.VMRef]*vmBMC                // the VMs whose Ingress leads to a process
 }
 
+// vmBMC is one VM's BMC: its Ingress host, the process behind it and the
+// VM's credentials.
+type vmBMC struct {
+	host  string
+	proc  *bmcProcess
+	ready bool // proc is ready and serves the VM
+	credentials
+}
+
+type credentials struct{ username, password string }
+
 type bmcProcess struct {
-	vm       maas.VMRef
-	template string // what the process was started from
-	host     string // the Ingress host, "" without one
-	proc     *process
-	redfish  string
-	ipmi     string
-	ready    bool
-	starts   int
-	username string
-	password string
-	probe    string // the readiness probe's path
+	deployment types.NamespacedName
+	vm         maas.VMRef        // its one VM; zero for a shared process
+	labels     map[string]string // its pod's
+	template   string            // what the process was started from
+	volumes    []*secretVolume   // read and written by sync only
+	proc       *process
+	redfish    string
+	ipmi       string
+	ready      bool
+	starts     int
+	probe      string // the readiness probe's path
+}
+
+// secretVolume is a Secret volume as mounted: its folder and the data last
+// written there.
+type secretVolume struct {
+	secret types.NamespacedName
+	dir    string
+	data   map[string][]byte
+}
+
+// serves says whether the process serves vm: a per-VM process its VM, a
+// shared one each VM with a file in its volumes.
+func (p *bmcProcess) serves(vm maas.VMRef) bool {
+	if p.vm.Name != "" {
+		return p.vm == vm
+	}
+	if vm.Namespace != p.deployment.Namespace {
+		return false
+	}
+	for _, v := range p.volumes {
+		if _, ok := v.data[vm.Name]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 func newBMCSupervisor(l *Lab) *bmcSupervisor {
-	return &bmcSupervisor{l: l, running: map[types.NamespacedName]*bmcProcess{}, hosts: map[string]string{}, ipmi: map[maas.VMRef]string{}}
+	return &bmcSupervisor{l: l, wake: make(chan struct{}, 1), running: map[types.NamespacedName]*bmcProcess{}}
 }
 
 func (s *bmcSupervisor) run(ctx context.Context) {
@@ -67,20 +109,47 @@ func (s *bmcSupervisor) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.wake:
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-// sync brings the processes in line with the Deployments.
+// sync brings the processes in line with the Deployments, their volumes
+// with the Secrets, and the routes with the Ingresses.
 func (s *bmcSupervisor) sync(ctx context.Context) error {
-	var list appsv1.DeploymentList
-	if err := s.l.Client.List(ctx, &list, client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
+	var (
+		deployments appsv1.DeploymentList
+		services    corev1.ServiceList
+		ingresses   networkingv1.IngressList
+		secretList  corev1.SecretList
+		bmcs        v1beta1.VirtualMachineBMCList
+	)
+	if err := s.l.Client.List(ctx, &deployments, client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
 		return err
 	}
+	for _, list := range []client.ObjectList{&services, &ingresses, &secretList, &bmcs} {
+		if err := s.l.Client.List(ctx, list); err != nil {
+			return err
+		}
+	}
+	secrets := map[types.NamespacedName]map[string][]byte{}
+	for _, secret := range secretList.Items {
+		secrets[client.ObjectKeyFromObject(&secret)] = secret.Data
+	}
+	if err := s.syncProcesses(deployments.Items, secrets); err != nil {
+		return err
+	}
+	s.route(ingresses.Items, services.Items, vmCredentials(bmcs.Items, secrets))
+	return nil
+}
+
+// syncProcesses starts, replaces and stops processes after the Deployments
+// and refreshes the volumes of the ones that keep running.
+func (s *bmcSupervisor) syncProcesses(deployments []appsv1.Deployment, secrets map[types.NamespacedName]map[string][]byte) error {
 	wanted := map[types.NamespacedName]bool{}
-	for i := range list.Items {
-		d := &list.Items[i]
+	for i := range deployments {
+		d := &deployments[i]
 		key := client.ObjectKeyFromObject(d)
 		wanted[key] = true
 		data, err := json.Marshal(d.Spec.Template.Spec)
@@ -99,7 +168,9 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 		case p.proc.exited():
 			s.remove(key, p)
 		default:
-			s.route(ctx, key, p)
+			if err := refreshVolumes(p, secrets); err != nil {
+				s.l.logf("refreshing the volumes of %s: %v", key, err)
+			}
 			continue
 		}
 		if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
@@ -109,7 +180,7 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 		if p != nil {
 			starts = p.starts + 1
 		}
-		if err := s.start(ctx, d, template, starts); err != nil {
+		if err := s.start(d, template, starts, secrets); err != nil {
 			s.l.logf("starting bmc-server for %s: %v", key, err)
 		}
 	}
@@ -117,7 +188,7 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 	var gone []*bmcProcess
 	for key, p := range s.running {
 		if !wanted[key] {
-			s.removeLocked(key, p)
+			delete(s.running, key)
 			gone = append(gone, p)
 		}
 	}
@@ -128,38 +199,32 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 	return nil
 }
 
+// remove forgets the process; the next route drops its hosts.
 func (s *bmcSupervisor) remove(key types.NamespacedName, p *bmcProcess) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.removeLocked(key, p)
-}
-
-func (s *bmcSupervisor) removeLocked(key types.NamespacedName, p *bmcProcess) {
 	if s.running[key] == p {
 		delete(s.running, key)
-	}
-	if p.host != "" && s.hosts[p.host] == p.redfish {
-		delete(s.hosts, p.host)
-	}
-	if s.ipmi[p.vm] == p.ipmi {
-		delete(s.ipmi, p.vm)
 	}
 }
 
 // start runs the Deployment's one container as its pod would.
-func (s *bmcSupervisor) start(ctx context.Context, d *appsv1.Deployment, template string, starts int) error {
+func (s *bmcSupervisor) start(d *appsv1.Deployment, template string, starts int, secrets map[types.NamespacedName]map[string][]byte) error {
 	pod := d.Spec.Template.Spec
 	if len(pod.Containers) != 1 {
 		return fmt.Errorf("want one container, got %d", len(pod.Containers))
 	}
 	container := pod.Containers[0]
-	vm := maas.VMRef{Namespace: d.Namespace, Name: d.Labels[v1beta1.LabelVM]}
-	p := &bmcProcess{vm: vm, template: template, starts: starts, probe: "/"}
+	key := client.ObjectKeyFromObject(d)
+	p := &bmcProcess{deployment: key, labels: d.Spec.Template.Labels, template: template, starts: starts, probe: "/"}
+	if name := d.Labels[v1beta1.LabelVM]; name != "" {
+		p.vm = maas.VMRef{Namespace: d.Namespace, Name: name}
+	}
 	if probe := container.ReadinessProbe; probe != nil && probe.HTTPGet != nil {
 		p.probe = probe.HTTPGet.Path
 	}
 
-	mounts, err := s.mountVolumes(ctx, d, pod, container, p)
+	mounts, err := s.mountVolumes(d, pod, container, p, secrets)
 	if err != nil {
 		return err
 	}
@@ -207,7 +272,6 @@ func (s *bmcSupervisor) start(ctx context.Context, d *appsv1.Deployment, templat
 	if p.proc, err = startProcess(cmd); err != nil {
 		return err
 	}
-	key := client.ObjectKeyFromObject(d)
 	s.mu.Lock()
 	s.running[key] = p
 	s.mu.Unlock()
@@ -216,9 +280,8 @@ func (s *bmcSupervisor) start(ctx context.Context, d *appsv1.Deployment, templat
 }
 
 // mountVolumes writes the pod's Secret volumes into folders, as the kubelet
-// mounts them, and returns mount path → folder. The credentials Secret's
-// values are kept for the lab's printout.
-func (s *bmcSupervisor) mountVolumes(ctx context.Context, d *appsv1.Deployment, pod corev1.PodSpec, container corev1.Container, p *bmcProcess) (map[string]string, error) {
+// mounts them, and returns mount path → folder.
+func (s *bmcSupervisor) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, container corev1.Container, p *bmcProcess, secrets map[types.NamespacedName]map[string][]byte) (map[string]string, error) {
 	mounts := map[string]string{}
 	for _, mount := range container.VolumeMounts {
 		var secretName string
@@ -230,27 +293,84 @@ func (s *bmcSupervisor) mountVolumes(ctx context.Context, d *appsv1.Deployment, 
 		if secretName == "" {
 			return nil, fmt.Errorf("volume %s is not a Secret; the lab mounts only Secrets", mount.Name)
 		}
-		var secret corev1.Secret
-		if err := s.l.Client.Get(ctx, types.NamespacedName{Namespace: d.Namespace, Name: secretName}, &secret); err != nil {
-			return nil, fmt.Errorf("volume %s: %w", mount.Name, err)
+		secret := types.NamespacedName{Namespace: d.Namespace, Name: secretName}
+		data, ok := secrets[secret]
+		if !ok {
+			return nil, fmt.Errorf("volume %s: Secret %s not found", mount.Name, secret)
 		}
-		dir := filepath.Join(s.l.dir, "volumes", d.Namespace, d.Name, mount.Name)
-		if err := os.RemoveAll(dir); err != nil {
+		v := &secretVolume{secret: secret, dir: filepath.Join(s.l.dir, "volumes", d.Namespace, d.Name, mount.Name)}
+		if err := os.RemoveAll(v.dir); err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(dir, 0o700); err != nil {
+		if err := os.MkdirAll(v.dir, 0o700); err != nil {
 			return nil, err
 		}
-		for name, value := range secret.Data {
-			if err := os.WriteFile(filepath.Join(dir, name), value, 0o400); err != nil {
-				return nil, err
-			}
+		if err := v.write(data); err != nil {
+			return nil, err
 		}
-		p.username = string(secret.Data[v1beta1.SecretUsernameKey])
-		p.password = string(secret.Data[v1beta1.SecretPasswordKey])
-		mounts[mount.MountPath] = dir
+		p.volumes = append(p.volumes, v)
+		mounts[mount.MountPath] = v.dir
 	}
 	return mounts, nil
+}
+
+// refreshVolumes writes what changed in the process's Secrets into its
+// volumes, as the kubelet does while the pod runs; a deleted Secret leaves
+// its volume as it was.
+func refreshVolumes(p *bmcProcess, secrets map[types.NamespacedName]map[string][]byte) error {
+	for _, v := range p.volumes {
+		if data, ok := secrets[v.secret]; ok {
+			if err := v.write(data); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// write brings the folder from the data last written to data: each changed
+// file is written aside and renamed into place, so that a reader sees the
+// old file or the new one, never half of one; removed keys go.
+func (v *secretVolume) write(data map[string][]byte) error {
+	for name, value := range data {
+		if old, ok := v.data[name]; ok && bytes.Equal(old, value) {
+			continue
+		}
+		if err := writeFileAtomic(filepath.Join(v.dir, name), value); err != nil {
+			return err
+		}
+	}
+	for name := range v.data {
+		if _, ok := data[name]; !ok {
+			if err := os.Remove(filepath.Join(v.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+		}
+	}
+	v.data = data
+	return nil
+}
+
+// writeFileAtomic writes a read-only file through a hidden temporary one in
+// the same folder (readers of a Secret volume skip dot files, as they skip
+// the kubelet's ..data).
+func writeFileAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // after a failure; gone after the rename
+	_, err = f.Write(data)
+	if closeErr := f.Close(); err == nil {
+		err = closeErr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o400)
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
 }
 
 // awaitReady is the container's readiness probe: the process's hosts
@@ -269,38 +389,97 @@ func (s *bmcSupervisor) awaitReady(key types.NamespacedName, p *bmcProcess) {
 		return
 	}
 	s.mu.Lock()
-	if s.running[key] != p {
-		s.mu.Unlock()
-		return
-	}
-	p.ready = true
-	if p.ipmi != "" {
-		s.ipmi[p.vm] = p.ipmi
+	if s.running[key] == p {
+		p.ready = true
 	}
 	s.mu.Unlock()
-	s.route(s.l.ctx, key, p)
-	s.l.progress.record(p.vm, StepBMCReady, fmt.Sprintf("bmc-server at %s (start %d)", p.redfish, p.starts))
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
-// route is the Ingress controller: once the BMC's Ingress exists, its host
-// leads to the ready process.
-func (s *bmcSupervisor) route(ctx context.Context, key types.NamespacedName, p *bmcProcess) {
+// vmCredentials are each VM's username and password, from its BMC's
+// credentials Secret.
+func vmCredentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.NamespacedName]map[string][]byte) map[maas.VMRef]credentials {
+	out := map[maas.VMRef]credentials{}
+	for _, b := range bmcs {
+		name := b.Spec.CredentialsSecret
+		if name == "" {
+			name = v1beta1.CredentialsSecretName(b.Spec.VMName)
+		}
+		data := secrets[types.NamespacedName{Namespace: b.Namespace, Name: name}]
+		out[maas.VMRef{Namespace: b.Namespace, Name: b.Spec.VMName}] = credentials{
+			username: string(data[v1beta1.SecretUsernameKey]), password: string(data[v1beta1.SecretPasswordKey]),
+		}
+	}
+	return out
+}
+
+// route is the Ingress controller: each Ingress host leads to the ready
+// process of the Deployment its backend Service selects. A VM's BMC is
+// ready once its host (<vm>.<namespace>.<domain>) leads to a ready process
+// that serves the VM.
+func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev1.Service, creds map[maas.VMRef]credentials) {
+	selectors := map[types.NamespacedName]labels.Selector{}
+	for _, svc := range services {
+		if len(svc.Spec.Selector) > 0 {
+			selectors[client.ObjectKeyFromObject(&svc)] = labels.SelectorFromSet(svc.Spec.Selector)
+		}
+	}
 	s.mu.Lock()
-	routed := p.host != "" || !p.ready
+	hosts := map[string]*bmcProcess{}
+	vms := map[maas.VMRef]*vmBMC{}
+	for _, ingress := range ingresses {
+		for _, rule := range ingress.Spec.Rules {
+			p := s.backendLocked(ingress.Namespace, rule, selectors)
+			if p == nil {
+				continue
+			}
+			host := strings.ToLower(rule.Host)
+			if p.ready {
+				hosts[host] = p
+			}
+			if vm, ok := maas.ParseBMCAddress(host, s.l.Domain); ok {
+				vms[vm] = &vmBMC{host: host, proc: p, ready: p.ready && p.serves(vm), credentials: creds[vm]}
+			}
+		}
+	}
+	s.hosts, s.vms = hosts, vms
+	ready := map[maas.VMRef]string{}
+	for vm, b := range vms {
+		if b.ready {
+			ready[vm] = fmt.Sprintf("bmc-server %s at %s (start %d)", b.proc.deployment, b.proc.redfish, b.proc.starts)
+		}
+	}
 	s.mu.Unlock()
-	if routed {
-		return
+	for vm, detail := range ready {
+		s.l.progress.record(vm, StepBMCReady, detail)
 	}
-	var ingress networkingv1.Ingress
-	if err := s.l.Client.Get(ctx, key, &ingress); err != nil || len(ingress.Spec.Rules) == 0 {
-		return
+}
+
+// backendLocked is the process of a Deployment whose pods the Service of
+// the rule's first Service backend selects, nil when none runs.
+func (s *bmcSupervisor) backendLocked(namespace string, rule networkingv1.IngressRule, selectors map[types.NamespacedName]labels.Selector) *bmcProcess {
+	if rule.HTTP == nil {
+		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.running[key] == p {
-		p.host = strings.ToLower(ingress.Spec.Rules[0].Host)
-		s.hosts[p.host] = p.redfish
+	for _, path := range rule.HTTP.Paths {
+		if path.Backend.Service == nil {
+			continue
+		}
+		selector, ok := selectors[types.NamespacedName{Namespace: namespace, Name: path.Backend.Service.Name}]
+		if !ok {
+			return nil
+		}
+		for key, p := range s.running {
+			if key.Namespace == namespace && selector.Matches(labels.Set(p.labels)) {
+				return p
+			}
+		}
+		return nil
 	}
+	return nil
 }
 
 // dial resolves the BMCs' Ingress host names to their processes; any other
@@ -311,63 +490,65 @@ func (s *bmcSupervisor) dial(ctx context.Context, network, addr string) (net.Con
 		return nil, err
 	}
 	s.mu.Lock()
-	target, ok := s.hosts[strings.ToLower(host)]
+	p, ok := s.hosts[strings.ToLower(host)]
 	s.mu.Unlock()
 	if !ok {
 		return nil, &net.DNSError{Err: "no such host (no ready BMC)", Name: host, IsNotFound: true}
 	}
 	var d net.Dialer
-	return d.DialContext(ctx, network, target)
+	return d.DialContext(ctx, network, p.redfish)
 }
 
-// ipmiAddress is where the VM's IPMI BMC answers, while it is ready.
+// ipmiAddress is where the VM's IPMI BMC answers, while its process is
+// ready.
 func (s *bmcSupervisor) ipmiAddress(vm maas.VMRef) (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	addr, ok := s.ipmi[vm]
-	return addr, ok
+	for _, p := range s.running {
+		if p.vm == vm && p.ready && p.ipmi != "" {
+			return p.ipmi, true
+		}
+	}
+	return "", false
 }
 
 // BMC is what a user needs to reach one VM's BMC in the lab.
 type BMC struct {
 	VM       maas.VMRef
-	Host     string // the Ingress host
+	Host     string // the Ingress host; requests must carry it
+	Server   string // namespace/name of the Deployment whose process serves it
 	Redfish  string // https://127.0.0.1:port
 	IPMI     string // 127.0.0.1:port, "" when off
-	Username string
+	Username string // from the VM's credentials Secret
 	Password string
 	Ready    bool
 	Starts   int // how often its process was started
 }
 
-// BMCs lists the BMC processes.
+// BMCs lists the BMCs of the VMs whose Ingress leads to a process.
 func (l *Lab) BMCs() []BMC {
 	l.bmcs.mu.Lock()
 	defer l.bmcs.mu.Unlock()
 	var out []BMC
-	for _, p := range l.bmcs.running {
-		out = append(out, BMC{VM: p.vm, Host: p.host, Redfish: "https://" + p.redfish, IPMI: p.ipmi,
-			Username: p.username, Password: p.password, Ready: p.ready, Starts: p.starts})
+	for vm, b := range l.bmcs.vms {
+		out = append(out, BMC{VM: vm, Host: b.host, Server: b.proc.deployment.String(), Redfish: "https://" + b.proc.redfish,
+			IPMI: b.proc.ipmi, Username: b.username, Password: b.password, Ready: b.ready, Starts: b.proc.starts})
 	}
 	slices.SortFunc(out, func(a, b BMC) int { return strings.Compare(a.VM.String(), b.VM.String()) })
 	return out
 }
 
-// KillBMC kills the VM's bmc-server process, as a crash would; the lab
-// starts it again as its Deployment would. It reports whether one ran.
+// KillBMC kills the bmc-server process serving the VM (the VMs it shares
+// it with lose it too), as a crash would; the lab starts it again as its
+// Deployment would. It reports whether one ran.
 func (l *Lab) KillBMC(vm maas.VMRef) bool {
 	l.bmcs.mu.Lock()
-	var victim *bmcProcess
-	for _, p := range l.bmcs.running {
-		if p.vm == vm {
-			victim = p
-		}
-	}
+	b := l.bmcs.vms[vm]
 	l.bmcs.mu.Unlock()
-	if victim == nil {
+	if b == nil {
 		return false
 	}
-	victim.proc.kill()
+	b.proc.proc.kill()
 	return true
 }
 

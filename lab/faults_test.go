@@ -42,7 +42,7 @@ func TestFlowSurvivesFaults(t *testing.T) {
 	if err := l.WaitReady(ctx, vm); err != nil {
 		t.Fatalf("not Ready after the faults: %v; steps %v", err, l.Timeline(vm))
 	}
-	checkReadyMachine(t, ctx, vm)
+	checkReadyMachine(t, ctx, l, vm)
 	failed := 0
 	for _, r := range l.MaaS.Requests() {
 		if r.StatusCode == 503 {
@@ -93,7 +93,7 @@ func TestFlowSurvivesAPIServerRestart(t *testing.T) {
 	if err := l.WaitReady(ctx, vm); err != nil {
 		t.Fatalf("not Ready after the restart: %v; steps %v", err, l.Timeline(vm))
 	}
-	checkReadyMachine(t, ctx, vm)
+	checkReadyMachine(t, ctx, l, vm)
 }
 
 func reached(l *lab.Lab, vm maas.VMRef, step lab.Step) bool {

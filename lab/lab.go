@@ -59,6 +59,10 @@ const (
 type Options struct {
 	// Domain of the BMCs; DefaultDomain when empty.
 	Domain string
+	// Workload is bmc-controller's --workload: how BMCs are deployed
+	// ("shared": one bmc-server per namespace); the controller's default
+	// when empty.
+	Workload string
 	// ReconcileInterval is the MaaS reconciler's --interval; 500 ms when 0.
 	ReconcileInterval time.Duration
 	// OnEvent is told of every step of every VM's flow, once per step.
@@ -322,7 +326,7 @@ func (l *Lab) StartController(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(l.bins, "bmc-controller"),
+	args := []string{
 		"--kubeconfig", kubeconfig,
 		"--domain", l.Domain,
 		"--bmc-image", bmcImage,
@@ -331,7 +335,11 @@ func (l *Lab) StartController(ctx context.Context) error {
 		"--webhook-host", install.LocalServingHost,
 		"--webhook-port", fmt.Sprint(install.LocalServingPort),
 		"--webhook-cert-dir", install.LocalServingCertDir,
-	)
+	}
+	if l.opts.Workload != "" {
+		args = append(args, "--workload", l.opts.Workload)
+	}
+	cmd := exec.Command(filepath.Join(l.bins, "bmc-controller"), args...)
 	logs, err := l.logFile("bmc-controller")
 	if err != nil {
 		return err

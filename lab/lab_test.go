@@ -82,7 +82,13 @@ func TestWholeFlow(t *testing.T) {
 	if err := l.StartVM(ctx, preExisting); err != nil {
 		t.Fatal(err)
 	}
-	vms := []maas.VMRef{redfishVM, ipmiVM, preExisting}
+	checkFlow(t, ctx, l, redfishVM, ipmiVM, preExisting)
+}
+
+// checkFlow waits until the VMs are Ready in MaaS and checks each one's end
+// state.
+func checkFlow(t *testing.T, ctx context.Context, l *lab.Lab, vms ...maas.VMRef) {
+	t.Helper()
 	if err := l.WaitReady(ctx, vms...); err != nil {
 		for _, vm := range vms {
 			t.Logf("%s: %v", vm, l.Timeline(vm))
@@ -91,7 +97,7 @@ func TestWholeFlow(t *testing.T) {
 	}
 	for _, vm := range vms {
 		t.Run(vm.String(), func(t *testing.T) {
-			checkReadyMachine(t, ctx, vm)
+			checkReadyMachine(t, ctx, l, vm)
 			took, _ := l.TimeToReady(vm)
 			t.Logf("%s Ready %v after its creation", vm, took.Round(time.Millisecond))
 		})
@@ -99,16 +105,15 @@ func TestWholeFlow(t *testing.T) {
 }
 
 // checkReadyMachine checks one VM's end state in MaaS, Kubernetes and its BMC.
-func checkReadyMachine(t *testing.T, ctx context.Context, vm maas.VMRef) {
+func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VMRef) {
 	t.Helper()
-	l := theLab
 	m, ok := l.Machine(vm)
 	if !ok {
 		t.Fatalf("no MaaS machine for %s", vm)
 	}
-	if m.Status != maastest.StatusReady || m.Hostname != "web1-"+vm.Namespace || m.Pool != vm.Namespace {
-		t.Errorf("machine %s: status %d, hostname %q, pool %q; want Ready, web1-%s in pool %s",
-			m.SystemID, m.Status, m.Hostname, m.Pool, vm.Namespace, vm.Namespace)
+	if hostname := vm.Name + "-" + vm.Namespace; m.Status != maastest.StatusReady || m.Hostname != hostname || m.Pool != vm.Namespace {
+		t.Errorf("machine %s: status %d, hostname %q, pool %q; want Ready, %s in pool %s",
+			m.SystemID, m.Status, m.Hostname, m.Pool, hostname, vm.Namespace)
 	}
 	if m.PowerType != maas.PowerTypeRedfish || m.PowerParameters["power_user"] == "" || m.PowerParameters["power_pass"] == "" {
 		t.Errorf("machine %s: power %s %v, want redfish with the BMC's credentials", m.SystemID, m.PowerType, redact(m.PowerParameters))
@@ -122,7 +127,7 @@ func checkReadyMachine(t *testing.T, ctx context.Context, vm maas.VMRef) {
 	if machines != 1 {
 		t.Errorf("%d machines claim %s, want 1", machines, vm)
 	}
-	if n := countApplied(maastest.Match{Method: http.MethodPost, Path: "machines/" + m.SystemID + "/", Op: "commission"}); n != 1 {
+	if n := countApplied(l, maastest.Match{Method: http.MethodPost, Path: "machines/" + m.SystemID + "/", Op: "commission"}); n != 1 {
 		t.Errorf("machine %s commissioned %d times, want once", m.SystemID, n)
 	}
 	pools := 0
@@ -149,14 +154,14 @@ func checkReadyMachine(t *testing.T, ctx context.Context, vm maas.VMRef) {
 	if system["PowerState"] != "Off" {
 		t.Errorf("Redfish system: PowerState %v, want Off", system["PowerState"])
 	}
-	if !theLab.OnceConsumed(vm) {
+	if !l.OnceConsumed(vm) {
 		t.Errorf("the Once override was still set after the commissioning's PXE boot")
 	}
 }
 
-func countApplied(match maastest.Match) int {
+func countApplied(l *lab.Lab, match maastest.Match) int {
 	n := 0
-	for _, r := range theLab.MaaS.Requests() {
+	for _, r := range l.MaaS.Requests() {
 		if r.Applied && r.Method == match.Method && r.Path == match.Path && r.Op == match.Op {
 			n++
 		}

@@ -4,7 +4,7 @@
 // VM, prints each step on its way to a Ready MaaS machine with timings, then
 // keeps the lab running with the BMCs' URLs and credentials until Ctrl-C.
 //
-//	go run ./cmd/lab [--namespace demo] [--vm web1] [--ipmi] [--exit-when-ready]
+//	go run ./cmd/lab [--namespace demo] [--vm web1] [--ipmi] [--workload shared] [--exit-when-ready]
 package main
 
 import (
@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -38,6 +39,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	namespace := fs.String("namespace", "demo", "namespace of the VM (opted in to virtmetal)")
 	name := fs.String("vm", "web1", "name of the VM")
 	ipmi := fs.Bool("ipmi", false, "give the VM's BMC IPMI too (MaaS then powers it through IPMI)")
+	workload := fs.String("workload", "", "bmc-controller's --workload (shared: one bmc-server per namespace); its default when empty")
 	exitWhenReady := fs.Bool("exit-when-ready", false, "stop the lab once the machine is Ready")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up when the machine is not Ready by then")
 	if err := fs.Parse(args); err != nil {
@@ -52,7 +54,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var created time.Time
 	events := make(chan lab.Event, 64)
 	fmt.Fprintln(stdout, "starting the lab: building bmc-server and bmc-controller, starting kube-apiserver and etcd...")
-	l, err := lab.Start(ctx, lab.Options{OnEvent: func(e lab.Event) {
+	l, err := lab.Start(ctx, lab.Options{Workload: *workload, OnEvent: func(e lab.Event) {
 		if e.VM == vm {
 			events <- e
 		}
@@ -107,11 +109,15 @@ func printAccess(out io.Writer, l *lab.Lab) {
 		fmt.Fprintf(out, "  machine %s %-20s status %d, pool %s, power %s %s\n", m.SystemID, m.Hostname, m.Status, m.Pool, m.PowerType, m.PowerParameters["power_address"])
 	}
 	for _, b := range l.BMCs() {
-		fmt.Fprintf(out, "\nBMC of %s (MaaS knows it as https://%s)\n", b.VM, b.Host)
-		fmt.Fprintf(out, "  Redfish:  %s/redfish/v1/   user %s password %s\n", b.Redfish, b.Username, b.Password)
-		fmt.Fprintf(out, "    curl -k -u '%s:%s' %s/redfish/v1/Systems/%s\n", b.Username, b.Password, b.Redfish, b.VM.Name)
-		fmt.Fprintf(out, "    curl -k -u '%s:%s' -H 'Content-Type: application/json' -d '{\"ResetType\": \"On\"}' %s/redfish/v1/Systems/%s/Actions/ComputerSystem.Reset\n", b.Username, b.Password, b.Redfish, b.VM.Name)
-		fmt.Fprintf(out, "    gofish: gofish.ConnectDefault(%q) with ClientConfig{Endpoint: %q, Username: %q, Password: %q, Insecure: true}\n", b.Redfish, b.Redfish, b.Username, b.Password)
+		// Requests carry the BMC's host, which a shared bmc-server routes
+		// by: curl connects to the process under that name.
+		redfish, _ := url.Parse(b.Redfish)
+		curl := fmt.Sprintf("curl -k -u '%s:%s' --connect-to %s:443:%s", b.Username, b.Password, b.Host, redfish.Host)
+		fmt.Fprintf(out, "\nBMC of %s (MaaS knows it as https://%s), served by bmc-server %s\n", b.VM, b.Host, b.Server)
+		fmt.Fprintf(out, "  Redfish:  https://%s/redfish/v1/ at %s   user %s password %s\n", b.Host, redfish.Host, b.Username, b.Password)
+		fmt.Fprintf(out, "    %s https://%s/redfish/v1/Systems/%s\n", curl, b.Host, b.VM.Name)
+		fmt.Fprintf(out, "    %s -H 'Content-Type: application/json' -d '{\"ResetType\": \"On\"}' https://%s/redfish/v1/Systems/%s/Actions/ComputerSystem.Reset\n", curl, b.Host, b.VM.Name)
+		fmt.Fprintf(out, "    gofish: ClientConfig{Endpoint: %q, Username: %q, Password: %q, Insecure: true} with an HTTPClient that dials %s\n", "https://"+b.Host, b.Username, b.Password, redfish.Host)
 		if b.IPMI != "" {
 			host, port, _ := net.SplitHostPort(b.IPMI)
 			fmt.Fprintf(out, "  IPMI:     udp %s\n", b.IPMI)
