@@ -74,12 +74,17 @@ type BMCReconciler struct {
 	Config    *ConfigSource
 	Workload  WorkloadFunc
 	Events    events.EventRecorder
+
+	statuses writtenStatuses[v1beta1.VirtualMachineBMCStatus]
 }
 
 // Reconcile implements reconcile.Reconciler.
 func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	bmcObj := &v1beta1.VirtualMachineBMC{}
 	if err := r.Client.Get(ctx, req.NamespacedName, bmcObj); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.statuses.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !bmcObj.DeletionTimestamp.IsZero() {
@@ -360,7 +365,8 @@ func (r *BMCReconciler) writeStatus(ctx context.Context, b *v1beta1.VirtualMachi
 		s.set(v1beta1.ConditionReady, false, "NotReady", "not yet: %v", notReady)
 	}
 	s.status.ObservedGeneration = b.Generation
-	if statusUpToDate(b.Status, s.status) {
+	key := client.ObjectKeyFromObject(b)
+	if statusUpToDate(b.Status, s.status) || r.statuses.unchanged(key, b.ResourceVersion, s.status, statusUpToDate) {
 		return nil
 	}
 	patch := &v1beta1.VirtualMachineBMC{
@@ -375,8 +381,9 @@ func (r *BMCReconciler) writeStatus(ctx context.Context, b *v1beta1.VirtualMachi
 	u := applyObject(content)
 	delete(u.Object, "spec")
 	if err := r.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), FieldOwner, client.ForceOwnership); err != nil {
-		return fmt.Errorf("status of %s: %w", client.ObjectKeyFromObject(b), err)
+		return fmt.Errorf("status of %s: %w", key, err)
 	}
+	r.statuses.wrote(key, b.ResourceVersion, s.status)
 	log.FromContext(ctx).V(1).Info("status written", "ready", len(notReady) == 0, "notReady", notReady)
 	return nil
 }

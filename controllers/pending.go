@@ -58,3 +58,48 @@ func (p *pendingCreations) wait(key types.NamespacedName, owner types.UID, now t
 	}
 	return c.until.Sub(now)
 }
+
+// writtenStatuses remembers the status a reconciler last wrote for each
+// object and the resourceVersion it read the object at. A reconcile that
+// reads that same version again (the cache has not shown the write yet)
+// and would write the same status skips it, rather than sending the API
+// server the write a second time.
+type writtenStatuses[S any] struct {
+	mu      sync.Mutex
+	written map[types.NamespacedName]writtenStatus[S]
+}
+
+type writtenStatus[S any] struct {
+	from   string // the resourceVersion the write was computed from
+	status S
+}
+
+// unchanged says whether status, computed from key at resourceVersion,
+// is what was last written from that same version.
+func (w *writtenStatuses[S]) unchanged(key types.NamespacedName, resourceVersion string, status S, equal func(a, b S) bool) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last, ok := w.written[key]
+	if ok && last.from != resourceVersion {
+		delete(w.written, key) // the cache has moved on: compare with it
+		return false
+	}
+	return ok && equal(last.status, status)
+}
+
+// wrote records that status was written for key read at resourceVersion.
+func (w *writtenStatuses[S]) wrote(key types.NamespacedName, resourceVersion string, status S) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.written == nil {
+		w.written = map[types.NamespacedName]writtenStatus[S]{}
+	}
+	w.written[key] = writtenStatus[S]{from: resourceVersion, status: status}
+}
+
+// forget drops key: its object is gone.
+func (w *writtenStatuses[S]) forget(key types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.written, key)
+}

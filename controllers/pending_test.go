@@ -109,3 +109,44 @@ type stampNothing struct{}
 func (stampNothing) Stamp(context.Context, *kubevirtv1.VirtualMachine) ([]string, error) {
 	return nil, nil
 }
+
+func TestWrittenStatusesSkipOnlyAReadOfTheSameVersion(t *testing.T) {
+	key := types.NamespacedName{Namespace: "ns", Name: "vm"}
+	same := func(a, b string) bool { return a == b }
+	tests := []struct {
+		name   string
+		wrote  bool
+		readAt string // the resourceVersion the next reconcile reads
+		status string
+		forget bool
+		skip   bool
+	}{
+		{name: "nothing written", readAt: "5", status: "ready", skip: false},
+		{name: "stale read, same status", wrote: true, readAt: "5", status: "ready", skip: true},
+		{name: "stale read, other status", wrote: true, readAt: "5", status: "not ready", skip: false},
+		{name: "the cache moved on", wrote: true, readAt: "6", status: "ready", skip: false},
+		{name: "object deleted and recreated", wrote: true, forget: true, readAt: "5", status: "ready", skip: false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var w writtenStatuses[string]
+			if tc.wrote {
+				w.wrote(key, "5", "ready")
+			}
+			if tc.forget {
+				w.forget(key)
+			}
+			if got := w.unchanged(key, tc.readAt, tc.status, same); got != tc.skip {
+				t.Fatalf("unchanged = %v, want %v", got, tc.skip)
+			}
+		})
+	}
+	t.Run("a newer version ends the memory", func(t *testing.T) {
+		var w writtenStatuses[string]
+		w.wrote(key, "5", "ready")
+		w.unchanged(key, "6", "ready", same)
+		if w.unchanged(key, "5", "ready", same) {
+			t.Fatal("remembered a write the cache has already shown")
+		}
+	})
+}

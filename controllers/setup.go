@@ -177,13 +177,21 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 		return obj.GetLabels()[v1beta1.LabelShared] == "true"
 	}))
 	// A BMC's status follows the shared Deployment's availability, not
-	// its every status update.
+	// its every status update. A missing Deployment reads as one not
+	// available, so creating one (never available yet) changes no status:
+	// waking every BMC of the namespace for it would only rewrite statuses
+	// from a cache that has not caught up with the last write.
 	sharedAvailability := builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
 		return obj.GetLabels()[v1beta1.LabelShared] == "true"
-	}), predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
-		before, after := e.ObjectOld.(*appsv1.Deployment), e.ObjectNew.(*appsv1.Deployment)
-		return deploymentAvailable(before) != deploymentAvailable(after)
-	}})
+	}), predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool { return deploymentAvailable(e.Object.(*appsv1.Deployment)) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			before, after := e.ObjectOld.(*appsv1.Deployment), e.ObjectNew.(*appsv1.Deployment)
+			return deploymentAvailable(before) != deploymentAvailable(after)
+		},
+		DeleteFunc:  func(e event.DeleteEvent) bool { return deploymentAvailable(e.Object.(*appsv1.Deployment)) },
+		GenericFunc: func(event.GenericEvent) bool { return true },
+	})
 
 	enrolmentBuilder := ctrl.NewControllerManagedBy(mgr).Named("enrolment").
 		For(&kubevirtv1.VirtualMachine{}).
