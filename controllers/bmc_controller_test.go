@@ -61,31 +61,11 @@ func TestWorkload(t *testing.T) {
 		if err := get(key, d); err != nil {
 			t.Fatal(err)
 		}
-		pod := d.Spec.Template.Spec
-		c := pod.Containers[0]
-		checks := []struct {
-			what string
-			ok   bool
-		}{
-			{"one replica", *d.Spec.Replicas == 1},
-			{"the configured image", c.Image == testImage},
+		c := d.Spec.Template.Spec.Containers[0]
+		checkBMCDeployment(t, d, "bmc-web1", []deploymentCheck{
 			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials"},
-			{"no credentials in env", len(c.Env) == 0 && len(c.EnvFrom) == 0},
-			{"credentials mounted from the Secret", pod.Volumes[0].Secret != nil && pod.Volumes[0].Secret.SecretName == "web1-bmc" && c.VolumeMounts[0].ReadOnly},
-			{"its own ServiceAccount", pod.ServiceAccountName == "bmc-web1"},
-			{"non-root", *pod.SecurityContext.RunAsNonRoot && *pod.SecurityContext.RunAsUser != 0},
-			{"read-only root", *c.SecurityContext.ReadOnlyRootFilesystem},
-			{"no privilege escalation", !*c.SecurityContext.AllowPrivilegeEscalation},
-			{"capabilities dropped", slices.Equal(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
-			{"requests and limits", !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero() && !c.Resources.Limits.Cpu().IsZero()},
-			{"probes", c.ReadinessProbe.HTTPGet.Path == "/readyz" && c.LivenessProbe.HTTPGet.Path == "/healthz"},
-			{"no IPMI port", len(c.Ports) == 1},
-		}
-		for _, check := range checks {
-			if !check.ok {
-				t.Errorf("Deployment: want %s; pod spec %+v", check.what, pod)
-			}
-		}
+			{"credentials mounted from the Secret", d.Spec.Template.Spec.Volumes[0].Secret != nil && d.Spec.Template.Spec.Volumes[0].Secret.SecretName == "web1-bmc" && c.VolumeMounts[0].ReadOnly},
+		})
 	})
 
 	t.Run("Service: Redfish only", func(t *testing.T) {
@@ -138,25 +118,7 @@ func TestWorkload(t *testing.T) {
 	})
 
 	t.Run("Ready once the Deployment is available", func(t *testing.T) {
-		d := &appsv1.Deployment{}
-		if err := get(key, d); err != nil {
-			t.Fatal(err)
-		}
-		d.Status.Replicas, d.Status.AvailableReplicas, d.Status.ReadyReplicas = 1, 1, 1
-		d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}}
-		if err := admin.Status().Update(context.Background(), d); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, "Ready", func() error {
-			b := &v1beta1.VirtualMachineBMC{}
-			if err := get(vm, b); err != nil {
-				return err
-			}
-			if !meta.IsStatusConditionTrue(b.Status.Conditions, v1beta1.ConditionReady) {
-				return fmt.Errorf("conditions %+v", b.Status.Conditions)
-			}
-			return nil
-		})
+		readyOnceAvailable(t, key, vm)
 	})
 
 	t.Run("owner references: deleting the VM takes everything", func(t *testing.T) {
@@ -452,14 +414,7 @@ func TestCredentialRotation(t *testing.T) {
 func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	vm := enrolledVM(t, "rbac", "web1")
 	other := createVM(t, newVM(vm.Namespace, "web2"))
-	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(vm.Namespace, "bmc-web1"), "system:serviceaccounts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bmcClient, err := client.New(cfg, client.Options{Scheme: admin.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bmcClient := serviceAccountClient(t, vm.Namespace, "bmc-web1")
 	ctx := context.Background()
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Always"}}`))
 	waitFor(t, "its own VM", func() error {
@@ -565,4 +520,76 @@ func requireNever(t *testing.T, what string, check func() error) {
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+type deploymentCheck struct {
+	what string
+	ok   bool
+}
+
+// checkBMCDeployment checks what every bmc-server Deployment must be, in
+// either workload mode, and the mode's own checks.
+func checkBMCDeployment(t *testing.T, d *appsv1.Deployment, serviceAccount string, own []deploymentCheck) {
+	t.Helper()
+	pod := d.Spec.Template.Spec
+	c := pod.Containers[0]
+	checks := append([]deploymentCheck{
+		{"one replica", *d.Spec.Replicas == 1},
+		{"the configured image", c.Image == testImage},
+		{"no credentials in env", len(c.Env) == 0 && len(c.EnvFrom) == 0},
+		{"its own ServiceAccount", pod.ServiceAccountName == serviceAccount},
+		{"non-root", *pod.SecurityContext.RunAsNonRoot && *pod.SecurityContext.RunAsUser != 0},
+		{"read-only root", *c.SecurityContext.ReadOnlyRootFilesystem},
+		{"no privilege escalation", !*c.SecurityContext.AllowPrivilegeEscalation},
+		{"capabilities dropped", slices.Equal(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
+		{"requests and limits", !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero() && !c.Resources.Limits.Cpu().IsZero()},
+		{"probes on the Redfish port", c.ReadinessProbe.HTTPGet.Path == "/readyz" && c.LivenessProbe.HTTPGet.Path == "/healthz" && c.LivenessProbe.HTTPGet.Port.String() == "redfish"},
+		{"no IPMI port", len(c.Ports) == 1 && c.Ports[0].Name == "redfish"},
+	}, own...)
+	for _, check := range checks {
+		if !check.ok {
+			t.Errorf("Deployment: want %s; pod spec %+v", check.what, pod)
+		}
+	}
+}
+
+// readyOnceAvailable marks the Deployment deployment available, as
+// kube-controller-manager would, and waits for the VirtualMachineBMC bmc to
+// turn Ready.
+func readyOnceAvailable(t *testing.T, deployment, bmc types.NamespacedName) {
+	t.Helper()
+	d := &appsv1.Deployment{}
+	if err := get(deployment, d); err != nil {
+		t.Fatal(err)
+	}
+	d.Status.Replicas, d.Status.AvailableReplicas, d.Status.ReadyReplicas = 1, 1, 1
+	d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}}
+	if err := admin.Status().Update(context.Background(), d); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Ready", func() error {
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(bmc, b); err != nil {
+			return err
+		}
+		if !meta.IsStatusConditionTrue(b.Status.Conditions, v1beta1.ConditionReady) {
+			return fmt.Errorf("conditions %+v", b.Status.Conditions)
+		}
+		return nil
+	})
+}
+
+// serviceAccountClient is a client that authenticates as the ServiceAccount
+// namespace/name, as its pod would.
+func serviceAccountClient(t *testing.T, namespace, name string) client.Client {
+	t.Helper()
+	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(namespace, name), "system:serviceaccounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: admin.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 )
 
 const sharedName = "virtmetal-bmcs"
@@ -205,29 +204,11 @@ func TestSharedWorkload(t *testing.T) {
 		}
 		pod := d.Spec.Template.Spec
 		c := pod.Containers[0]
-		checks := []struct {
-			what string
-			ok   bool
-		}{
-			{"one replica", *d.Spec.Replicas == 1},
-			{"the configured image", c.Image == testImage},
+		checkBMCDeployment(t, d, sharedName, []deploymentCheck{
 			{"bmc-server on the namespace's VMs", strings.Join(c.Args, " ") == "--backend kubevirt --namespace shared-a --vms-dir /etc/virtmetal/vms --listen :8443"},
 			{"the shared Secret mounted read-only", pod.Volumes[0].Secret != nil && pod.Volumes[0].Secret.SecretName == sharedName &&
 				c.VolumeMounts[0].MountPath == "/etc/virtmetal/vms" && c.VolumeMounts[0].ReadOnly},
-			{"its own ServiceAccount", pod.ServiceAccountName == sharedName},
-			{"non-root", *pod.SecurityContext.RunAsNonRoot && *pod.SecurityContext.RunAsUser != 0},
-			{"read-only root", *c.SecurityContext.ReadOnlyRootFilesystem},
-			{"no privilege escalation", !*c.SecurityContext.AllowPrivilegeEscalation},
-			{"capabilities dropped", slices.Equal(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
-			{"requests and limits", !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero()},
-			{"probes on the Redfish port", c.ReadinessProbe.HTTPGet.Path == "/readyz" && c.LivenessProbe.HTTPGet.Path == "/healthz" && c.LivenessProbe.HTTPGet.Port.String() == "redfish"},
-			{"no IPMI port", len(c.Ports) == 1 && c.Ports[0].Name == "redfish"},
-		}
-		for _, check := range checks {
-			if !check.ok {
-				t.Errorf("Deployment: want %s; pod spec %+v", check.what, pod)
-			}
-		}
+		})
 	})
 
 	t.Run("Service", func(t *testing.T) {
@@ -277,25 +258,7 @@ func TestSharedWorkload(t *testing.T) {
 	})
 
 	t.Run("Ready once the shared Deployment is available", func(t *testing.T) {
-		d := &appsv1.Deployment{}
-		if err := get(sharedKey("shared-b"), d); err != nil {
-			t.Fatal(err)
-		}
-		d.Status.Replicas, d.Status.AvailableReplicas, d.Status.ReadyReplicas = 1, 1, 1
-		d.Status.Conditions = []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}}
-		if err := admin.Status().Update(context.Background(), d); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, "Ready", func() error {
-			b := &v1beta1.VirtualMachineBMC{}
-			if err := get(vmsB[0], b); err != nil {
-				return err
-			}
-			if !meta.IsStatusConditionTrue(b.Status.Conditions, v1beta1.ConditionReady) {
-				return fmt.Errorf("conditions %+v", b.Status.Conditions)
-			}
-			return nil
-		})
+		readyOnceAvailable(t, sharedKey("shared-b"), vmsB[0])
 	})
 }
 
@@ -310,14 +273,7 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 	other := newVM(ns, "other")
 	other.Annotations = map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled}
 	createVM(t, other)
-	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(ns, sharedName), "system:serviceaccounts")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bmcClient, err := client.New(cfg, client.Options{Scheme: admin.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	bmcClient := serviceAccountClient(t, ns, sharedName)
 	ctx := context.Background()
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Always"}}`))
 	for _, vm := range vms {
