@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -271,7 +272,7 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 				"--listen", fmt.Sprintf(":%d", redfishContainerPort),
 			},
 			ports:     []corev1.ContainerPort{{Name: "redfish", ContainerPort: redfishContainerPort, Protocol: corev1.ProtocolTCP}},
-			resources: defaultResources(),
+			resources: sharedResources(len(vms)),
 			secret:    sharedName,
 			mountPath: sharedVMsMountPath,
 		}),
@@ -289,6 +290,29 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 		}
 	}
 	return nil
+}
+
+// sharedMemoryPerVM is what each VM adds to the shared bmc-server's
+// memory: 0.66 MB measured (cmd/bmc-server BenchmarkSharedRSS: each VM
+// has its own informers and Redfish service), with headroom.
+var sharedMemoryPerVM = resource.MustParse("1Mi")
+
+// sharedResources sizes the shared bmc-server for vms VMs: one BMC pod's
+// resources plus sharedMemoryPerVM for each VM, counted in powers of two
+// (16 at least) so that enrolling a namespace restarts the pod a few
+// times, not at every batch.
+func sharedResources(vms int) corev1.ResourceRequirements {
+	slots := int64(16)
+	for slots < int64(vms) {
+		slots *= 2
+	}
+	r := defaultResources()
+	for _, list := range []corev1.ResourceList{r.Requests, r.Limits} {
+		memory := list[corev1.ResourceMemory]
+		memory.Add(*resource.NewQuantity(slots*sharedMemoryPerVM.Value(), resource.BinarySI))
+		list[corev1.ResourceMemory] = memory
+	}
+	return r
 }
 
 // ensureSecret makes the Secret sharedName hold exactly data. Unlike the

@@ -20,6 +20,7 @@ import (
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -47,34 +48,12 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600); err != nil {
 		b.Fatal(err)
 	}
-	halted := kubevirtv1.RunStrategyHalted
-	vm := &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "node-1"},
-		Spec: kubevirtv1.VirtualMachineSpec{
-			RunStrategy: &halted,
-			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
-				Domain: kubevirtv1.DomainSpec{
-					Firmware: &kubevirtv1.Firmware{UUID: "5b0c7f2e-8a43-4b0e-9d51-0d7a3c6f1e22", Serial: "node-1.default"},
-					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
-						Name: "default", MacAddress: "02:00:00:00:00:01",
-						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
-					}}},
-				},
-				Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
-			}},
-		},
-	}
+	vm := benchVM(1)
 	if err := env.Client.Create(b.Context(), vm); err != nil {
 		b.Fatalf("creating the VM: %v", err)
 	}
 
-	binary := filepath.Join(dir, "bmc-server")
-	// Built as the Dockerfile builds the image's binary: what a BMC pod runs.
-	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", binary, ".")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
+	binary := buildAsTheImage(b, dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, binary, "--backend", "kubevirt", "--namespace", "default", "--vm", "node-1", "--listen", "127.0.0.1:0")
@@ -125,6 +104,42 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmRSS"), "loaded-MB")
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmHWM"), "peak-MB")
 	})
+}
+
+// benchVM is the halted VM node-<i> of the default namespace, stamped as
+// the controller leaves it (the backend reads the system's UUID there).
+func benchVM(i int) *kubevirtv1.VirtualMachine {
+	name := fmt.Sprintf("node-%d", i)
+	halted := kubevirtv1.RunStrategyHalted
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &halted,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{
+					Firmware: &kubevirtv1.Firmware{UUID: types.UID(fmt.Sprintf("5b0c7f2e-8a43-4b0e-9d51-%012x", i)), Serial: name + ".default"},
+					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
+						Name: "default", MacAddress: "02:00:00:00:00:01",
+						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+					}}},
+				},
+				Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+			}},
+		},
+	}
+}
+
+// buildAsTheImage builds bmc-server into dir as the Dockerfile builds the
+// image's binary: what a BMC pod runs.
+func buildAsTheImage(b *testing.B, dir string) string {
+	b.Helper()
+	binary := filepath.Join(dir, "bmc-server")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", binary, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	return binary
 }
 
 func bannerURL(b *testing.B, stdout io.Reader) string {

@@ -1,0 +1,34 @@
+package controllers
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+func TestSharedResourcesGrowWithTheVMs(t *testing.T) {
+	tests := []struct {
+		vms              int
+		request, limit string
+	}{
+		{vms: 1, request: "48Mi", limit: "112Mi"},
+		{vms: 16, request: "48Mi", limit: "112Mi"},
+		{vms: 17, request: "64Mi", limit: "128Mi"},
+		{vms: 1000, request: "1056Mi", limit: "1120Mi"},
+	}
+	for _, tc := range tests {
+		t.Run(resource.NewQuantity(int64(tc.vms), resource.DecimalSI).String(), func(t *testing.T) {
+			r := sharedResources(tc.vms)
+			if got := r.Requests[corev1.ResourceMemory]; got.Cmp(resource.MustParse(tc.request)) != 0 {
+				t.Errorf("memory request %s, want %s", got.String(), tc.request)
+			}
+			if got := r.Limits[corev1.ResourceMemory]; got.Cmp(resource.MustParse(tc.limit)) != 0 {
+				t.Errorf("memory limit %s, want %s", got.String(), tc.limit)
+			}
+		})
+	}
+	if got := defaultResources().Limits[corev1.ResourceMemory]; got.Cmp(resource.MustParse("96Mi")) != 0 {
+		t.Errorf("a BMC pod's own limit changed to %s: sharedResources must not write into the defaults", got.String())
+	}
+}
