@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -126,6 +127,9 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		st.set(v1beta1.ConditionDeploymentAvailable, false, reasonWorkloadFailed, "%v", err)
 		return ctrl.Result{}, errors.Join(err, r.writeStatus(ctx, bmcObj, st))
 	}
+	if err := r.keepHostOfOlderClaim(ctx, bmcObj, cfg, &w); err != nil {
+		return ctrl.Result{}, err
+	}
 	if len(w.ClusterObjects) > 0 && controllerutil.AddFinalizer(bmcObj, clusterRBACFinalizer) {
 		if err := r.Client.Update(ctx, bmcObj); err != nil {
 			return ctrl.Result{}, err
@@ -144,6 +148,7 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		return ctrl.Result{}, err
 	}
 
+	var result ctrl.Result
 	st.status.RedfishURL = w.RedfishURL
 	st.status.IPMIAddress = w.IPMIAddress
 	_, hasService := actual[fmt.Sprintf("%T", &corev1.Service{})]
@@ -165,6 +170,11 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 		st.set(v1beta1.ConditionServiceReady, true, "Disabled", "neither Redfish nor IPMI is on")
 	}
 	switch {
+	case errors.Is(w.IngressProblem, errHostTaken):
+		// No event tells of the holder going: look again now and then.
+		result.RequeueAfter = time.Minute
+		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonHostTaken, "Render", "%v", w.IngressProblem)
+		st.set(v1beta1.ConditionIngressReady, false, reasonHostTaken, "%v", w.IngressProblem)
 	case w.IngressProblem != nil:
 		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonHostNotAllowed, "Render", "%v", w.IngressProblem)
 		st.set(v1beta1.ConditionIngressReady, false, reasonHostNotAllowed, "%v", w.IngressProblem)
@@ -173,7 +183,26 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	default:
 		st.set(v1beta1.ConditionIngressReady, true, "Created", "Redfish is served at %s", w.RedfishURL)
 	}
-	return ctrl.Result{}, r.writeStatus(ctx, bmcObj, st)
+	return result, r.writeStatus(ctx, bmcObj, st)
+}
+
+// keepHostOfOlderClaim leaves the Ingress out of w when an older
+// VirtualMachineBMC of the namespace has its host: one host, one BMC.
+func (r *BMCReconciler) keepHostOfOlderClaim(ctx context.Context, b *v1beta1.VirtualMachineBMC, cfg Config, w *Workload) error {
+	if w.RedfishURL == "" {
+		return nil // no Ingress
+	}
+	host, err := ingressHost(b, cfg.Domain)
+	if err != nil {
+		return err
+	}
+	holder, err := hostHolder(ctx, r.Client, b, host, cfg.Domain)
+	if err != nil || holder.Name == b.Name {
+		return err
+	}
+	w.Objects = slices.DeleteFunc(w.Objects, func(o client.Object) bool { _, ok := o.(*networkingv1.Ingress); return ok })
+	w.RedfishURL, w.IngressProblem = "", hostTaken(host, holder)
+	return nil
 }
 
 // ensureCredentials makes the credentials Secret exist and rotates it when

@@ -323,6 +323,47 @@ func TestIngressHostStaysInItsNamespace(t *testing.T) {
 	})
 }
 
+// TestOneHostOneBMC: a BMC asking for a host another BMC of the namespace
+// has gets no Ingress and says why; the older keeps it, and the younger
+// gets its own host back once it asks for that.
+func TestOneHostOneBMC(t *testing.T) {
+	first := enrolledVM(t, "host-claims", "web1")
+	second := client.ObjectKeyFromObject(createVM(t, newVM(first.Namespace, "web2")))
+	waitFor(t, "web2's Ingress", func() error { return get(workloadKey(second), &networkingv1.Ingress{}) })
+	taken := "web1.host-claims." + testDomain
+	update(t, second, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = taken
+	})
+	waitFor(t, "web2 refused", func() error {
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(second, b); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "HostTaken" || b.Status.RedfishURL != "" {
+			return fmt.Errorf("IngressReady %+v, URL %q", c, b.Status.RedfishURL)
+		}
+		return gone(workloadKey(second), &networkingv1.Ingress{})
+	})
+	in := &networkingv1.Ingress{}
+	if err := get(workloadKey(first), in); err != nil || in.Spec.Rules[0].Host != taken {
+		t.Fatalf("web1's Ingress %v, err %v: want it kept at %s", in.Spec.Rules, err, taken)
+	}
+	update(t, second, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = ""
+	})
+	waitFor(t, "web2 at its own host", func() error {
+		in := &networkingv1.Ingress{}
+		if err := get(workloadKey(second), in); err != nil {
+			return err
+		}
+		if in.Spec.Rules[0].Host != "web2.host-claims."+testDomain {
+			return fmt.Errorf("host %s", in.Spec.Rules[0].Host)
+		}
+		return nil
+	})
+}
+
 func TestVirtualMachineBMCIsNamedAfterItsVM(t *testing.T) {
 	sharedManager(t)
 	ns := namespace(t, "naming", false)

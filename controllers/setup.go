@@ -84,6 +84,9 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	if opts.MaxConcurrentReconciles == 0 {
 		opts.MaxConcurrentReconciles = 4
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.VirtualMachineBMC{}, indexCustomHost, customHost); err != nil {
+		return nil, err
+	}
 	c := mgr.GetClient()
 	recorder := mgr.GetEventRecorder("virtmetal-controller")
 	enrolment := &EnrolmentReconciler{

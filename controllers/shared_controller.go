@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -94,10 +93,6 @@ type SharedReconciler struct {
 	// the controller's Secrets, so no event tells of that one's change.
 	Resync time.Duration
 
-	mu sync.Mutex
-	// refused remembers, per namespace, the VMs refused a host, so that
-	// the Event is sent once, not at every reconcile.
-	refused map[string]map[string]string
 }
 
 // Reconcile implements reconcile.Reconciler for a namespace.
@@ -132,19 +127,25 @@ func (r *SharedReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 // from ingressHost, which keeps it inside the namespace's zone: nothing a
 // tenant writes reaches another namespace's VM or host. A VM left out for
 // its Secret or host says why in its own status (the BMC reconciler's
-// conditions); one whose host another VM has is told by an Event.
+// conditions).
 func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta1.VirtualMachineBMC) ([]sharedVM, bool, error) {
-	// The older VirtualMachineBMC keeps a host both ask for.
-	slices.SortFunc(bmcs, func(a, b v1beta1.VirtualMachineBMC) int {
-		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Name, b.Name))
-	})
+	// The older VirtualMachineBMC keeps a host both ask for, as the BMC
+	// reconciler decides (it tells the other one, in its status).
+	slices.SortFunc(bmcs, func(a, b v1beta1.VirtualMachineBMC) int { return olderClaim(&a, &b) })
 	var vms []sharedVM
 	unwatched := false
-	owner := map[string]string{} // host -> VM
-	refused := map[string]string{}
+	claimed := map[string]bool{} // hosts, by the older BMC of any mode
 	for i := range bmcs {
 		b := &bmcs[i]
-		if !b.DeletionTimestamp.IsZero() || !servedShared(b, cfg) || b.Spec.CredentialsSecret == sharedName {
+		if !b.DeletionTimestamp.IsZero() {
+			continue
+		}
+		host, err := ingressHost(b, cfg.Domain)
+		if err != nil || claimed[host] {
+			continue
+		}
+		claimed[host] = true
+		if !servedShared(b, cfg) || b.Spec.CredentialsSecret == sharedName {
 			continue
 		}
 		vm := &kubevirtv1.VirtualMachine{}
@@ -153,14 +154,6 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 				continue
 			}
 			return nil, false, err
-		}
-		host, err := ingressHost(b, cfg.Domain)
-		if err != nil {
-			continue
-		}
-		if other, ok := owner[host]; ok {
-			refused[b.Name] = fmt.Sprintf("host %s is VirtualMachineBMC %s's: this VM is not served", host, other)
-			continue
 		}
 		var reader client.Reader = r.Client
 		if b.Spec.CredentialsSecret != "" {
@@ -177,7 +170,6 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 		if len(user) == 0 || len(password) == 0 {
 			continue
 		}
-		owner[host] = b.Name
 		vms = append(vms, sharedVM{
 			name:                b.Spec.VMName,
 			credentials:         sharedCredentials{Username: string(user), Password: string(password), Hosts: []string{host}},
@@ -185,7 +177,6 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 			clusterInstancetype: instancetypeName(vm, "VirtualMachineClusterInstancetype"),
 		})
 	}
-	r.reportRefused(namespaceOf(bmcs), bmcs, refused)
 	slices.SortFunc(vms, func(a, b sharedVM) int { return cmp.Compare(a.name, b.name) })
 	return vms, unwatched, nil
 }
@@ -195,26 +186,6 @@ func namespaceOf(bmcs []v1beta1.VirtualMachineBMC) string {
 		return ""
 	}
 	return bmcs[0].Namespace
-}
-
-// reportRefused sends an Event for every VM newly refused its host.
-func (r *SharedReconciler) reportRefused(namespace string, bmcs []v1beta1.VirtualMachineBMC, refused map[string]string) {
-	r.mu.Lock()
-	before := r.refused[namespace]
-	if r.refused == nil {
-		r.refused = map[string]map[string]string{}
-	}
-	if len(refused) == 0 {
-		delete(r.refused, namespace)
-	} else {
-		r.refused[namespace] = refused
-	}
-	r.mu.Unlock()
-	for i := range bmcs {
-		if why, ok := refused[bmcs[i].Name]; ok && before[bmcs[i].Name] != why {
-			r.Events.Eventf(&bmcs[i], nil, corev1.EventTypeWarning, reasonHostTaken, "Serve", "%s", why)
-		}
-	}
 }
 
 // apply makes the shared objects serve exactly vms.

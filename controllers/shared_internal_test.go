@@ -9,7 +9,7 @@ import (
 
 func TestSharedResourcesGrowWithTheVMs(t *testing.T) {
 	tests := []struct {
-		vms              int
+		vms            int
 		request, limit string
 	}{
 		{vms: 1, request: "48Mi", limit: "112Mi"},

@@ -495,7 +495,13 @@ func TestSharedRefusals(t *testing.T) {
 				}
 				return nil
 			}},
-		{"another VM's host", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.Host = "web1." + ns + "." + testDomain }, "HostTaken", nil},
+		{"another VM's host", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.Host = "web1." + ns + "." + testDomain }, "HostTaken",
+			func(b *v1beta1.VirtualMachineBMC) error {
+				if c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady); c == nil || c.Reason != "HostTaken" {
+					return fmt.Errorf("IngressReady %+v", c)
+				}
+				return gone(types.NamespacedName{Namespace: ns, Name: "bmc-web2"}, &networkingv1.Ingress{})
+			}},
 		{"a host of another namespace", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.Host = "web1.shared-a." + testDomain }, "HostNotAllowed",
 			func(b *v1beta1.VirtualMachineBMC) error {
 				if c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady); c == nil || c.Reason != "HostNotAllowed" {
