@@ -92,7 +92,6 @@ type SharedReconciler struct {
 	// whose credentials are in a user-named Secret: the cache holds only
 	// the controller's Secrets, so no event tells of that one's change.
 	Resync time.Duration
-
 }
 
 // Reconcile implements reconcile.Reconciler for a namespace.
