@@ -98,7 +98,7 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	}
 	shared := &SharedReconciler{
 		Client: c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
-		Events: recorder, Resync: opts.SharedResync,
+		Resync: opts.SharedResync,
 	}
 	concurrency := controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}
 

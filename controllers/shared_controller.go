@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -87,7 +86,6 @@ type SharedReconciler struct {
 	APIReader client.Reader
 	Scheme    *runtime.Scheme
 	Config    *ConfigSource
-	Events    events.EventRecorder
 	// Resync is how often a namespace is read again while it serves a VM
 	// whose credentials are in a user-named Secret: the cache holds only
 	// the controller's Secrets, so no event tells of that one's change.
