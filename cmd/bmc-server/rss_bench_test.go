@@ -34,20 +34,7 @@ import (
 // its peak (VmHWM). The load is b.N requests; the process and the API
 // server are started once.
 func BenchmarkKubeVirtRSS(b *testing.B) {
-	ctrllog.SetLogger(logr.Discard())
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		b.Fatalf("envtest: %v", err)
-	}
-	b.Cleanup(func() { _ = env.Stop() })
-	dir := b.TempDir()
-	kubeconfig, err := env.AdminKubeConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	env, dir := rssCluster(b)
 	vm := benchVM(1)
 	if err := env.Client.Create(b.Context(), vm); err != nil {
 		b.Fatalf("creating the VM: %v", err)
@@ -104,6 +91,28 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmRSS"), "loaded-MB")
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmHWM"), "peak-MB")
 	})
+}
+
+// rssCluster starts an API server of the benchmark's own (the process
+// under measurement must not share one that tests load) and writes its
+// admin kubeconfig into the returned folder.
+func rssCluster(b *testing.B) (*kubetest.Env, string) {
+	b.Helper()
+	ctrllog.SetLogger(logr.Discard())
+	env, err := kubetest.Start(kubetest.Options{})
+	if err != nil {
+		b.Fatalf("envtest: %v", err)
+	}
+	b.Cleanup(func() { _ = env.Stop() })
+	dir := b.TempDir()
+	kubeconfig, err := env.AdminKubeConfig()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	return env, dir
 }
 
 // benchVM is the halted VM node-<i> of the default namespace, stamped as

@@ -12,11 +12,6 @@ import (
 	"strconv"
 	"testing"
 	"time"
-
-	"github.com/go-logr/logr"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
-
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 )
 
 // BenchmarkSharedRSS runs bmc-server --vms-dir as its own process against a
@@ -25,20 +20,7 @@ import (
 // shared bmc-server's memory request and limit are sized from (per-VM-MB
 // is the growth from one VM to 200, per VM).
 func BenchmarkSharedRSS(b *testing.B) {
-	ctrllog.SetLogger(logr.Discard())
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		b.Fatalf("envtest: %v", err)
-	}
-	b.Cleanup(func() { _ = env.Stop() })
-	dir := b.TempDir()
-	kubeconfig, err := env.AdminKubeConfig()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kubeconfig, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	env, dir := rssCluster(b)
 	const most = 200
 	for i := range most {
 		if err := env.Client.Create(b.Context(), benchVM(i)); err != nil {
