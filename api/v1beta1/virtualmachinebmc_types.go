@@ -74,7 +74,9 @@ type VirtualMachineBMCSpec struct {
 	Ingress IngressSpec `json:"ingress,omitempty"`
 
 	// Resources of the bmc-server container. Defaults to small requests and
-	// limits that fit one VM's BMC.
+	// limits that fit one VM's BMC. A BMC served by its namespace's shared
+	// bmc-server (the controller's shared workload mode) has no container of
+	// its own: the shared one is sized by the number of VMs it serves.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
