@@ -620,6 +620,7 @@ func TestSharedWritesInBatches(t *testing.T) {
 	}
 	defer w.Stop()
 	names := make([]string, n)
+	start := time.Now()
 	var wg sync.WaitGroup
 	for i := range n {
 		names[i] = fmt.Sprintf("vm-%02d", i)
@@ -631,6 +632,10 @@ func TestSharedWritesInBatches(t *testing.T) {
 	}
 	wg.Wait()
 	waitFor(t, "all served", func() error { return serves(ns, names...) })
+	// One write per batch (the reconciler's one-second delay) at most,
+	// however long a loaded machine takes to enrol them; without batching
+	// it writes several times a second.
+	allowed := int(time.Since(start)/time.Second) + 1
 	// The watch delivers late: count until it has been quiet a while.
 	writes := 0
 	for quiet := time.After(2 * time.Second); ; {
@@ -645,8 +650,8 @@ func TestSharedWritesInBatches(t *testing.T) {
 		}
 		break
 	}
-	t.Logf("%d writes of the shared Secret for %d VMs", writes, n)
-	if writes == 0 || writes > n/10 {
-		t.Errorf("%d writes of the shared Secret for %d VMs, want a few", writes, n)
+	t.Logf("%d writes of the shared Secret for %d VMs (%d allowed)", writes, n, allowed)
+	if writes == 0 || writes > allowed {
+		t.Errorf("%d writes of the shared Secret for %d VMs, want %d at most", writes, n, allowed)
 	}
 }
