@@ -345,10 +345,16 @@ func TestOneHostOneBMC(t *testing.T) {
 		}
 		return gone(workloadKey(second), &networkingv1.Ingress{})
 	})
-	in := &networkingv1.Ingress{}
-	if err := get(workloadKey(first), in); err != nil || in.Spec.Rules[0].Host != taken {
-		t.Fatalf("web1's Ingress %v, err %v: want it kept at %s", in.Spec.Rules, err, taken)
-	}
+	waitFor(t, "web1's Ingress kept", func() error {
+		in := &networkingv1.Ingress{}
+		if err := get(workloadKey(first), in); err != nil {
+			return err
+		}
+		if in.Spec.Rules[0].Host != taken {
+			return fmt.Errorf("host %s", in.Spec.Rules[0].Host)
+		}
+		return nil
+	})
 	update(t, second, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = ""
 	})
