@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -41,21 +40,9 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 	}
 
 	binary := buildAsTheImage(b, dir)
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, binary, "--backend", "kubevirt", "--namespace", "default", "--vm", "node-1", "--listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "kubeconfig"), "BMC_USERNAME=maas", "BMC_PASSWORD=s3cret")
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	base := bannerURL(b, stdout)
+	cmd, base, _, stop := startBMCServer(b, binary, dir, []string{"BMC_USERNAME=maas", "BMC_PASSWORD=s3cret"},
+		"--backend", "kubevirt", "--namespace", "default", "--vm", "node-1", "--listen", "127.0.0.1:0")
+	b.Cleanup(stop)
 	client := &http.Client{Transport: &http.Transport{
 		TLSClientConfig:     &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the server's generated certificate
 		MaxIdleConnsPerHost: 8,
@@ -149,6 +136,27 @@ func buildAsTheImage(b *testing.B, dir string) string {
 		b.Fatalf("go build: %v\n%s", err, out)
 	}
 	return binary
+}
+
+// startBMCServer runs binary with args, the kubeconfig in dir and env, and
+// returns it with the base URL of its banner, its standard error, and how
+// to stop it.
+func startBMCServer(b *testing.B, binary, dir string, env []string, args ...string) (*exec.Cmd, string, *bytes.Buffer, func()) {
+	b.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "kubeconfig")), env...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	base := bannerURL(b, stdout)
+	return cmd, base, stderr, stop
 }
 
 func bannerURL(b *testing.B, stdout io.Reader) string {

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"crypto/tls"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -58,21 +55,9 @@ func sharedRSS(b *testing.B, binary, dir string, vms int) float64 {
 			b.Fatal(err)
 		}
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binary, "--backend", "kubevirt", "--namespace", "default", "--vms-dir", vmsDir, "--listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "kubeconfig"))
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	base := bannerURL(b, stdout)
+	cmd, base, stderr, stop := startBMCServer(b, binary, dir, nil,
+		"--backend", "kubevirt", "--namespace", "default", "--vms-dir", vmsDir, "--listen", "127.0.0.1:0")
+	defer stop()
 	client := &http.Client{Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the server's generated certificate
 	}}
