@@ -49,6 +49,10 @@ const (
 // PowerTypeRedfish is MaaS's power driver name for Redfish BMCs.
 const PowerTypeRedfish = "redfish"
 
+// PowerTypeManual is MaaS's power type for machines it cannot power; a
+// machine set to it gets a BMC row of its own.
+const PowerTypeManual = "manual"
+
 // Redfish power parameter names, as the MaaS redfish driver and the
 // BMC_CONFIG_PATH YAML spell them.
 const (

@@ -1,6 +1,7 @@
 package maas_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -129,7 +130,7 @@ func TestDuplicateClaims(t *testing.T) {
 		{
 			name:      "UUID match beats MAC-only",
 			machines:  []maastest.Machine{withoutUUID(ours("a", vmA, maastest.StatusNew)), ours("b", vmA, maastest.StatusNew)},
-			wantBound: "b", wantReason: maas.ReasonDuplicated, wantMention: "a (MAC matches)",
+			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MAC matches)",
 		},
 		{
 			name: "a matching machine beats an unverified one",
@@ -138,18 +139,18 @@ func TestDuplicateClaims(t *testing.T) {
 				m.MACs = []string{"02:ff:00:00:00:01"}
 				return m
 			}()},
-			wantBound: "a", wantReason: maas.ReasonDuplicated, wantMention: "b (none of its MACs",
+			wantBound: "a", wantReason: maas.ReasonDuplicateClaim, wantMention: "b (none of its MACs",
 		},
 		{
 			name:       "tie, none reported: neither gets credentials",
 			machines:   []maastest.Machine{withoutUUID(ours("a", vmA, maastest.StatusNew)), withoutUUID(ours("b", vmA, maastest.StatusNew))},
-			wantReason: maas.ReasonDuplicated, wantMention: "all claim this VM equally",
+			wantReason: maas.ReasonDuplicateClaim, wantMention: "all claim this VM equally",
 		},
 		{
 			name:      "tie: the machine already reported keeps the VM",
 			machines:  []maastest.Machine{withoutUUID(ours("a", vmA, maastest.StatusNew)), withoutUUID(ours("b", vmA, maastest.StatusNew))},
 			reported:  "b",
-			wantBound: "b", wantReason: maas.ReasonDuplicated, wantMention: "a (MAC matches) also claim",
+			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MAC matches) also claim",
 		},
 	}
 	for _, tt := range tests {
@@ -173,39 +174,54 @@ func TestDuplicateClaims(t *testing.T) {
 					t.Errorf("%s has the password: %v, want %v", m.SystemID, hasPassword, m.SystemID == tt.wantBound)
 				}
 			}
-			st, c := cluster.status(vmA)
-			if st.SystemID != tt.wantBound || c.Reason != tt.wantReason || !strings.Contains(c.Message, tt.wantMention) {
-				t.Errorf("status %+v, condition %+v; want machine %q, %s mentioning %q", st, c, tt.wantBound, tt.wantReason, tt.wantMention)
+			st, _ := cluster.status(vmA)
+			if st.SystemID != tt.wantBound {
+				t.Errorf("status %+v; want machine %q", st, tt.wantBound)
 			}
-			if ev := cluster.eventsOf(vmA); len(ev) != 1 || ev[0].eventType != "Warning" || ev[0].reason != "MaaSMachineDuplicated" {
-				t.Errorf("events = %+v", ev)
+			ev := cluster.eventsOf(vmA)
+			if len(ev) == 0 || ev[0].eventType != "Warning" || ev[0].reason != "MaaSMachine"+tt.wantReason || !strings.Contains(ev[0].text, tt.wantMention) {
+				t.Errorf("events = %+v; want first a Warning %s mentioning %q", ev, tt.wantReason, tt.wantMention)
 			}
 		})
 	}
 }
 
-// TestAttackClaimingAnotherTenantsVM plays the attack of issue 8: tenant A
-// writes B's name into its VM's SMBIOS serial, so its machine enlists with
-// B's BMC address, and copies B's MAC onto its VM, in a namespace that is
-// not enrolled. B's password must never reach MaaS for A's machine, and B's
-// machine must still converge, whichever enlisted first.
+// TestAttackClaimingAnotherTenantsVM plays the attack of issues 8 and 23:
+// tenant A writes B's name into its VM's SMBIOS serial, so its machine
+// enlists with B's BMC address, and copies B's MAC onto its VM, in a
+// namespace that is not enrolled. MaaS puts both machines on one shared BMC
+// row (same redfish address and user), so a credential write on B's machine
+// lands on A's too unless A's is detached first. B's password must never
+// reach A's machine, whatever order the machines are listed in and whatever
+// A's machine's status, and B's machine must still converge.
 func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 	attacker := maas.VMRef{Namespace: "tenant-x", Name: "evil"}
 	const victimPassword = "b-secret-password"
-	tests := []struct {
+	type attack struct {
 		name         string
 		attackerUUID string // the hardware UUID MaaS shows for A's machine
 		attackerID   string // system IDs order who is seen first
-	}{
-		{name: "MaaS cleared the duplicate UUID, attacker listed first", attackerUUID: "", attackerID: "a-evil"},
-		{name: "MaaS cleared the duplicate UUID, attacker listed last", attackerUUID: "", attackerID: "z-evil"},
-		{name: "attacker's own UUID", attackerUUID: uuidOf(attacker), attackerID: "a-evil"},
+		status       int
+	}
+	var tests []attack
+	for _, id := range []string{"a-evil", "z-evil"} {
+		for _, status := range []int{maastest.StatusNew, maastest.StatusReady, maastest.StatusDeployed, maastest.StatusBroken} {
+			for _, uuid := range []string{"", uuidOf(attacker)} {
+				tests = append(tests, attack{
+					name:         fmt.Sprintf("%s status %d uuid %q", id, status, uuid),
+					attackerUUID: uuid, attackerID: id, status: status,
+				})
+			}
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			evil := ours(tt.attackerID, vmB, maastest.StatusNew) // B's address and MAC
+			evil := ours(tt.attackerID, vmB, tt.status) // B's address and MAC
 			evil.HardwareUUID = tt.attackerUUID
 			s := maastest.New(t).WithMachine(evil).WithMachine(ours("m-b", vmB, maastest.StatusNew))
+			if s.BMCID(tt.attackerID) != s.BMCID("m-b") {
+				t.Fatal("the simulator does not share the BMC row of one redfish address")
+			}
 			// Only B is enrolled; A's VM has no VirtualMachineBMC.
 			cluster := newFakeCluster().withVM(vmB, victimPassword)
 			r := newReconciler(t, s, cluster)
@@ -215,8 +231,9 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 			}
 
 			for _, req := range s.Requests() {
-				if strings.Contains(req.Path, tt.attackerID) && req.Method != "GET" {
-					t.Errorf("attacker's machine was written to: %+v", req)
+				if strings.Contains(req.Path, tt.attackerID) && req.Method != "GET" &&
+					!(len(req.Form) == 1 && req.Form["power_type"] == "manual") {
+					t.Errorf("attacker's machine was written to other than to detach it: %+v", req)
 				}
 				for _, v := range req.Form {
 					if v == victimPassword && req.Path != "machines/m-b/" {
@@ -224,20 +241,55 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 					}
 				}
 			}
-			if m, _ := s.Machine(tt.attackerID); m.PowerParameters[maas.PowerPass] != "" || m.Status != maastest.StatusNew || m.Pool != maastest.DefaultPool {
+			m, _ := s.Machine(tt.attackerID)
+			if m.PowerParameters[maas.PowerPass] != "" || m.PowerType != "manual" || m.Status != tt.status || m.Pool != maastest.DefaultPool {
 				t.Errorf("attacker's machine = %+v", m)
+			}
+			if s.BMCID(tt.attackerID) == s.BMCID("m-b") {
+				t.Error("attacker's machine still shares B's BMC row")
 			}
 			b, _ := s.Machine("m-b")
 			if b.PowerParameters[maas.PowerPass] != victimPassword || b.Hostname != maas.Hostname(vmB) || b.Pool != vmB.Namespace || b.Status != maastest.StatusReady {
 				t.Errorf("B's machine did not converge: %+v", b)
 			}
-			st, c := cluster.status(vmB)
-			if st.SystemID != "m-b" || c.Reason != maas.ReasonDuplicated || !strings.Contains(c.Message, tt.attackerID) {
-				t.Errorf("B's status %+v, condition %+v; want m-b with the attacker reported", st, c)
+			if st, _ := cluster.status(vmB); st.SystemID != "m-b" {
+				t.Errorf("B's status %+v; want m-b", st)
 			}
-			if ev := cluster.eventsOf(vmB); len(ev) != 1 || ev[0].eventType != "Warning" {
-				t.Errorf("B's events = %+v", ev)
+			ev := cluster.eventsOf(vmB)
+			if len(ev) == 0 || ev[0].eventType != "Warning" || ev[0].reason != "MaaSMachine"+maas.ReasonDuplicateClaim || !strings.Contains(ev[0].text, tt.attackerID) {
+				t.Errorf("B's events = %+v, want first a Warning DuplicateClaim naming the attacker", ev)
 			}
 		})
+	}
+}
+
+// TestDetachFailureWritesNoCredentials: when the claimant cannot be
+// detached from the shared BMC row, the VM's credentials are not written,
+// and the VM's condition says why.
+func TestDetachFailureWritesNoCredentials(t *testing.T) {
+	s := maastest.New(t).WithMachine(func() maastest.Machine {
+		m := ours("a-evil", vmB, maastest.StatusNew)
+		m.HardwareUUID = ""
+		return m
+	}()).WithMachine(ours("m-b", vmB, maastest.StatusNew))
+	s.FailMatching(maastest.Match{Method: "PUT", Path: "machines/a-evil/"}, -1, maastest.FaultServerError)
+	cluster := newFakeCluster().withVM(vmB, "b-pass")
+	r := newReconciler(t, s, cluster)
+	reconcile(t, r)
+	for _, id := range []string{"a-evil", "m-b"} {
+		if m, _ := s.Machine(id); m.PowerParameters[maas.PowerPass] != "" {
+			t.Errorf("%s got the password although the claimant could not be detached", id)
+		}
+	}
+	if _, c := cluster.status(vmB); c.Reason != maas.ReasonDuplicateClaim || !strings.Contains(c.Message, "could not be detached") {
+		t.Errorf("condition = %+v", c)
+	}
+	s.ClearFaults()
+	reconcile(t, r)
+	if m, _ := s.Machine("m-b"); m.PowerParameters[maas.PowerPass] != "b-pass" {
+		t.Errorf("B's machine did not get its credentials once the claimant was detached: %+v", m)
+	}
+	if m, _ := s.Machine("a-evil"); m.PowerParameters[maas.PowerPass] != "" {
+		t.Errorf("claimant got B's password: %+v", m)
 	}
 }

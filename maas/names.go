@@ -28,9 +28,11 @@ func BMCHost(vm VMRef, domain string) string {
 	return vm.Name + "." + vm.Namespace + "." + domain
 }
 
-// BMCAddress is the Redfish power address MaaS should use for the VM.
+// BMCAddress is the Redfish power address MaaS should store for the VM: the
+// bare host name. MaaS's redfish driver adds https:// itself, and MaaS 3.4's
+// region answers HTTP 500 to an address with a scheme.
 func BMCAddress(vm VMRef, domain string) string {
-	return "https://" + BMCHost(vm, domain)
+	return BMCHost(vm, domain)
 }
 
 var (

@@ -87,6 +87,7 @@ type Change struct {
 const (
 	ActionCreatePool     = "create pool"
 	ActionSetCredentials = "set power credentials"
+	ActionDetach         = "detach from the VM's BMC"
 	ActionSetIdentity    = "set hostname and pool"
 	ActionCommission     = "commission"
 	ActionReport         = "report status"
@@ -98,9 +99,15 @@ const (
 	ReasonBound = "Bound"
 	// ReasonUnverified: machines claim the VM but none is proven to be it.
 	ReasonUnverified = "Unverified"
-	// ReasonDuplicated: more than one machine claims the VM.
-	ReasonDuplicated = "Duplicated"
-	// ReasonFailing: the VM's machine could not be brought in shape.
+	// ReasonDuplicateClaim: more than one machine claims the VM; the ones
+	// that are not the proven machine are detached from the VM's BMC.
+	ReasonDuplicateClaim = "DuplicateClaim"
+	// ReasonCommissionRefused: MaaS refused to commission the VM's machine.
+	ReasonCommissionRefused = "CommissionRefused"
+	// ReasonAddressRejected: MaaS refused the machine's power address.
+	ReasonAddressRejected = "AddressRejected"
+	// ReasonFailing: the VM's machine could not be brought in shape for
+	// another reason.
 	ReasonFailing = "Failing"
 	// ReasonNoMachine: no MaaS machine claims the VM.
 	ReasonNoMachine = "NoMachine"
@@ -359,20 +366,32 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	type bound struct {
 		m              managedMachine
 		vm             *EnrolledVM
+		others         []managedMachine // the other machines claiming the VM
 		credentialsSet bool
 		err            error
 	}
 	var all []*bound
 	for _, b := range bindings {
 		if b.winner >= 0 {
-			all = append(all, &bound{m: b.claims[b.winner].m, vm: b.vm})
+			x := &bound{m: b.claims[b.winner].m, vm: b.vm}
+			for i, c := range b.claims {
+				if i != b.winner {
+					x.others = append(x.others, c.m)
+				}
+			}
+			all = append(all, x)
 		}
 	}
 	current := make(map[string]Machine, len(all))
 	failures := map[string]error{}
 	for _, x := range all {
 		current[x.m.SystemID] = x.m.Machine
-		x.credentialsSet, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, record)
+		// MaaS shares one BMC row among redfish machines of one address:
+		// credentials written on the proven machine would reach every other
+		// claimant, so they are detached first, or nothing is written.
+		if x.err = r.detach(ctx, x.m, x.others, record); x.err == nil {
+			x.credentialsSet, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, record)
+		}
 	}
 	ownsIdentity := func(x *bound) bool {
 		// A missing Secret does not stop a New machine being named.
@@ -464,10 +483,79 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 	// not run again: MaaS would store their YAML and blank the password.
 	commissioned, err := r.MaaS.Commission(ctx, m.SystemID, CommissionOptions{SkipBMCConfig: true})
 	if err != nil {
-		return current, fmt.Errorf("commission %s: %w", m.SystemID, err)
+		err = fmt.Errorf("commission %s: %w", m.SystemID, err)
+		if errors.Is(err, ErrInvalidArgument) {
+			return current, &failureKind{reason: ReasonCommissionRefused, err: err}
+		}
+		return current, err
 	}
 	log.Info("commissioning started", "hostname", commissioned.Hostname)
 	return commissioned, nil
+}
+
+// detach moves every machine but the proven one off the VM's BMC: power type
+// manual gives it a BMC row of its own in MaaS. A machine detached stays
+// detached (it is no longer a redfish machine), so this costs one request
+// per claimant, once.
+func (r *Reconciler) detach(ctx context.Context, proven managedMachine, others []managedMachine, record func(Change)) error {
+	for _, m := range others {
+		record(Change{Action: ActionDetach, SystemID: m.SystemID, VM: proven.vm,
+			Detail: "power type manual: it claims the BMC of the VM proven to be machine " + proven.SystemID})
+		if r.DryRun {
+			continue
+		}
+		if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeManual}); err != nil {
+			return &failureKind{reason: ReasonDuplicateClaim,
+				err: fmt.Errorf("machine %s also claims this VM's BMC and could not be detached from it, so no credentials are written: %w", m.SystemID, err)}
+		}
+		r.logFor(m).Info("machine claiming another machine's VM detached from its BMC (power type manual)", "provenSystemID", proven.SystemID)
+	}
+	return nil
+}
+
+// verifyCredentialsHeldOnlyBy reads back every machine's power parameters
+// after a credential write: a machine other than the proven one that holds
+// the VM's credentials (it shares the BMC row in a way the list did not
+// show) is detached, and the write counts as failed.
+func (r *Reconciler) verifyCredentialsHeldOnlyBy(ctx context.Context, m managedMachine, creds Credentials) error {
+	params, err := r.MaaS.PowerParameters(ctx)
+	if err != nil {
+		return fmt.Errorf("read back power parameters: %w", err)
+	}
+	var holders []string
+	for systemID, p := range params {
+		if systemID != m.SystemID && p.String(PowerPass) == creds.Password && p.String(PowerUser) == creds.Username {
+			holders = append(holders, systemID)
+		}
+	}
+	slices.Sort(holders)
+	for _, systemID := range holders {
+		if _, err := r.MaaS.UpdateMachine(ctx, systemID, MachineUpdate{PowerType: PowerTypeManual}); err != nil {
+			return &failureKind{reason: ReasonDuplicateClaim, err: fmt.Errorf("machine %s holds this VM's credentials and could not be detached: %w", systemID, err)}
+		}
+	}
+	if len(holders) > 0 {
+		return &failureKind{reason: ReasonDuplicateClaim, err: fmt.Errorf("machines %v held this VM's credentials after they were written; detached", holders)}
+	}
+	return nil
+}
+
+// failureKind gives a machine's failure the condition reason that names
+// its kind.
+type failureKind struct {
+	reason string
+	err    error
+}
+
+func (f *failureKind) Error() string { return f.err.Error() }
+func (f *failureKind) Unwrap() error { return f.err }
+
+// failureReason is the condition reason for a machine's failure.
+func failureReason(err error) string {
+	if kind, ok := errors.AsType[*failureKind](err); ok {
+		return kind.reason
+	}
+	return ReasonFailing
 }
 
 // reconcileCredentials copies the BMC Secret into the power parameters when
@@ -489,6 +577,12 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	if m.params.String(PowerNodeID) != m.vm.Name {
 		changed[PowerNodeID] = m.vm.Name
 	}
+	// An address of an older commissioning script (https://, a port, a
+	// slash) is rewritten to the form every MaaS version stores: MaaS 3.4
+	// refuses any power change of a machine whose address has a scheme.
+	if want := BMCAddress(m.vm, r.Domain); m.params.String(PowerAddress) != want {
+		changed[PowerAddress] = want
+	}
 	if len(changed) == 0 {
 		return true, nil
 	}
@@ -497,9 +591,17 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 		return true, nil
 	}
 	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: changed}); err != nil {
-		return false, fmt.Errorf("set power credentials of %s: %w", m.SystemID, err)
+		err = fmt.Errorf("set power credentials of %s: %w", m.SystemID, err)
+		if apiErr, ok := errors.AsType[*APIError](err); ok && apiErr.StatusCode == http.StatusInternalServerError {
+			// MaaS 3.4 answers 500 for an address it cannot parse.
+			return false, &failureKind{reason: ReasonAddressRejected, err: err}
+		}
+		return false, err
 	}
 	log.Info("power credentials updated", "keys", changedKeys(changed))
+	if err := r.verifyCredentialsHeldOnlyBy(ctx, m, creds); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 
@@ -588,7 +690,7 @@ func wantedStatus(b binding, current map[string]Machine, failure error) MachineS
 		case len(b.claims) == 0:
 			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonNoMachine, "no MaaS machine's power address names this VM's BMC")}
 		case b.tie:
-			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonDuplicated,
+			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonDuplicateClaim,
 				"machines "+strings.Join(others, ", ")+" all claim this VM equally; none gets its credentials until the others are deleted from MaaS")}
 		}
 		return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonUnverified,
@@ -599,10 +701,15 @@ func wantedStatus(b binding, current map[string]Machine, failure error) MachineS
 	status := MachineStatus{MaaS: &v1beta1.MaaSStatus{SystemID: m.SystemID, StatusName: statusName(m), Hostname: m.Hostname, Pool: m.Pool.Name}}
 	switch {
 	case failure != nil:
-		status.Condition = condition(metav1.ConditionFalse, ReasonFailing, failure.Error())
+		message := failure.Error()
+		if len(others) > 0 {
+			// A refusal must not hide that the VM is also claimed.
+			message += "; machines " + strings.Join(others, ", ") + " also claim this VM"
+		}
+		status.Condition = condition(metav1.ConditionFalse, failureReason(failure), message)
 	case len(others) > 0:
-		status.Condition = condition(metav1.ConditionFalse, ReasonDuplicated,
-			"machine "+m.SystemID+" is this VM ("+winner.why+"); machines "+strings.Join(others, ", ")+" also claim it and get no credentials")
+		status.Condition = condition(metav1.ConditionFalse, ReasonDuplicateClaim,
+			"machine "+m.SystemID+" is this VM ("+winner.why+"); machines "+strings.Join(others, ", ")+" also claim it: detached from its BMC (power type manual), they get no credentials")
 	default:
 		status.Condition = condition(metav1.ConditionTrue, ReasonBound, "machine "+m.SystemID+" is this VM: "+winner.why)
 	}

@@ -6,12 +6,24 @@
 //     the server's API keys (APIKey, an admin's, or NonAdminAPIKey) with a
 //     fresh nonce and an integer timestamp within 300 s of the server's clock
 //     (else 401; a non-integer timestamp is 400, as in MaaS);
-//   - hostnames are unique DNS names (400 otherwise), pool names are unique
-//     (400), PUT merges power_parameters_<key> fields into the machine's
-//     power parameters, and pool= must name an existing pool (400);
+//   - hostnames are unique DNS names: labels of at most 63 letters, digits
+//     and inner hyphens (no underscore, no leading or trailing hyphen), else
+//     400, and "Node with this Hostname already exists." for a taken one;
+//     pool names are unique (400), and pool= must name an existing pool
+//     (400);
+//   - power settings live on BMC rows, not on machines, as in MaaS: for a
+//     chassis-capable power type (redfish) machines whose power type,
+//     power_address and power_user match share one row, so a PUT of power
+//     parameters on one of them changes them for all; a PUT that changes the
+//     power type away from a shared row (power_type=manual) moves the
+//     machine to a fresh row of its own and leaves the others untouched.
+//     PUT merges power_parameters_<key> fields into the row's parameters;
+//   - the region validates the power address as its version does (Shape):
+//     on the 3.4 shape an address with a scheme ("https://...") fails with
+//     HTTP 500, on later shapes it is stored;
 //   - op=commission is refused with 400 unless the machine is New, Ready,
-//     Failed commissioning or Broken; Step moves Commissioning machines to
-//     Ready;
+//     Failed commissioning or Broken, and while the region has no boot image
+//     (WithoutBootImages); Step moves Commissioning machines to Ready;
 //   - GET machines/ carries no power parameters; op=power_parameters gives
 //     them per machine or in bulk, keyed by system_id, to admins only (403
 //     for NonAdminAPIKey);
@@ -71,6 +83,39 @@ var commissionable = []int{StatusNew, StatusFailedCommissioning, StatusReady, St
 // powerTypes are the power drivers the simulated rack controller offers.
 var powerTypes = []string{"redfish", "ipmi", "manual", "virsh", "lxd", "webhook"}
 
+// Shape is the MaaS version whose API behaviour the simulator follows where
+// versions differ. The one difference modelled (the only one found in the
+// API calls virtmetal makes) is the validation of power_address: MaaS 3.4's
+// region parses it as an IP address or host name and answers HTTP 500 for
+// an address with a scheme; later versions store it.
+type Shape string
+
+// The shapes the simulator knows.
+const (
+	Shape34     Shape = "3.4"
+	Shape35     Shape = "3.5"
+	Shape36     Shape = "3.6"
+	ShapeMaster Shape = "master"
+)
+
+// Shapes are all shapes, oldest first.
+var Shapes = []Shape{Shape34, Shape35, Shape36, ShapeMaster}
+
+// DefaultShape is the shape of a new server: the newest.
+const DefaultShape = ShapeMaster
+
+// acceptsSchemeInAddress tells whether the region stores a power_address
+// with a scheme.
+func (sh Shape) acceptsSchemeInAddress() bool { return sh != Shape34 }
+
+// Shape34AddressError is the text of MaaS 3.4's HTTP 500 for a power address
+// with a scheme (netaddr's ValueError, uncaught).
+const Shape34AddressError = "IPAddress() does not support netmasks or subnet prefixes!"
+
+// chassisPowerTypes are the power types whose machines share a BMC row when
+// their address and user match, as MaaS's chassis-capable drivers do.
+var chassisPowerTypes = []string{"redfish", "virsh", "lxd"}
+
 // DefaultPool is the pool every MaaS has, id 0.
 const DefaultPool = "default"
 
@@ -107,9 +152,25 @@ type Machine struct {
 	BMCConfig map[string]string
 }
 
+// machineState is a machine as the server keeps it: its Machine's
+// PowerType and PowerParameters are not used, they are its BMC row's.
 type machineState struct {
 	Machine
+	bmc           int // the BMC row's id
 	skipBMCConfig bool
+}
+
+// bmcRow is MaaS's BMC object: the power settings of one or more machines.
+type bmcRow struct {
+	id        int
+	powerType string
+	params    map[string]string
+}
+
+// sharesBy is the key under which chassis-capable rows are shared.
+func (b *bmcRow) sharesBy(powerType string, params map[string]string) bool {
+	return b.powerType == powerType && b.params["power_address"] == params["power_address"] &&
+		b.params["power_user"] == params["power_user"]
 }
 
 // Request is one request the server received.
@@ -166,7 +227,11 @@ type Server struct {
 	srv *httptest.Server
 
 	mu         sync.Mutex
+	shape      Shape
+	noImages   bool
 	machines   map[string]*machineState
+	bmcs       map[int]*bmcRow
+	nextBMCID  int
 	devices    []string // hostnames of non-machine nodes
 	pools      []poolState
 	nextPoolID int
@@ -199,13 +264,109 @@ func New(t testing.TB) *Server {
 // instead. Close stops it.
 func Start() *Server {
 	s := &Server{
+		shape:      DefaultShape,
 		machines:   map[string]*machineState{},
+		bmcs:       map[int]*bmcRow{},
+		nextBMCID:  1,
 		nonces:     map[string]bool{},
 		nextPoolID: 1,
 	}
 	s.pools = []poolState{newPool(0, DefaultPool, "Default pool")}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	return s
+}
+
+// WithShape makes the server follow a MaaS version's behaviour.
+func (s *Server) WithShape(shape Shape) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.shape = shape
+	return s
+}
+
+// WithoutBootImages makes the region have no boot image (or, with false,
+// have them again): commission is refused with 400.
+func (s *Server) WithoutBootImages(missing bool) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noImages = missing
+	return s
+}
+
+// BMCID is the id of the BMC row holding the machine's power settings; 0
+// when the machine is unknown.
+func (s *Server) BMCID(systemID string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.machines[systemID]; ok {
+		return m.bmc
+	}
+	return 0
+}
+
+// setPower gives a machine power settings as MaaS's Node.set_power_config
+// does: a chassis-capable type joins the row whose type, address and user
+// match, or else changes its own row in place, whoever shares it; any other
+// type changes its own row if no other machine shares it, else gets a
+// fresh one. s.mu is held.
+func (s *Server) setPower(m *machineState, powerType string, params map[string]string) {
+	params = maps.Clone(params)
+	if params == nil {
+		params = map[string]string{}
+	}
+	current := s.bmcs[m.bmc]
+	chassis := slices.Contains(chassisPowerTypes, powerType)
+	if chassis {
+		for _, row := range s.sortedBMCs() {
+			if row != current && row.sharesBy(powerType, params) {
+				m.bmc = row.id
+				row.params = params
+				s.dropUnusedBMC(current)
+				return
+			}
+		}
+	}
+	if current != nil && ((chassis && current.powerType == powerType) || !s.bmcShared(current, m)) {
+		current.powerType, current.params = powerType, params
+		return
+	}
+	row := &bmcRow{id: s.nextBMCID, powerType: powerType, params: params}
+	s.nextBMCID++
+	s.bmcs[row.id] = row
+	m.bmc = row.id
+	s.dropUnusedBMC(current)
+}
+
+func (s *Server) sortedBMCs() []*bmcRow {
+	return slices.SortedFunc(maps.Values(s.bmcs), func(a, b *bmcRow) int { return cmp.Compare(a.id, b.id) })
+}
+
+// bmcShared tells whether a machine other than m uses row.
+func (s *Server) bmcShared(row *bmcRow, m *machineState) bool {
+	for _, other := range s.machines {
+		if other != m && other.bmc == row.id {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) dropUnusedBMC(row *bmcRow) {
+	if row != nil && !s.bmcShared(row, nil) {
+		delete(s.bmcs, row.id)
+	}
+}
+
+// view is a copy of the machine with its row's power settings. s.mu is
+// held.
+func (s *Server) view(state *machineState) Machine {
+	m := state.Machine
+	if row := s.bmcs[state.bmc]; row != nil {
+		m.PowerType, m.PowerParameters = row.powerType, maps.Clone(row.params)
+	}
+	m.BMCConfig = maps.Clone(m.BMCConfig)
+	m.MACs = slices.Clone(m.MACs)
+	return m
 }
 
 // Close stops the server.
@@ -250,27 +411,37 @@ func (s *Server) Enlist(m Machine) (string, error) {
 	if s.pool(m.Pool) == nil {
 		return "", fmt.Errorf("maastest: machine %s in unknown pool %q", m.SystemID, m.Pool)
 	}
-	m.PowerParameters = maps.Clone(m.PowerParameters)
-	if m.PowerParameters == nil {
-		m.PowerParameters = map[string]string{}
-	}
+	powerType, params := m.PowerType, m.PowerParameters
+	m.PowerType, m.PowerParameters = "", nil
 	m.BMCConfig = maps.Clone(m.BMCConfig)
 	m.MACs = slices.Clone(m.MACs)
-	s.machines[m.SystemID] = &machineState{Machine: m}
+	state := &machineState{Machine: m}
+	s.machines[m.SystemID] = state
+	s.setPower(state, powerType, params)
 	return m.SystemID, nil
 }
 
 // Update changes a machine's state under the server's lock, as MaaS's own
 // processes do (power drivers, commissioning results); it reports whether
-// the machine exists. The machine's maps may be changed in place.
+// the machine exists. The machine's maps may be changed in place; changed
+// power settings are stored as a PUT stores them (see setPower).
 func (s *Server) Update(systemID string, change func(m *Machine)) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	state, ok := s.machines[systemID]
-	if ok {
-		change(&state.Machine)
+	if !ok {
+		return false
 	}
-	return ok
+	m := s.view(state)
+	change(&m)
+	powerType, params := m.PowerType, m.PowerParameters
+	old := s.view(state)
+	m.PowerType, m.PowerParameters = "", nil
+	state.Machine = m
+	if powerType != old.PowerType || !maps.Equal(params, old.PowerParameters) {
+		s.setPower(state, powerType, params)
+	}
+	return true
 }
 
 // OnCommission makes the server call commissioned with the system_id of
@@ -289,11 +460,7 @@ func (s *Server) Machines() []Machine {
 	defer s.mu.Unlock()
 	var out []Machine
 	for _, state := range s.sortedMachines() {
-		m := state.Machine
-		m.PowerParameters = maps.Clone(m.PowerParameters)
-		m.BMCConfig = maps.Clone(m.BMCConfig)
-		m.MACs = slices.Clone(m.MACs)
-		out = append(out, m)
+		out = append(out, s.view(state))
 	}
 	return out
 }
@@ -355,21 +522,32 @@ func (s *Server) ClearFaults() {
 }
 
 // Step completes every commissioning: Commissioning machines become Ready,
-// taking their BMCConfig as power parameters unless skip_bmc_config was set.
+// taking their BMCConfig as power parameters unless skip_bmc_config was set
+// or the region's validation refuses its address (then the power settings
+// stay as they were, as MaaS fails to store them).
 func (s *Server) Step() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, m := range s.machines {
+	for _, m := range s.sortedMachines() {
 		if m.Status != StatusCommissioning {
 			continue
 		}
-		if !m.skipBMCConfig && m.BMCConfig != nil {
-			m.PowerType = m.BMCConfig["power_type"]
-			m.PowerParameters = maps.Clone(m.BMCConfig)
-			delete(m.PowerParameters, "power_type")
+		if !m.skipBMCConfig && m.BMCConfig != nil && s.addressError(m.BMCConfig["power_type"], m.BMCConfig) == "" {
+			params := maps.Clone(m.BMCConfig)
+			delete(params, "power_type")
+			s.setPower(m, m.BMCConfig["power_type"], params)
 		}
 		m.Status = StatusReady
 	}
+}
+
+// addressError is the region's HTTP 500 text for power settings whose
+// address its version cannot store, "" when it can. s.mu is held.
+func (s *Server) addressError(powerType string, params map[string]string) string {
+	if powerType != "manual" && !s.shape.acceptsSchemeInAddress() && strings.Contains(params["power_address"], "://") {
+		return Shape34AddressError
+	}
+	return ""
 }
 
 // Machine returns a copy of a machine's state; ok is false when unknown.
@@ -380,11 +558,7 @@ func (s *Server) Machine(systemID string) (m Machine, ok bool) {
 	if !ok {
 		return Machine{}, false
 	}
-	m = state.Machine
-	m.PowerParameters = maps.Clone(m.PowerParameters)
-	m.BMCConfig = maps.Clone(m.BMCConfig)
-	m.MACs = slices.Clone(m.MACs)
-	return m, true
+	return s.view(state), true
 }
 
 // Pools returns the pool names in creation order.
@@ -688,7 +862,7 @@ func (s *Server) route(r *http.Request, path, op string) reply {
 		case r.Method == http.MethodGet && op == "":
 			return jsonReply(s.machineJSON(m))
 		case r.Method == http.MethodGet && op == "power_parameters":
-			return jsonReply(maps.Clone(m.PowerParameters))
+			return jsonReply(s.view(m).PowerParameters)
 		case r.Method == http.MethodPut && op == "":
 			return s.updateMachine(m, r)
 		case r.Method == http.MethodPost && op == "commission":
@@ -768,7 +942,7 @@ func (s *Server) machineJSON(m *machineState) map[string]any {
 		"fqdn":           m.Hostname + ".maas",
 		"status":         m.Status,
 		"status_name":    statusName(m.Status),
-		"power_type":     m.PowerType,
+		"power_type":     s.view(m).PowerType,
 		"pool":           *s.pool(m.Pool),
 		"resource_uri":   "/MAAS/api/2.0/machines/" + m.SystemID + "/",
 	}
@@ -785,7 +959,7 @@ func (s *Server) bulkPowerParameters(ids []string) map[string]map[string]string 
 	params := map[string]map[string]string{}
 	for _, m := range s.machines {
 		if len(ids) == 0 || slices.Contains(ids, m.SystemID) {
-			params[m.SystemID] = maps.Clone(m.PowerParameters)
+			params[m.SystemID] = s.view(m).PowerParameters
 		}
 	}
 	return params
@@ -849,6 +1023,23 @@ func (s *Server) updateMachine(m *machineState, r *http.Request) reply {
 	if form.Has("power_type") && !slices.Contains(powerTypes, form.Get("power_type")) {
 		return formError("power_type", fmt.Sprintf("Select a valid choice. %s is not one of the available choices.", form.Get("power_type")))
 	}
+	// A new power type takes only the form's parameters; the same type
+	// merges them into the row's.
+	current := s.view(m)
+	powerType, params, powerChanged := current.PowerType, current.PowerParameters, false
+	if form.Has("power_type") && form.Get("power_type") != powerType {
+		powerType, params, powerChanged = form.Get("power_type"), map[string]string{}, true
+	}
+	for key, values := range form {
+		if param, ok := strings.CutPrefix(key, "power_parameters_"); ok && param != "skip_check" {
+			params[param], powerChanged = values[0], true
+		}
+	}
+	if powerChanged {
+		if text := s.addressError(powerType, params); text != "" {
+			return textError(http.StatusInternalServerError, text)
+		}
+	}
 
 	if form.Has("hostname") {
 		m.Hostname = hostname
@@ -856,20 +1047,22 @@ func (s *Server) updateMachine(m *machineState, r *http.Request) reply {
 	if form.Has("pool") {
 		m.Pool = form.Get("pool")
 	}
-	if form.Has("power_type") {
-		m.PowerType = form.Get("power_type")
-	}
-	for key, values := range form {
-		if param, ok := strings.CutPrefix(key, "power_parameters_"); ok && param != "skip_check" {
-			m.PowerParameters[param] = values[0]
-		}
+	if powerChanged {
+		s.setPower(m, powerType, params)
 	}
 	return jsonReply(s.machineJSON(m))
 }
 
+// NoImageError is the region's 400 text for a commission while it has no
+// boot image.
+const NoImageError = "No commissioning image is available: import boot images first."
+
 func (s *Server) commission(m *machineState, r *http.Request) reply {
 	if !slices.Contains(commissionable, m.Status) {
 		return formError("__all__", "Commission is not available because of the current state of the node.")
+	}
+	if s.noImages {
+		return formError("__all__", NoImageError)
 	}
 	skip := r.PostForm.Get("skip_bmc_config")
 	m.skipBMCConfig = skip == "1" || strings.EqualFold(skip, "true")
