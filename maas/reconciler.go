@@ -57,7 +57,8 @@ import (
 // in MaaS, and three lists in Kubernetes (Cluster.Enrolled; a fourth,
 // Cluster.InstanceMACs, only while a claimed VM sets no MAC in its spec),
 // plus a pool list only when some machine needs moving, plus one request per
-// change: machines that need nothing cost nothing. Machines of other tools
+// change and, in a cycle that wrote credentials, one bulk power-parameters
+// read-back: machines that need nothing cost nothing. Machines of other tools
 // and physical servers are left alone.
 //
 // A Reconciler keeps no state between cycles; it is not safe for concurrent
@@ -384,13 +385,30 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	}
 	current := make(map[string]Machine, len(all))
 	failures := map[string]error{}
+	var written []*bound
 	for _, x := range all {
 		current[x.m.SystemID] = x.m.Machine
 		// MaaS shares one BMC row among redfish machines of one address:
 		// credentials written on the proven machine would reach every other
 		// claimant, so they are detached first, or nothing is written.
 		if x.err = r.detach(ctx, x.m, x.others, record); x.err == nil {
-			x.credentialsSet, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, record)
+			var wrote bool
+			x.credentialsSet, wrote, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, record)
+			if wrote {
+				written = append(written, x)
+			}
+		}
+	}
+	// One read-back for every write of the cycle, not one per write.
+	if len(written) > 0 {
+		params, err := r.MaaS.PowerParameters(ctx)
+		for _, x := range written {
+			if err == nil {
+				x.err = r.detachOtherHolders(ctx, x.m, x.vm.Credentials, params)
+			} else {
+				x.err = fmt.Errorf("read back power parameters: %w", err)
+			}
+			x.credentialsSet = x.err == nil
 		}
 	}
 	ownsIdentity := func(x *bound) bool {
@@ -513,15 +531,11 @@ func (r *Reconciler) detach(ctx context.Context, proven managedMachine, others [
 	return nil
 }
 
-// verifyCredentialsHeldOnlyBy reads back every machine's power parameters
-// after a credential write: a machine other than the proven one that holds
-// the VM's credentials (it shares the BMC row in a way the list did not
-// show) is detached, and the write counts as failed.
-func (r *Reconciler) verifyCredentialsHeldOnlyBy(ctx context.Context, m managedMachine, creds Credentials) error {
-	params, err := r.MaaS.PowerParameters(ctx)
-	if err != nil {
-		return fmt.Errorf("read back power parameters: %w", err)
-	}
+// detachOtherHolders checks the power parameters read back after a
+// credential write: a machine other than the proven one that holds the VM's
+// credentials (it shares the BMC row in a way the list did not show) is
+// detached, and the write counts as failed.
+func (r *Reconciler) detachOtherHolders(ctx context.Context, m managedMachine, creds Credentials, params map[string]PowerParameters) error {
 	var holders []string
 	for systemID, p := range params {
 		if systemID != m.SystemID && p.String(PowerPass) == creds.Password && p.String(PowerUser) == creds.Username {
@@ -560,11 +574,11 @@ func failureReason(err error) string {
 
 // reconcileCredentials copies the BMC Secret into the power parameters when
 // they differ. It reports whether MaaS has (or, in a dry run, would have) the
-// Secret's credentials; the error wraps ErrNotFound when the Secret is
-// missing.
-func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, m managedMachine, vm *EnrolledVM, record func(Change)) (bool, error) {
+// Secret's credentials, and whether it wrote them (the caller reads them
+// back); the error wraps ErrNotFound when the Secret is missing.
+func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, m managedMachine, vm *EnrolledVM, record func(Change)) (set, wrote bool, err error) {
 	if vm.CredentialsErr != nil {
-		return false, vm.CredentialsErr
+		return false, false, vm.CredentialsErr
 	}
 	creds := vm.Credentials
 	changed := map[string]string{}
@@ -584,25 +598,22 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 		changed[PowerAddress] = want
 	}
 	if len(changed) == 0 {
-		return true, nil
+		return true, false, nil
 	}
 	record(Change{Action: ActionSetCredentials, SystemID: m.SystemID, VM: m.vm, Detail: changedKeys(changed) + " from the BMC's credentials Secret"})
 	if r.DryRun {
-		return true, nil
+		return true, false, nil
 	}
 	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: changed}); err != nil {
 		err = fmt.Errorf("set power credentials of %s: %w", m.SystemID, err)
 		if apiErr, ok := errors.AsType[*APIError](err); ok && apiErr.StatusCode == http.StatusInternalServerError {
 			// MaaS 3.4 answers 500 for an address it cannot parse.
-			return false, &failureKind{reason: ReasonAddressRejected, err: err}
+			return false, false, &failureKind{reason: ReasonAddressRejected, err: err}
 		}
-		return false, err
+		return false, false, err
 	}
 	log.Info("power credentials updated", "keys", changedKeys(changed))
-	if err := r.verifyCredentialsHeldOnlyBy(ctx, m, creds); err != nil {
-		return false, err
-	}
-	return true, nil
+	return true, true, nil
 }
 
 // reconcileIdentity gives a machine its hostname and pool. It returns the
