@@ -45,7 +45,9 @@ func run(m *testing.M) (int, error) {
 	if err := l.CreateNamespace(ctx, preExisting.Namespace); err != nil {
 		return 0, err
 	}
-	if err := l.CreateVM(ctx, preExisting, lab.VMOptions{Halted: true}); err != nil {
+	// It existed before this version: an older commissioning script
+	// enlists it with https:// in its power address.
+	if err := l.CreateVM(ctx, preExisting, lab.VMOptions{Halted: true, OldScriptAddress: true}); err != nil {
 		return 0, err
 	}
 	if err := l.StartController(ctx); err != nil {
@@ -83,6 +85,17 @@ func TestWholeFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFlow(t, ctx, l, redfishVM, ipmiVM, preExisting)
+	enlistedWith := map[maas.VMRef]string{}
+	for _, vm := range []maas.VMRef{redfishVM, preExisting} {
+		for _, e := range l.Timeline(vm) {
+			if e.Step == lab.StepPowerConfig {
+				enlistedWith[vm] = e.Detail
+			}
+		}
+	}
+	if !strings.Contains(enlistedWith[preExisting], "https://") || strings.Contains(enlistedWith[redfishVM], "://") {
+		t.Errorf("enlisted with %q (old script) and %q (this one); want https:// and the bare host", enlistedWith[preExisting], enlistedWith[redfishVM])
+	}
 }
 
 // checkFlow waits until the VMs are Ready in MaaS and checks each one's end
@@ -117,6 +130,11 @@ func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VM
 	}
 	if m.PowerType != maas.PowerTypeRedfish || m.PowerParameters["power_user"] == "" || m.PowerParameters["power_pass"] == "" {
 		t.Errorf("machine %s: power %s %v, want redfish with the BMC's credentials", m.SystemID, m.PowerType, redact(m.PowerParameters))
+	}
+	// The bare host, whatever the script that enlisted it wrote: MaaS 3.4
+	// refuses a scheme.
+	if got, want := m.PowerParameters["power_address"], maas.BMCAddress(vm, l.Domain); got != want {
+		t.Errorf("machine %s: power_address %q, want %q", m.SystemID, got, want)
 	}
 	machines := 0
 	for _, other := range l.MaaS.Machines() {

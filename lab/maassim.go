@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,6 +50,9 @@ type maasSim struct {
 	// consumed says, per VM, whether the BMC showed the Once override
 	// gone once the commissioning's PXE boot happened.
 	consumed map[maas.VMRef]bool
+	// oldScript are the VMs enlisted with the address form of the
+	// commissioning script's earlier versions (VMOptions.OldScriptAddress).
+	oldScript map[maas.VMRef]bool
 }
 
 func newMaaSSim(l *Lab) (*maasSim, error) {
@@ -68,7 +70,7 @@ func newMaaSSim(l *Lab) (*maasSim, error) {
 	if err := os.WriteFile(script, []byte(filled), 0o700); err != nil {
 		return nil, err
 	}
-	return &maasSim{l: l, script: script, seen: map[types.UID]bool{}, waiting: map[string]chan *kubevirtv1.VirtualMachineInstance{}, consumed: map[maas.VMRef]bool{}}, nil
+	return &maasSim{l: l, script: script, seen: map[types.UID]bool{}, waiting: map[string]chan *kubevirtv1.VirtualMachineInstance{}, consumed: map[maas.VMRef]bool{}, oldScript: map[maas.VMRef]bool{}}, nil
 }
 
 // runGuests watches the VM instances come up; each that boots from the
@@ -178,21 +180,21 @@ func (s *maasSim) runEnlistmentScripts(ctx context.Context, systemID string, vm 
 		s.l.logf("enlistment scripts of %s: %v", systemID, err)
 		return
 	}
+	s.mu.Lock()
+	old := s.oldScript[vm]
+	s.mu.Unlock()
+	if config != nil && old {
+		config["power_address"] = "https://" + config["power_address"]
+	}
 	if config != nil {
-		s.storeBMCConfig(systemID, config)
+		// MaaS stores what the script wrote to BMC_CONFIG_PATH, where its
+		// region accepts it.
+		if err := s.l.MaaS.StoreBMCConfig(systemID, config); err != nil {
+			s.l.logf("enlistment scripts of %s: %v", systemID, err)
+			return
+		}
 		s.l.progress.record(vm, StepPowerConfig, fmt.Sprintf("%s %s node_id %s", config["power_type"], config["power_address"], config["node_id"]))
 	}
-}
-
-// storeBMCConfig is MaaS reading BMC_CONFIG_PATH after the script: the
-// power type and parameters become the YAML's.
-func (s *maasSim) storeBMCConfig(systemID string, config map[string]string) {
-	s.l.MaaS.Update(systemID, func(m *maastest.Machine) {
-		m.BMCConfig = maps.Clone(config)
-		m.PowerType = config["power_type"]
-		m.PowerParameters = maps.Clone(config)
-		delete(m.PowerParameters, "power_type")
-	})
 }
 
 // petname is a hostname like the ones MaaS makes up at enlistment.
@@ -319,7 +321,9 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 			return
 		}
 		if config != nil {
-			s.storeBMCConfig(systemID, config)
+			if err := s.l.MaaS.StoreBMCConfig(systemID, config); err != nil {
+				s.l.logf("commissioning scripts of %s: %v", systemID, err)
+			}
 		}
 	}
 	if err := driver.PowerOff(ctx); err != nil {

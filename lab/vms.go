@@ -34,12 +34,22 @@ type VMOptions struct {
 	IPMI bool
 	// Halted creates the VM powered off.
 	Halted bool
+	// OldScriptAddress enlists the VM as the commissioning script before
+	// issue 23 did: its power address https://<vm>.<namespace>.<domain>,
+	// which the lab's MaaS (the newest shape) stores. The reconciler must
+	// rewrite it to the bare form.
+	OldScriptAddress bool
 }
 
 // CreateVM creates a VM as a user of MaaS would: its NIC first in the boot
 // order (it PXE boots), a disk second, powered on unless Halted. Its MAC,
 // serial and firmware UUID are left to virtmetal and KubeVirt.
 func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error {
+	if opts.OldScriptAddress {
+		l.sim.mu.Lock()
+		l.sim.oldScript[vm] = true
+		l.sim.mu.Unlock()
+	}
 	if opts.IPMI {
 		on := true
 		bmc := &v1beta1.VirtualMachineBMC{

@@ -126,7 +126,7 @@ func NewKubeCluster(cfg *rest.Config) (KubeCluster, error) {
 // knows corev1, KubeVirt's core/v1 and virtmetal's v1beta1.
 type KubeCluster struct {
 	Client client.Client
-	// Now stamps lastSync and Events; time.Now when nil.
+	// Now stamps Events; time.Now when nil.
 	Now func() time.Time
 }
 
@@ -265,8 +265,27 @@ func (k KubeCluster) ReportStatus(ctx context.Context, vm VMRef, status MachineS
 				block[key] = value
 			}
 		}
-		if m.LastSync != nil {
-			block["lastSync"] = m.LastSync.UTC().Format(time.RFC3339)
+		if m.LastUpdateTime != nil {
+			block["lastUpdateTime"] = m.LastUpdateTime.UTC().Format(time.RFC3339)
+		}
+		if len(m.Problems) > 0 {
+			problems := make([]any, 0, len(m.Problems))
+			for _, p := range m.Problems {
+				problem := map[string]any{"reason": p.Reason, "message": p.Message, "cycles": int64(p.Cycles),
+					"since": p.Since.UTC().Format(time.RFC3339)}
+				if p.RetryAfter != nil {
+					problem["retryAfter"] = p.RetryAfter.UTC().Format(time.RFC3339)
+				}
+				if len(p.Machines) > 0 {
+					machines := make([]any, 0, len(p.Machines))
+					for _, id := range p.Machines {
+						machines = append(machines, id)
+					}
+					problem["machines"] = machines
+				}
+				problems = append(problems, problem)
+			}
+			block["problems"] = problems
 		}
 		applied["maas"] = block
 	}

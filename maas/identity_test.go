@@ -2,6 +2,7 @@ package maas_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -241,6 +242,11 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 					}
 				}
 			}
+			// Not even for a moment: the read-back would detach a machine
+			// that got the password, but too late.
+			if held := s.PasswordsHeld(tt.attackerID); slices.Contains(held, victimPassword) {
+				t.Errorf("B's password reached the attacker's machine through the shared BMC row (held %d passwords)", len(held))
+			}
 			m, _ := s.Machine(tt.attackerID)
 			if m.PowerParameters[maas.PowerPass] != "" || m.PowerType != "manual" || m.Status != tt.status || m.Pool != maastest.DefaultPool {
 				t.Errorf("attacker's machine = %+v", m)
@@ -252,8 +258,12 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 			if b.PowerParameters[maas.PowerPass] != victimPassword || b.Hostname != maas.Hostname(vmB) || b.Pool != vmB.Namespace || b.Status != maastest.StatusReady {
 				t.Errorf("B's machine did not converge: %+v", b)
 			}
-			if st, _ := cluster.status(vmB); st.SystemID != "m-b" {
-				t.Errorf("B's status %+v; want m-b", st)
+			// The detached claim stays on B's status while MaaS has the
+			// attacker's machine, though it claims no more.
+			st, c := cluster.status(vmB)
+			if st.SystemID != "m-b" || len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonDuplicateClaim ||
+				!slices.Equal(st.Problems[0].Machines, []string{tt.attackerID}) || c.Reason != maas.ReasonDuplicateClaim {
+				t.Errorf("B's status %+v, condition %+v; want m-b with the detached claim of %s", st, c, tt.attackerID)
 			}
 			ev := cluster.eventsOf(vmB)
 			if len(ev) == 0 || ev[0].eventType != "Warning" || ev[0].reason != "MaaSMachine"+maas.ReasonDuplicateClaim || !strings.Contains(ev[0].text, tt.attackerID) {

@@ -287,7 +287,7 @@ func TestStatusIsAppliedBesideTheController(t *testing.T) {
 		t.Fatalf("the controller's status was lost: %+v", bmc.Status)
 	}
 	got := bmc.Status.MaaS
-	if got == nil || got.SystemID != "m1" || got.StatusName != "Ready" || got.Hostname != maas.Hostname(vm) || got.Pool != ns || got.LastSync == nil {
+	if got == nil || got.SystemID != "m1" || got.StatusName != "Ready" || got.Hostname != maas.Hostname(vm) || got.Pool != ns || got.LastUpdateTime == nil {
 		t.Fatalf("status.maas = %+v", got)
 	}
 	c := meta.FindStatusCondition(bmc.Status.Conditions, v1beta1.ConditionMaaSMachine)

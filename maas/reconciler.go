@@ -61,8 +61,13 @@ import (
 // read-back: machines that need nothing cost nothing. Machines of other tools
 // and physical servers are left alone.
 //
-// A Reconciler keeps no state between cycles; it is not safe for concurrent
-// use.
+// A machine's problems (a refused commission, a rejected address, other
+// machines claiming its VM's BMC) go to the VirtualMachineBMC status too,
+// counted across cycles; a refused commission is tried again only after a
+// wait that doubles with each refusal (see v1beta1.MaaSProblem).
+//
+// A Reconciler keeps no state between cycles: what must outlive one is in
+// the VirtualMachineBMC status. It is not safe for concurrent use.
 type Reconciler struct {
 	MaaS    *Client
 	Cluster Cluster
@@ -72,8 +77,13 @@ type Reconciler struct {
 	DryRun bool
 	Out    io.Writer
 	Log    logr.Logger
-	// Now stamps lastSync and condition transitions; time.Now when nil.
+	// Now stamps reports, condition transitions and problems; time.Now
+	// when nil.
 	Now func() time.Time
+	// CommissionBackoff is the first wait after MaaS refused to commission
+	// a machine, doubling with each refusal up to MaxCommissionBackoff
+	// (defaults DefaultCommissionBackoff, DefaultMaxCommissionBackoff).
+	CommissionBackoff, MaxCommissionBackoff time.Duration
 }
 
 // Change is one thing a cycle changed (or, in a dry run, would change).
@@ -134,6 +144,21 @@ type CycleResult struct {
 	// Failures are the machines (or VMs) that could not be brought in
 	// shape; each touched only itself.
 	Failures []MachineFailure
+	// Problems are the bound machines' problems as their VMs' statuses
+	// list them after the cycle (see v1beta1.MaaSProblem), counted across
+	// cycles.
+	Problems []Problem
+}
+
+// Recurring are the problems met in at least n consecutive cycles.
+func (c CycleResult) Recurring(n int) []Problem {
+	var out []Problem
+	for _, p := range c.Problems {
+		if int(p.Cycles) >= n {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // MachineFailure is a failure local to one machine or VM.
@@ -268,11 +293,14 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 		return result, fmt.Errorf("read enrolled VMs: %w", err)
 	}
 	result.Machines = len(machines)
+	now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
 
 	holders := make(map[string]string, len(machines)) // hostname → system_id
+	inMaaS := make(map[string]bool, len(machines))
 	claims := map[VMRef][]managedMachine{}
 	for _, m := range machines {
 		holders[m.Hostname] = m.SystemID
+		inMaaS[m.SystemID] = true
 		if m.PowerType != PowerTypeRedfish {
 			continue
 		}
@@ -311,7 +339,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 			fmt.Fprintln(r.Out, "would "+c.String())
 		}
 	}
-	current, failures := r.reconcileBound(ctx, bindings, holders, record)
+	current, failures := r.reconcileBound(ctx, bindings, holders, now, record)
 	for _, b := range bindings {
 		var failure error
 		if b.winner >= 0 {
@@ -321,8 +349,14 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 				result.Failures = append(result.Failures, MachineFailure{SystemID: b.claims[b.winner].m.SystemID, VM: b.vm.VM, Err: failure})
 			}
 		}
-		if err := r.report(ctx, b, current, failure, record); err != nil {
+		want, err := r.report(ctx, b, r.wantedStatus(b, current, failure, inMaaS, now), now, record)
+		if err != nil {
 			result.Failures = append(result.Failures, MachineFailure{VM: b.vm.VM, Err: err})
+		}
+		if want.MaaS != nil {
+			for _, p := range want.MaaS.Problems {
+				result.Problems = append(result.Problems, Problem{VM: b.vm.VM, SystemID: want.MaaS.SystemID, MaaSProblem: p})
+			}
 		}
 	}
 	for _, f := range result.Failures {
@@ -363,7 +397,7 @@ func (r *Reconciler) fillInstanceMACs(ctx context.Context, enrolled map[VMRef]*E
 // (whether they are set decides whether a Ready machine is ours to name, and
 // so which pools are needed), then pools, hostnames and commissioning. It
 // returns the machines as MaaS last showed them and each one's failure.
-func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, holders map[string]string, record func(Change)) (map[string]Machine, map[string]error) {
+func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, holders map[string]string, now metav1.Time, record func(Change)) (map[string]Machine, map[string]error) {
 	type bound struct {
 		m              managedMachine
 		vm             *EnrolledVM
@@ -425,7 +459,7 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	poolErrs := r.ensurePools(ctx, poolsWanted, record)
 	for _, x := range all {
 		if ownsIdentity(x) {
-			m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.credentialsSet, holders, poolErrs, record)
+			m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, holders, poolErrs, now, record)
 			current[x.m.SystemID] = m
 			x.err = cmp.Or(err, x.err)
 		}
@@ -482,9 +516,10 @@ func (r *Reconciler) logFor(m managedMachine) logr.Logger {
 }
 
 // reconcileIdentityAndCommission sets the hostname and pool and, for a New
-// machine whose credentials are in place, commissions it. It returns the
-// machine as MaaS last showed it.
-func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, credentialsSet bool, holders map[string]string, poolErrs map[string]error, record func(Change)) (Machine, error) {
+// machine whose credentials are in place, commissions it, unless MaaS
+// refused that and the wait the VM's status reports has not ended. It
+// returns the machine as MaaS last showed it.
+func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, reported MachineStatus, credentialsSet bool, holders map[string]string, poolErrs map[string]error, now metav1.Time, record func(Change)) (Machine, error) {
 	current, identitySet, err := r.reconcileIdentity(ctx, log, m, holders, poolErrs, record)
 	if err != nil || !identitySet || m.Status != StatusNew {
 		return current, err
@@ -492,6 +527,11 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 	if !credentialsSet {
 		log.Info("not commissioning until the BMC credentials are set")
 		return current, nil
+	}
+	if refused, waiting := commissionWaiting(reported, current, now.Time); waiting {
+		log.V(1).Info("commission refused before, waiting", "retryAfter", refused.RetryAfter.Time)
+		return current, &failureKind{reason: ReasonCommissionRefused, waiting: true,
+			err: fmt.Errorf("%s (next try after %s)", refused.Message, refused.RetryAfter.UTC().Format(time.RFC3339))}
 	}
 	record(Change{Action: ActionCommission, SystemID: m.SystemID, VM: m.vm, Detail: "New machine"})
 	if r.DryRun {
@@ -554,24 +594,6 @@ func (r *Reconciler) detachOtherHolders(ctx context.Context, m managedMachine, c
 	return nil
 }
 
-// failureKind gives a machine's failure the condition reason that names
-// its kind.
-type failureKind struct {
-	reason string
-	err    error
-}
-
-func (f *failureKind) Error() string { return f.err.Error() }
-func (f *failureKind) Unwrap() error { return f.err }
-
-// failureReason is the condition reason for a machine's failure.
-func failureReason(err error) string {
-	if kind, ok := errors.AsType[*failureKind](err); ok {
-		return kind.reason
-	}
-	return ReasonFailing
-}
-
 // reconcileCredentials copies the BMC Secret into the power parameters when
 // they differ. It reports whether MaaS has (or, in a dry run, would have) the
 // Secret's credentials, and whether it wrote them (the caller reads them
@@ -606,8 +628,7 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	}
 	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: changed}); err != nil {
 		err = fmt.Errorf("set power credentials of %s: %w", m.SystemID, err)
-		if apiErr, ok := errors.AsType[*APIError](err); ok && apiErr.StatusCode == http.StatusInternalServerError {
-			// MaaS 3.4 answers 500 for an address it cannot parse.
+		if addressRejected(err) {
 			return false, false, &failureKind{reason: ReasonAddressRejected, err: err}
 		}
 		return false, false, err
@@ -658,6 +679,14 @@ func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m m
 	return updated, true, nil
 }
 
+// addressRejected tells whether MaaS refused a power address: 3.4's region
+// answers 500 with netaddr's error for one it cannot parse as an IP or host
+// name; a 500 saying nothing of an address is some other failure.
+func addressRejected(err error) bool {
+	apiErr, ok := errors.AsType[*APIError](err)
+	return ok && apiErr.StatusCode == http.StatusInternalServerError && strings.Contains(strings.ToLower(apiErr.Message), "address")
+}
+
 // hostnameRefused tells whether MaaS refused a form for its hostname field.
 func hostnameRefused(err error) bool {
 	var apiErr *APIError
@@ -685,18 +714,16 @@ func claimHostname(m managedMachine, holders map[string]string) (string, error) 
 }
 
 // wantedStatus is what the VM's VirtualMachineBMC status should say of its
-// MaaS machine; LastSync and LastTransitionTime are left to report.
-func wantedStatus(b binding, current map[string]Machine, failure error) MachineStatus {
+// MaaS machine; LastUpdateTime and LastTransitionTime are left to report.
+func (r *Reconciler) wantedStatus(b binding, current map[string]Machine, failure error, inMaaS map[string]bool, now metav1.Time) MachineStatus {
 	condition := func(status metav1.ConditionStatus, reason, message string) *metav1.Condition {
 		return &metav1.Condition{Type: v1beta1.ConditionMaaSMachine, Status: status, Reason: reason, Message: message}
 	}
-	var others []string
-	for i, c := range b.claims {
-		if i != b.winner {
+	if b.winner < 0 {
+		var others []string
+		for _, c := range b.claims {
 			others = append(others, c.m.SystemID+" ("+c.why+")")
 		}
-	}
-	if b.winner < 0 {
 		switch {
 		case len(b.claims) == 0:
 			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonNoMachine, "no MaaS machine's power address names this VM's BMC")}
@@ -709,21 +736,19 @@ func wantedStatus(b binding, current map[string]Machine, failure error) MachineS
 	}
 	winner := b.claims[b.winner]
 	m := current[winner.m.SystemID]
-	status := MachineStatus{MaaS: &v1beta1.MaaSStatus{SystemID: m.SystemID, StatusName: statusName(m), Hostname: m.Hostname, Pool: m.Pool.Name}}
-	switch {
-	case failure != nil:
-		message := failure.Error()
-		if len(others) > 0 {
-			// A refusal must not hide that the VM is also claimed.
-			message += "; machines " + strings.Join(others, ", ") + " also claim this VM"
-		}
-		status.Condition = condition(metav1.ConditionFalse, failureReason(failure), message)
-	case len(others) > 0:
-		status.Condition = condition(metav1.ConditionFalse, ReasonDuplicateClaim,
-			"machine "+m.SystemID+" is this VM ("+winner.why+"); machines "+strings.Join(others, ", ")+" also claim it: detached from its BMC (power type manual), they get no credentials")
-	default:
+	problems := r.problems(b, m, failure, inMaaS, now)
+	status := MachineStatus{MaaS: &v1beta1.MaaSStatus{SystemID: m.SystemID, StatusName: statusName(m), Hostname: m.Hostname, Pool: m.Pool.Name, Problems: problems}}
+	if len(problems) == 0 {
 		status.Condition = condition(metav1.ConditionTrue, ReasonBound, "machine "+m.SystemID+" is this VM: "+winner.why)
+		return status
 	}
+	// Every problem is named: a refusal must not hide that the VM is also
+	// claimed.
+	messages := []string{"machine " + m.SystemID + " is this VM (" + winner.why + ")"}
+	for _, p := range problems {
+		messages = append(messages, p.Reason+": "+p.Message)
+	}
+	status.Condition = condition(metav1.ConditionFalse, problems[0].Reason, strings.Join(messages, "; "))
 	return status
 }
 
@@ -734,29 +759,31 @@ func statusName(m Machine) string {
 	return "status " + strconv.Itoa(m.Status)
 }
 
-// upToDate tells whether the reported status says what is wanted, timestamps
-// aside; a timestamp someone removed makes it out of date.
+// upToDate tells whether the reported status says what is wanted, the
+// report's timestamps aside; a timestamp someone removed makes it out of
+// date.
 func upToDate(want, reported MachineStatus) bool {
 	if (want.MaaS == nil) != (reported.MaaS == nil) || reported.Condition == nil {
 		return false
 	}
 	if w, r := want.MaaS, reported.MaaS; w != nil && (w.SystemID != r.SystemID || w.StatusName != r.StatusName ||
-		w.Hostname != r.Hostname || w.Pool != r.Pool || r.LastSync == nil) {
+		w.Hostname != r.Hostname || w.Pool != r.Pool || r.LastUpdateTime == nil || !problemsEqual(w.Problems, r.Problems)) {
 		return false
 	}
 	w, r := want.Condition, reported.Condition
 	return w.Status == r.Status && w.Reason == r.Reason && w.Message == r.Message && !r.LastTransitionTime.IsZero()
 }
 
-// report writes the VM's status when it differs from what the
-// VirtualMachineBMC shows, and records an Event when the condition's status
-// or reason changes. The status itself is the memory of what was reported.
-func (r *Reconciler) report(ctx context.Context, b binding, current map[string]Machine, failure error, record func(Change)) error {
-	want, reported := wantedStatus(b, current, failure), b.vm.Reported
+// report writes the wanted status when it differs from what the
+// VirtualMachineBMC shows, and records a Warning Event for each problem
+// that is new, or an Event when the condition's status or reason changes.
+// The status itself is the memory of what was reported. It returns the
+// status as written (or as it stands).
+func (r *Reconciler) report(ctx context.Context, b binding, want MachineStatus, now metav1.Time, record func(Change)) (MachineStatus, error) {
+	reported := b.vm.Reported
 	if upToDate(want, reported) {
-		return nil
+		return want, nil
 	}
-	now := metav1.NewTime(r.now().UTC().Truncate(time.Second))
 	c := want.Condition
 	c.LastTransitionTime = now
 	if reported.Condition != nil && reported.Condition.Status == c.Status && !reported.Condition.LastTransitionTime.IsZero() {
@@ -764,28 +791,45 @@ func (r *Reconciler) report(ctx context.Context, b binding, current map[string]M
 	}
 	log := r.Log.WithValues("namespace", b.vm.VM.Namespace, "vm", b.vm.VM.Name)
 	if want.MaaS != nil {
-		want.MaaS.LastSync = &now
+		want.MaaS.LastUpdateTime = &now
 		log = log.WithValues("systemID", want.MaaS.SystemID)
 	}
 	log.Info("MaaS machine status", "condition", string(c.Status), "reason", c.Reason, "message", c.Message)
 	record(Change{Action: ActionReport, SystemID: systemIDOf(want), VM: b.vm.VM, Detail: c.Reason + ": " + c.Message})
 	if r.DryRun {
-		return nil
+		return want, nil
 	}
 	if err := r.Cluster.ReportStatus(ctx, b.vm.VM, want); err != nil {
-		return fmt.Errorf("report status: %w", err)
+		return want, fmt.Errorf("report status: %w", err)
 	}
+	type event struct{ eventType, reason, message string }
+	var events []event
 	if reported.Condition == nil || reported.Condition.Status != c.Status || reported.Condition.Reason != c.Reason {
 		eventType := corev1.EventTypeWarning
 		if c.Status == metav1.ConditionTrue {
 			eventType = corev1.EventTypeNormal
 		}
-		if err := r.Cluster.RecordEvent(ctx, b.vm, eventType, "MaaSMachine"+c.Reason, c.Message); err != nil {
-			// The condition says it already; an Event is a courtesy.
+		events = append(events, event{eventType, "MaaSMachine" + c.Reason, c.Message})
+	}
+	if want.MaaS != nil {
+		var before []v1beta1.MaaSProblem
+		if reported.MaaS != nil && reported.MaaS.SystemID == want.MaaS.SystemID {
+			before = reported.MaaS.Problems
+		}
+		for _, p := range want.MaaS.Problems {
+			isNew := !slices.ContainsFunc(before, func(q v1beta1.MaaSProblem) bool { return q.Reason == p.Reason })
+			if isNew && p.Reason != c.Reason {
+				events = append(events, event{corev1.EventTypeWarning, "MaaSMachine" + p.Reason, p.Message})
+			}
+		}
+	}
+	for _, e := range events {
+		if err := r.Cluster.RecordEvent(ctx, b.vm, e.eventType, e.reason, e.message); err != nil {
+			// The status says it already; an Event is a courtesy.
 			log.Error(err, "recording event")
 		}
 	}
-	return nil
+	return want, nil
 }
 
 func systemIDOf(s MachineStatus) string {

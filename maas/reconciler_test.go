@@ -69,7 +69,7 @@ func TestNewMachineLifecycle(t *testing.T) {
 		t.Errorf("commission form = %v, want skip_bmc_config=1 so the password survives", commission.Form)
 	}
 	if st, c := cluster.status(vmA); st.SystemID != "m1" || st.StatusName != "Commissioning" || st.Hostname != "vm-0-tenant-a" ||
-		st.Pool != "tenant-a" || st.LastSync == nil || c.Status != metav1.ConditionTrue || c.Reason != maas.ReasonBound {
+		st.Pool != "tenant-a" || st.LastUpdateTime == nil || c.Status != metav1.ConditionTrue || c.Reason != maas.ReasonBound {
 		t.Errorf("status = %+v, condition %+v", st, c)
 	}
 	if ev := cluster.eventsOf(vmA); len(ev) != 1 || ev[0].eventType != "Normal" || ev[0].reason != "MaaSMachineBound" {

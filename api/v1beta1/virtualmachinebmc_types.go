@@ -195,11 +195,45 @@ type MaaSStatus struct {
 	// Pool is the machine's resource pool in MaaS.
 	// +optional
 	Pool string `json:"pool,omitempty"`
-	// LastSync is when the reconciler last wrote this report: it changes
-	// with what it reports, not every cycle (a write per machine per cycle
-	// would make idle cycles cost a request per machine).
+	// LastUpdateTime is when the reconciler last changed this report. It
+	// writes only what changed, so a machine in shape keeps the time it was
+	// last found different (a write per machine per cycle would make idle
+	// cycles cost a request per machine).
 	// +optional
-	LastSync *metav1.Time `json:"lastSync,omitempty"`
+	LastUpdateTime *metav1.Time `json:"lastUpdateTime,omitempty"`
+	// Problems are what keeps the machine out of shape, one per kind, the
+	// one the MaaSMachine condition names first. They outlive a reconciler
+	// run (a CronJob's --once), so a problem that recurs is counted and a
+	// refused commission waits before it is tried again.
+	// +listType=map
+	// +listMapKey=reason
+	// +optional
+	Problems []MaaSProblem `json:"problems,omitempty"`
+}
+
+// MaaSProblem is one kind of problem the reconciler met with a VM's MaaS
+// machine.
+type MaaSProblem struct {
+	// Reason is the kind: CommissionRefused, AddressRejected,
+	// DuplicateClaim or Failing, as in the MaaSMachine condition.
+	Reason string `json:"reason"`
+	// Message says what MaaS answered or what was found.
+	Message string `json:"message"`
+	// Cycles counts the consecutive reconciler cycles that met it; while a
+	// refused commission waits, only the attempts count.
+	Cycles int32 `json:"cycles"`
+	// Since is when it was first met.
+	Since metav1.Time `json:"since"`
+	// RetryAfter is, for a refused commission, when it is tried again. The
+	// wait doubles with each refusal up to a cap, and starts again when the
+	// machine, its status or MaaS's answer changes.
+	// +optional
+	RetryAfter *metav1.Time `json:"retryAfter,omitempty"`
+	// Machines are the other MaaS machines involved: for DuplicateClaim,
+	// the system IDs of the machines that claimed this VM's BMC and were
+	// detached from it. The problem stays while one of them is in MaaS.
+	// +optional
+	Machines []string `json:"machines,omitempty"`
 }
 
 // VirtualMachineBMC is the BMC of one KubeVirt VirtualMachine: a bmc-server

@@ -9,10 +9,14 @@
 // The MaaS API key comes from --maas-api-key-file (a mounted Secret) or the
 // MAAS_API_KEY environment variable, never from the command line. Without
 // --once it runs every --interval until SIGTERM; --once runs one cycle (for a
-// CronJob), prints the machines that failed and exits non-zero only when the
+// CronJob), prints the machines that failed and exits non-zero when the
 // cycle failed as a whole (MaaS or the API server unreachable or refusing the
-// lists). --dry-run prints what would change and changes nothing in MaaS or
-// Kubernetes.
+// lists) or, after doing every other machine's work, when a machine has met
+// the same problem in --fail-after consecutive cycles (the count is kept in
+// the VirtualMachineBMC status, so it spans the CronJob's runs). A
+// commission MaaS refused is tried again after --commission-backoff,
+// doubling up to --max-commission-backoff. --dry-run prints what would
+// change and changes nothing in MaaS or Kubernetes.
 package main
 
 import (
@@ -33,6 +37,9 @@ import (
 	"github.com/virtmetal/virtmetal/maas"
 )
 
+// ErrRecurring is --once's failure when a machine's problem recurs.
+var ErrRecurring = errors.New("problems recur")
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -49,6 +56,8 @@ type options struct {
 	interval       time.Duration
 	maxBackoff     time.Duration
 	once           bool
+	failAfter      int
+	commission     struct{ backoff, maxBackoff time.Duration }
 	dryRun         bool
 	verbosity      int
 }
@@ -62,7 +71,10 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.StringVar(&o.domain, "domain", getenv("VIRTMETAL_BMC_DOMAIN"), "DNS domain of the BMCs, <vm>.<namespace>.<domain> (env VIRTMETAL_BMC_DOMAIN)")
 	fs.DurationVar(&o.interval, "interval", time.Minute, "time between cycles")
 	fs.DurationVar(&o.maxBackoff, "max-backoff", 10*time.Minute, "longest wait after repeated failed cycles")
-	fs.BoolVar(&o.once, "once", false, "run one cycle and exit, non-zero when it failed as a whole")
+	fs.BoolVar(&o.once, "once", false, "run one cycle and exit, non-zero when it failed as a whole or a machine's problem recurs (--fail-after)")
+	fs.IntVar(&o.failAfter, "fail-after", 3, "with --once, exit non-zero when a machine has met the same problem in this many consecutive cycles (0: never)")
+	fs.DurationVar(&o.commission.backoff, "commission-backoff", maas.DefaultCommissionBackoff, "wait after MaaS refused to commission a machine, doubling with each refusal")
+	fs.DurationVar(&o.commission.maxBackoff, "max-commission-backoff", maas.DefaultMaxCommissionBackoff, "longest wait between refused commissions")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would change; change nothing")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
@@ -77,6 +89,11 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, fmt.Errorf("--domain (or VIRTMETAL_BMC_DOMAIN) must be a DNS name, got %q", o.domain)
 	case o.interval <= 0:
 		return o, fmt.Errorf("--interval must be positive, got %v", o.interval)
+	case o.failAfter < 0:
+		return o, fmt.Errorf("--fail-after must be 0 or more, got %d", o.failAfter)
+	case o.commission.backoff <= 0 || o.commission.maxBackoff < o.commission.backoff:
+		return o, fmt.Errorf("--commission-backoff must be positive and at most --max-commission-backoff, got %v and %v",
+			o.commission.backoff, o.commission.maxBackoff)
 	}
 	return o, nil
 }
@@ -152,6 +169,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		DryRun:  o.dryRun,
 		Out:     stdout,
 		Log:     log.WithName("maas"),
+
+		CommissionBackoff:    o.commission.backoff,
+		MaxCommissionBackoff: o.commission.maxBackoff,
 	}
 	if o.once {
 		result, err := r.Reconcile(ctx)
@@ -160,6 +180,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		for _, f := range result.Failures {
 			fmt.Fprintln(stderr, "reconciler: failed:", f)
+		}
+		if o.failAfter == 0 {
+			return nil
+		}
+		recurring := result.Recurring(o.failAfter)
+		for _, p := range recurring {
+			fmt.Fprintln(stderr, "reconciler: recurring:", p)
+		}
+		if len(recurring) > 0 {
+			return fmt.Errorf("%d machine problems met in %d or more consecutive cycles: %w", len(recurring), o.failAfter, ErrRecurring)
 		}
 		return nil
 	}

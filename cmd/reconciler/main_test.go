@@ -64,6 +64,17 @@ func TestParseFlags(t *testing.T) {
 		{name: "no domain", args: []string{"--maas-url", "http://m"}, wantErr: "--domain"},
 		{name: "bad domain", args: []string{"--maas-url", "http://m", "--domain", "bad_domain.org"}, wantErr: "--domain"},
 		{name: "zero interval", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--interval", "0s"}, wantErr: "--interval"},
+		{
+			name: "recurrence and commission back-off",
+			args: []string{"--maas-url", "http://m", "--domain", "d.org", "--fail-after", "5", "--commission-backoff", "2m", "--max-commission-backoff", "30m"},
+			check: func(t *testing.T, o options) {
+				if o.failAfter != 5 || o.commission.backoff != 2*time.Minute || o.commission.maxBackoff != 30*time.Minute {
+					t.Errorf("options = %+v", o)
+				}
+			},
+		},
+		{name: "negative fail-after", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--fail-after", "-1"}, wantErr: "--fail-after"},
+		{name: "back-off above its cap", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--commission-backoff", "2h"}, wantErr: "--commission-backoff"},
 		{name: "stray argument", args: []string{"--maas-url", "http://m", "--domain", "d.org", "extra"}, wantErr: "unexpected"},
 		{name: "unknown flag", args: []string{"--api-key", "x"}, wantErr: "flag provided but not defined"},
 	}
@@ -284,6 +295,58 @@ func TestRunOnceReportsMachineFailures(t *testing.T) {
 	}
 	if m, _ := s.Machine("m-good"); m.Status != maastest.StatusCommissioning {
 		t.Errorf("good machine = %+v", m)
+	}
+}
+
+// TestRunOnceFailsWhenAProblemRecurs: the CronJob's runs count a machine's
+// problem through the VirtualMachineBMC status; the run that sees it for
+// the --fail-after'th time exits non-zero, after doing the other machines'
+// work.
+func TestRunOnceFailsWhenAProblemRecurs(t *testing.T) {
+	good, bad := enrolledVM(t), enrolledVM(t)
+	s := maastest.New(t).WithMachine(machineOf("m-good", good)).WithMachine(machineOf("m-bad", bad))
+	s.FailMatching(maastest.Match{Method: "PUT", Path: "machines/m-bad/"}, -1, maastest.FaultAddressRejected)
+	ctx := context.Background()
+	for runNo := 1; runNo <= 3; runNo++ {
+		var stderr bytes.Buffer
+		err := run(ctx, args(s, "--once", "--fail-after", "2"), keyEnv, io.Discard, &stderr, kube)
+		if wantFail := runNo >= 2; errors.Is(err, ErrRecurring) != wantFail {
+			t.Fatalf("run %d: err = %v, want failure %v\n%s", runNo, err, wantFail, stderr.String())
+		}
+		if runNo >= 2 && !strings.Contains(stderr.String(), "reconciler: recurring: machine m-bad") {
+			t.Errorf("run %d: the recurring problem is not named:\n%s", runNo, stderr.String())
+		}
+		st := maasStatus(t, bad)
+		if st == nil || len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonAddressRejected || st.Problems[0].Cycles != int32(runNo) {
+			t.Fatalf("run %d: bad VM's status.maas = %+v", runNo, st)
+		}
+		if m, _ := s.Machine("m-good"); m.Status != maastest.StatusCommissioning || m.PowerParameters["power_pass"] != "pw" {
+			t.Errorf("run %d: the good VM's machine = %+v", runNo, m)
+		}
+	}
+	if err := run(ctx, args(s, "--once", "--fail-after", "0"), keyEnv, io.Discard, io.Discard, kube); err != nil {
+		t.Errorf("--fail-after 0: %v", err)
+	}
+}
+
+// TestRunOnceWaitsOutARefusedCommission: the wait after a refused
+// commission spans the CronJob's runs.
+func TestRunOnceWaitsOutARefusedCommission(t *testing.T) {
+	vm := enrolledVM(t)
+	s := maastest.New(t).WithoutBootImages(true).WithMachine(machineOf("m1", vm))
+	ctx := context.Background()
+	for range 2 {
+		if err := run(ctx, args(s, "--once", "--commission-backoff", "1h", "--max-commission-backoff", "2h"), keyEnv, io.Discard, io.Discard, kube); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Count(maastest.Match{Op: "commission"}); n != 1 {
+		t.Errorf("%d commission requests in two runs, want 1 (the second run waits)", n)
+	}
+	st := maasStatus(t, vm)
+	if st == nil || len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonCommissionRefused || st.Problems[0].RetryAfter == nil ||
+		st.Problems[0].RetryAfter.Sub(st.Problems[0].Since.Time) != time.Hour {
+		t.Errorf("status.maas = %+v", st)
 	}
 }
 

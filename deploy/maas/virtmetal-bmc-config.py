@@ -44,7 +44,7 @@ import subprocess
 import sys
 
 # DEPLOY STEP: the DNS domain under which virtmetal serves each VM's BMC,
-# as in https://<vm>.<namespace>.<domain>. Replace the placeholder before
+# as in <vm>.<namespace>.<domain>. Replace the placeholder before
 # uploading the script to MAAS (see README.md in this directory).
 BMC_DOMAIN = "@VIRTMETAL_BMC_DOMAIN@"
 
@@ -114,7 +114,9 @@ def bmc_config(vm, namespace, domain):
         raise SerialError(f"BMC host name {host!r} is longer than 253 characters")
     return {
         "power_type": POWER_TYPE,
-        "power_address": f"https://{host}",
+        # The bare host: MaaS's redfish driver adds https:// itself, and
+        # MaaS 3.4's region answers an address with a scheme with HTTP 500.
+        "power_address": host,
         "power_user": "",
         "power_pass": "",
         "node_id": vm,

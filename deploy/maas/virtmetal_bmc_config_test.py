@@ -97,7 +97,7 @@ class BMCConfigScriptTest(unittest.TestCase):
             read_yaml(self.bmc_config_path),
             {
                 "power_type": "redfish",
-                "power_address": "https://vm-0.tenant-a.bmc.example.org",
+                "power_address": "vm-0.tenant-a.bmc.example.org",
                 "power_user": "",
                 "power_pass": "",
                 "node_id": "vm-0",
@@ -110,7 +110,7 @@ class BMCConfigScriptTest(unittest.TestCase):
         proc = self.run_script()
         self.assertEqual(proc.returncode, 0, proc.stderr)
         config = read_yaml(self.bmc_config_path)
-        self.assertEqual(config["power_address"], "https://web.prod.tenant-a.bmc.example.org")
+        self.assertEqual(config["power_address"], "web.prod.tenant-a.bmc.example.org")
         self.assertEqual(config["node_id"], "web.prod")
 
     def test_dmidecode_comment_lines_are_ignored(self):

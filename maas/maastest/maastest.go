@@ -158,6 +158,9 @@ type machineState struct {
 	Machine
 	bmc           int // the BMC row's id
 	skipBMCConfig bool
+	// passwordsHeld is every power_pass the machine's rows ever gave it,
+	// so a test can tell whether a secret reached it even for a moment.
+	passwordsHeld []string
 }
 
 // bmcRow is MaaS's BMC object: the power settings of one or more machines.
@@ -204,6 +207,10 @@ const (
 	// FaultDropResponse handles the request, then closes the connection
 	// without answering: the change is made but the client cannot know.
 	FaultDropResponse
+	// FaultAddressRejected answers 500 with the 3.4 region's text for a
+	// power address it cannot parse (Shape34AddressError), unhandled: a
+	// region refusing an address the simulator's own rules accept.
+	FaultAddressRejected
 )
 
 // Match selects requests; empty fields match anything.
@@ -310,6 +317,7 @@ func (s *Server) BMCID(systemID string) int {
 // type changes its own row if no other machine shares it, else gets a
 // fresh one. s.mu is held.
 func (s *Server) setPower(m *machineState, powerType string, params map[string]string) {
+	defer s.notePasswordsHeld(m)
 	params = maps.Clone(params)
 	if params == nil {
 		params = map[string]string{}
@@ -335,6 +343,32 @@ func (s *Server) setPower(m *machineState, powerType string, params map[string]s
 	s.bmcs[row.id] = row
 	m.bmc = row.id
 	s.dropUnusedBMC(current)
+}
+
+// notePasswordsHeld records the password of m's row as held by every
+// machine on that row: a row changed in place changes it for all of them.
+// s.mu is held.
+func (s *Server) notePasswordsHeld(m *machineState) {
+	row := s.bmcs[m.bmc]
+	if row == nil || row.params["power_pass"] == "" {
+		return
+	}
+	for _, other := range s.machines {
+		if other.bmc == row.id && !slices.Contains(other.passwordsHeld, row.params["power_pass"]) {
+			other.passwordsHeld = append(other.passwordsHeld, row.params["power_pass"])
+		}
+	}
+}
+
+// PasswordsHeld is every power_pass the machine ever had, in the order it
+// got them, through its own writes or a BMC row it shared.
+func (s *Server) PasswordsHeld(systemID string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.machines[systemID]; ok {
+		return slices.Clone(m.passwordsHeld)
+	}
+	return nil
 }
 
 func (s *Server) sortedBMCs() []*bmcRow {
@@ -444,6 +478,19 @@ func (s *Server) Update(systemID string, change func(m *Machine)) bool {
 	return true
 }
 
+// Delete removes a machine, as an admin deleting it in MaaS does; it
+// reports whether the machine existed.
+func (s *Server) Delete(systemID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[systemID]
+	if ok {
+		delete(s.machines, systemID)
+		s.dropUnusedBMC(s.bmcs[m.bmc])
+	}
+	return ok
+}
+
 // OnCommission makes the server call commissioned with the system_id of
 // every machine whose commissioning it accepted, after accepting it, as
 // MaaS's region hands the machine to a rack controller. The machine stays
@@ -550,6 +597,28 @@ func (s *Server) addressError(powerType string, params map[string]string) string
 	return ""
 }
 
+// StoreBMCConfig stores the power settings a commissioning script wrote to
+// BMC_CONFIG_PATH ("power_type" and the parameters), as the region does at
+// the end of enlistment: through its power-address validation, so the 3.4
+// shape refuses an address with a scheme and keeps what it had. The error
+// is the region's text.
+func (s *Server) StoreBMCConfig(systemID string, config map[string]string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m, ok := s.machines[systemID]
+	if !ok {
+		return fmt.Errorf("maastest: no machine %q", systemID)
+	}
+	if text := s.addressError(config["power_type"], config); text != "" {
+		return fmt.Errorf("maastest: storing the BMC config of %s: %s", systemID, text)
+	}
+	m.BMCConfig = maps.Clone(config)
+	params := maps.Clone(config)
+	delete(params, "power_type")
+	s.setPower(m, config["power_type"], params)
+	return nil
+}
+
 // Machine returns a copy of a machine's state; ok is false when unknown.
 func (s *Server) Machine(systemID string) (m Machine, ok bool) {
 	s.mu.Lock()
@@ -651,6 +720,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case FaultConflict:
 		s.write(w, r, path, op, textError(http.StatusConflict, "conflict injected by maastest"))
+		return
+	case FaultAddressRejected:
+		s.write(w, r, path, op, textError(http.StatusInternalServerError, Shape34AddressError))
 		return
 	case FaultMalformedJSON:
 		s.record(r, path, op, http.StatusOK, false)
