@@ -63,7 +63,7 @@ func TestWorkload(t *testing.T) {
 		}
 		c := d.Spec.Template.Spec.Containers[0]
 		checkBMCDeployment(t, d, "bmc-web1", []deploymentCheck{
-			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials"},
+			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials --metrics-listen :9100"},
 			{"credentials mounted from the Secret", d.Spec.Template.Spec.Volumes[0].Secret != nil && d.Spec.Template.Spec.Volumes[0].Secret.SecretName == "web1-bmc" && c.VolumeMounts[0].ReadOnly},
 		})
 	})
@@ -591,7 +591,8 @@ func checkBMCDeployment(t *testing.T, d *appsv1.Deployment, serviceAccount strin
 		{"capabilities dropped", slices.Equal(c.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})},
 		{"requests and limits", !c.Resources.Requests.Memory().IsZero() && !c.Resources.Limits.Memory().IsZero() && !c.Resources.Limits.Cpu().IsZero()},
 		{"probes on the Redfish port", c.ReadinessProbe.HTTPGet.Path == "/readyz" && c.LivenessProbe.HTTPGet.Path == "/healthz" && c.LivenessProbe.HTTPGet.Port.String() == "redfish"},
-		{"no IPMI port", len(c.Ports) == 1 && c.Ports[0].Name == "redfish"},
+		{"no IPMI port; metrics on the pod network only", len(c.Ports) == 2 && c.Ports[0].Name == "redfish" &&
+			c.Ports[1].Name == "metrics" && c.Ports[1].ContainerPort == 9100 && slices.Contains(c.Args, "--metrics-listen")},
 	}, own...)
 	for _, check := range checks {
 		if !check.ok {

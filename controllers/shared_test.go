@@ -205,7 +205,7 @@ func TestSharedWorkload(t *testing.T) {
 		pod := d.Spec.Template.Spec
 		c := pod.Containers[0]
 		checkBMCDeployment(t, d, sharedName, []deploymentCheck{
-			{"bmc-server on the namespace's VMs", strings.Join(c.Args, " ") == "--backend kubevirt --namespace shared-a --vms-dir /etc/virtmetal/vms --listen :8443"},
+			{"bmc-server on the namespace's VMs", strings.Join(c.Args, " ") == "--backend kubevirt --namespace shared-a --vms-dir /etc/virtmetal/vms --listen :8443 --metrics-listen :9100"},
 			{"the shared Secret mounted read-only", pod.Volumes[0].Secret != nil && pod.Volumes[0].Secret.SecretName == sharedName &&
 				c.VolumeMounts[0].MountPath == "/etc/virtmetal/vms" && c.VolumeMounts[0].ReadOnly},
 		})

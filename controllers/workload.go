@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,6 +25,10 @@ import (
 const (
 	redfishContainerPort = 8443
 	ipmiContainerPort    = 6230
+	// metricsContainerPort serves bmc-server's Prometheus metrics, plain
+	// HTTP without credentials, to scrapers on the pod network: no
+	// Service or Ingress reaches it.
+	metricsContainerPort = 9100
 	redfishServicePort   = 443
 	ipmiServicePort      = 623
 	credentialsMountPath = "/etc/virtmetal/credentials"
@@ -275,8 +280,9 @@ func bmcDeployment(meta metav1.ObjectMeta, p bmcPod) *appsv1.Deployment {
 					Containers: []corev1.Container{{
 						Name:  "bmc-server",
 						Image: p.image,
-						Args:  p.args,
-						Ports: p.ports,
+						Args:  append(slices.Clone(p.args), "--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort)),
+						Ports: append(slices.Clone(p.ports),
+							corev1.ContainerPort{Name: "metrics", ContainerPort: metricsContainerPort, Protocol: corev1.ProtocolTCP}),
 						SecurityContext: &corev1.SecurityContext{
 							AllowPrivilegeEscalation: &no,
 							ReadOnlyRootFilesystem:   &yes,

@@ -412,3 +412,18 @@ func (s *Server) endSession(sess *session, reason string) {
 	}
 	log.Info("session ended", "sessionID", sess.id, "remote", sess.remote, "reason", reason)
 }
+
+// Sessions counts the session table's entries now: active sessions and
+// handshakes under way, for metrics.
+func (s *Server) Sessions() (active, handshakes int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sess := range s.sessions.byID {
+		if sess.state == stateActive {
+			active++
+		} else {
+			handshakes++
+		}
+	}
+	return active, handshakes
+}

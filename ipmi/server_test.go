@@ -72,6 +72,9 @@ func TestLanplusSession(t *testing.T) {
 			s, m, _ := testServer(t, nil)
 			c := newLanplusClient(s, suite, testUser, testPassword)
 			c.login(t, privOperator)
+			if active, handshakes := s.Sessions(); active != 1 || handshakes != 0 {
+				t.Fatalf("Sessions() = %d active, %d handshakes; want 1, 0", active, handshakes)
+			}
 			if got := c.mustCommand(t, netFnChassis, cmdGetChassisStatus); got[0]&1 != 0 {
 				t.Fatalf("chassis status % x: machine should be off", got)
 			}
@@ -82,6 +85,9 @@ func TestLanplusSession(t *testing.T) {
 			c.mustCommand(t, netFnApp, cmdCloseSession, le32(c.bmcID)...)
 			if n := len(s.sessions.byID); n != 0 {
 				t.Fatalf("%d sessions left after Close Session", n)
+			}
+			if active, handshakes := s.Sessions(); active != 0 || handshakes != 0 {
+				t.Fatalf("Sessions() = %d, %d after Close Session", active, handshakes)
 			}
 			if _, _, err := c.command(netFnChassis, cmdGetChassisStatus); !errors.Is(err, errNoReply) {
 				t.Fatalf("command after close: %v, want no reply", err)

@@ -246,6 +246,12 @@ func (s *bmcSupervisor) start(d *appsv1.Deployment, template string, starts int,
 			}
 			p.redfish = fmt.Sprintf("127.0.0.1:%d", port)
 			args[i+1] = p.redfish
+		case "--metrics-listen":
+			port, err := freePort("tcp")
+			if err != nil {
+				return err
+			}
+			args[i+1] = fmt.Sprintf("127.0.0.1:%d", port)
 		case "--ipmi-listen":
 			port, err := freePort("udp")
 			if err != nil {

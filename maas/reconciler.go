@@ -84,6 +84,8 @@ type Reconciler struct {
 	// a machine, doubling with each refusal up to MaxCommissionBackoff
 	// (defaults DefaultCommissionBackoff, DefaultMaxCommissionBackoff).
 	CommissionBackoff, MaxCommissionBackoff time.Duration
+	// Metrics, when set, is told of every cycle.
+	Metrics *Metrics
 }
 
 // Change is one thing a cycle changed (or, in a dry run, would change).
@@ -279,6 +281,21 @@ func bind(vm *EnrolledVM, machines []managedMachine) binding {
 // is repeated wrongly next cycle (pools are looked up before creation, and a
 // machine is commissioned only while MaaS says it is New).
 func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
+	start := time.Now()
+	result, err := r.cycle(ctx)
+	took := time.Since(start)
+	if r.Metrics != nil {
+		r.Metrics.observe(result, took, err)
+	}
+	if err == nil {
+		r.Log.Info("cycle done", "machines", result.Machines, "managed", result.Managed, "bound", result.Bound,
+			"changes", len(result.Changes), "failures", len(result.Failures), "problems", len(result.Problems),
+			"duration", took.Round(time.Millisecond).String(), "dryRun", r.DryRun)
+	}
+	return result, err
+}
+
+func (r *Reconciler) cycle(ctx context.Context) (CycleResult, error) {
 	var result CycleResult
 	machines, err := r.MaaS.Machines(ctx)
 	if err != nil {
@@ -362,8 +379,6 @@ func (r *Reconciler) Reconcile(ctx context.Context) (CycleResult, error) {
 	for _, f := range result.Failures {
 		r.Log.Error(f.Err, "machine not in shape", "systemID", f.SystemID, "namespace", f.VM.Namespace, "vm", f.VM.Name)
 	}
-	r.Log.Info("cycle done", "machines", result.Machines, "managed", result.Managed, "bound", result.Bound,
-		"changes", len(result.Changes), "failures", len(result.Failures), "dryRun", r.DryRun)
 	return result, nil
 }
 

@@ -223,6 +223,9 @@ func (s *Server) serveKept(w http.ResponseWriter, r *http.Request) bool {
 	if e == nil {
 		return false
 	}
+	if rec, ok := w.(*recordingWriter); ok {
+		rec.route = e.route.path // for the Observer
+	}
 	if v := r.Header.Get("OData-Version"); v != "" && v != supportedODataVersion {
 		return false
 	}

@@ -151,6 +151,9 @@ func (s *Server) endpoint(routes []route) http.Handler {
 	allow := strings.Join(allowed, ", ")
 	public := !slices.ContainsFunc(routes, func(rt route) bool { return rt.privilege != privNoAuth })
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rec, ok := w.(*recordingWriter); ok {
+			rec.route = routes[0].path // for the Observer
+		}
 		i := slices.IndexFunc(routes, func(rt route) bool { return rt.method == r.Method })
 		if i < 0 {
 			// Only callers who may see the resource learn which methods

@@ -5,6 +5,7 @@
 package redfish
 
 import (
+	"cmp"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -56,6 +57,19 @@ type Config struct {
 	FirmwareVersion string
 	// Now is the clock (default time.Now); tests inject one.
 	Now func() time.Time
+	// Observer is told of every answered request, for metrics; nil tells
+	// no one and costs nothing.
+	Observer Observer
+}
+
+// Observer learns what the service answered. Its method must be cheap and
+// safe for concurrent use.
+type Observer interface {
+	// ObserveRequest is one request: the path pattern of its route in the
+	// route table ("" for a URI none matches, so unknown URIs cannot grow
+	// the label set, and for a 503 given before routing while the backend
+	// is not ready), its method, the status answered and the time taken.
+	ObserveRequest(route, method string, status int, took time.Duration)
 }
 
 const (
@@ -77,6 +91,8 @@ type Server struct {
 	serviceUUID string
 	metadata    []byte
 	router      *mux.Router
+	observer    Observer
+	now         func() time.Time
 	ready       machine.Readiness // nil when the backend is always ready
 	versioned   machine.Versioned // nil when the backend cannot say when machines change
 
@@ -154,6 +170,8 @@ func NewServer(cfg Config) (*Server, error) {
 		serviceUUID: strings.ToLower(serviceUUID),
 		metadata:    metadata,
 		patchLocks:  map[string]*sync.Mutex{},
+		observer:    cfg.Observer,
+		now:         now,
 	}
 	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
 	s.ready, _ = cfg.Backend.(machine.Readiness)
@@ -230,7 +248,7 @@ func (s *Server) patchLock(id string) *sync.Mutex {
 // with and without a trailing slash, as MaaS retries with one), recovers
 // from panics, and logs the outcome.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
+	start := s.now()
 	rec := &recordingWriter{ResponseWriter: w}
 	defer func() {
 		if p := recover(); p != nil {
@@ -239,8 +257,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				s.writeError(rec, r, &apiError{status: http.StatusInternalServerError, messages: []message{{key: msgInternalError}}})
 			}
 		}
+		if s.observer != nil {
+			s.observer.ObserveRequest(rec.route, r.Method, cmp.Or(rec.status, http.StatusOK), s.now().Sub(start))
+		}
 		if log := s.log.V(1); log.Enabled() {
-			log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "duration", time.Since(start))
+			log.Info("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "duration", s.now().Sub(start))
 		}
 	}()
 
@@ -282,6 +303,7 @@ type recordingWriter struct {
 	http.ResponseWriter
 	status      int
 	wroteHeader bool
+	route       string // the route table's path pattern, once routed
 }
 
 func (w *recordingWriter) WriteHeader(status int) {

@@ -119,6 +119,7 @@ type options struct {
 	grace          time.Duration
 	trustedProxies []netip.Prefix
 	maxConns       int
+	metricsListen  string
 	verbosity      int
 }
 
@@ -150,6 +151,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return nil
 	})
 	fs.IntVar(&o.maxConns, "max-connections-per-source", 32, "connections one client address may hold open (trusted proxies are not capped)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address to serve Prometheus metrics on at /metrics, plain HTTP without credentials, e.g. :9100 (default: off)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity (1 logs every request)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -252,12 +254,21 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	// One limiter: a source that fails over Redfish is slowed over IPMI
 	// too, and, serving many VMs, on every VM's host.
 	limiter := throttle.New(throttle.Policy{})
+	metrics, err := startMetrics(ctx, o, limiter, stdout)
+	if err != nil {
+		return err
+	}
 	if o.vmsDir != "" {
-		return runShared(ctx, o, getenv, stdout, tune, limiter, log)
+		return runShared(ctx, o, getenv, stdout, tune, limiter, metrics, log)
 	}
 	backend, err := newBackend(ctx, o, log)
 	if err != nil {
 		return err
+	}
+	var observer redfish.Observer
+	if metrics != nil {
+		backend, observer = machine.InterceptBackend(backend, metrics.Intercept), metrics
+		metrics.WatchReadiness(backend.(machine.Readiness))
 	}
 	creds, err := loadCredentials(getenv, o.credentialsDir)
 	if err != nil {
@@ -269,6 +280,7 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		Logger:         log.WithName("redfish"),
 		Limiter:        limiter,
 		TrustedProxies: o.trustedProxies,
+		Observer:       observer,
 	})
 	if err != nil {
 		return err
@@ -290,6 +302,9 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		rotators = append(rotators, func(c credentials, grace time.Duration) error {
 			return ipmiSrv.SetCredentials(c.username, c.password, grace)
 		})
+		if metrics != nil {
+			metrics.WatchIPMI(ipmiSrv.Sessions)
+		}
 		protocols := "lanplus"
 		if o.ipmiV15 {
 			protocols = "lanplus and lan"

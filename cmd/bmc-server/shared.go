@@ -10,16 +10,18 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/virtmetal/virtmetal/internal/bmcmetrics"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/internal/vhost"
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/redfish"
 )
 
 // runShared serves every VM of --vms-dir, each at its own hosts, until ctx
 // ends. The first read of the directory happens before the listener opens,
 // so the banner can say how many VMs there are; if it fails, the process
 // still starts, not ready, and reads again every tune.reloadEvery.
-func runShared(ctx context.Context, o options, getenv func(string) string, stdout io.Writer, tune tuning, limiter *throttle.Limiter, log logr.Logger) error {
+func runShared(ctx context.Context, o options, getenv func(string) string, stdout io.Writer, tune tuning, limiter *throttle.Limiter, metrics *bmcmetrics.Metrics, log logr.Logger) error {
 	if getenv("BMC_USERNAME") != "" || getenv("BMC_PASSWORD") != "" {
 		return errors.New("BMC_USERNAME/BMC_PASSWORD cannot be used with --vms-dir: each VM's file holds its credentials")
 	}
@@ -33,6 +35,10 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	var observer redfish.Observer
+	if metrics != nil {
+		observer = metrics
+	}
 	router, err := vhost.New(vhost.Config{
 		Dir: o.vmsDir,
 		// Each VM has a backend, and informers, of its own, selected on
@@ -40,15 +46,23 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		// For very large namespaces the next step is one namespace-wide
 		// informer shared by the VMs.
 		StartBackend: func(ctx context.Context, vm string) (machine.Backend, error) {
-			return startKubeVirt(ctx, cfg, o.namespace, vm, log)
+			backend, err := startKubeVirt(ctx, cfg, o.namespace, vm, log)
+			if err != nil || metrics == nil {
+				return backend, err
+			}
+			return machine.InterceptBackend(backend, metrics.Intercept), nil
 		},
 		Limiter:        limiter,
+		Observer:       observer,
 		TrustedProxies: o.trustedProxies,
 		Grace:          o.grace,
 		Logger:         log,
 	})
 	if err != nil {
 		return err
+	}
+	if metrics != nil {
+		metrics.WatchReadiness(router)
 	}
 	vms, readErr := router.Reload(ctx)
 	srv, listener, scheme, err := listen(ctx, o, tune, withHealth(router, router), log)

@@ -34,6 +34,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	"sigs.k8s.io/controller-runtime/pkg/client/config"
 
+	"github.com/virtmetal/virtmetal/internal/metricsserver"
 	"github.com/virtmetal/virtmetal/maas"
 )
 
@@ -59,6 +60,7 @@ type options struct {
 	failAfter      int
 	commission     struct{ backoff, maxBackoff time.Duration }
 	dryRun         bool
+	metricsListen  string
 	verbosity      int
 }
 
@@ -76,6 +78,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.DurationVar(&o.commission.backoff, "commission-backoff", maas.DefaultCommissionBackoff, "wait after MaaS refused to commission a machine, doubling with each refusal")
 	fs.DurationVar(&o.commission.maxBackoff, "max-commission-backoff", maas.DefaultMaxCommissionBackoff, "longest wait between refused commissions")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would change; change nothing")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "without --once, address to serve Prometheus metrics on at /metrics, plain HTTP, e.g. :9100 (default: off)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -89,6 +92,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, fmt.Errorf("--domain (or VIRTMETAL_BMC_DOMAIN) must be a DNS name, got %q", o.domain)
 	case o.interval <= 0:
 		return o, fmt.Errorf("--interval must be positive, got %v", o.interval)
+	case o.once && o.metricsListen != "":
+		return o, errors.New("--metrics-listen needs the loop mode: a --once run ends before a scrape (its \"cycle done\" log line is its summary)")
 	case o.failAfter < 0:
 		return o, fmt.Errorf("--fail-after must be 0 or more, got %d", o.failAfter)
 	case o.commission.backoff <= 0 || o.commission.maxBackoff < o.commission.backoff:
@@ -192,6 +197,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return fmt.Errorf("%d machine problems met in %d or more consecutive cycles: %w", len(recurring), o.failAfter, ErrRecurring)
 		}
 		return nil
+	}
+	if o.metricsListen != "" {
+		r.Metrics = maas.NewMetrics()
+		addr, err := metricsserver.Serve(ctx, o.metricsListen, r.Metrics.Handler())
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Metrics at http://%s/metrics\n", addr)
 	}
 	return r.Run(ctx, o.interval, o.maxBackoff)
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -73,6 +76,7 @@ func TestParseFlags(t *testing.T) {
 				}
 			},
 		},
+		{name: "metrics with --once", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--once", "--metrics-listen", ":9100"}, wantErr: "--metrics-listen"},
 		{name: "negative fail-after", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--fail-after", "-1"}, wantErr: "--fail-after"},
 		{name: "back-off above its cap", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--commission-backoff", "2h"}, wantErr: "--commission-backoff"},
 		{name: "stray argument", args: []string{"--maas-url", "http://m", "--domain", "d.org", "extra"}, wantErr: "unexpected"},
@@ -367,6 +371,54 @@ func TestRunDryRun(t *testing.T) {
 	}
 	if st := maasStatus(t, vm); st != nil {
 		t.Errorf("dry run wrote the status: %+v", st)
+	}
+}
+
+// TestRunLoopServesMetrics: in loop mode --metrics-listen serves the
+// reconciler's metrics, and they count the cycles run.
+func TestRunLoopServesMetrics(t *testing.T) {
+	s := maastest.New(t).WithMachine(machineOf("m1", enrolledVM(t)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stdout, printed := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, args(s, "--interval", "5ms", "--metrics-listen", "127.0.0.1:0"), keyEnv, printed, io.Discard, kube)
+		printed.Close()
+	}()
+	urls := make(chan string, 1)
+	go func() {
+		pattern := regexp.MustCompile(`Metrics at (http://\S+/metrics)`)
+		for lines := bufio.NewScanner(stdout); lines.Scan(); {
+			if m := pattern.FindStringSubmatch(lines.Text()); m != nil {
+				urls <- m[1]
+			}
+		}
+	}()
+	var url string
+	select {
+	case url = <-urls:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no metrics address printed")
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		res, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if strings.Contains(string(body), `virtmetal_maas_reconciler_machines{kind="bound"} 1`) &&
+			regexp.MustCompile(`virtmetal_maas_reconciler_cycles_total\{result="ok"\} [2-9]`).Match(body) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics never showed two cycles and the bound machine:\n%s", body)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
 	}
 }
 

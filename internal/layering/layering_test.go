@@ -1,6 +1,7 @@
 // Package layering checks the project's import rules, which nothing else
 // would notice breaking: protocols never reach Kubernetes, controllers never
-// reach the protocols, virtual hosts never reach Kubernetes, and
+// reach the protocols, virtual hosts never reach Kubernetes, metrics stay
+// out of the protocols and the backend contract, and
 // bmc-server, one process per VM (or per namespace), links none of the
 // Kubernetes machinery it does not use.
 package layering
@@ -23,6 +24,11 @@ func TestImportRules(t *testing.T) {
 		{"ipmi", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "protocols speak the backend contract, never Kubernetes"},
 		{"internal/vhost", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/"}, "virtual hosts route to backends through the machine contract; bmc-server wires the kubevirt one"},
 		{"controllers/...", []string{module + "/redfish", module + "/ipmi"}, "controllers never import the protocol packages"},
+		{"internal/bmcmetrics", []string{module + "/redfish", module + "/ipmi", "k8s.io/", "sigs.k8s.io/", "kubevirt.io/"},
+			"metrics observe through the protocols' and the backend's hooks; bmc-server wires them"},
+		{"machine", []string{"github.com/prometheus/"}, "the backend contract knows no metrics system"},
+		{"redfish", []string{"github.com/prometheus/"}, "protocols tell an Observer; what it does with that is the wiring's"},
+		{"ipmi", []string{"github.com/prometheus/"}, "protocols tell what they count; what is done with that is the wiring's"},
 		{"cmd/bmc-server", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
 			"a BMC pod per VM: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
 	}

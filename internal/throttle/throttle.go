@@ -102,6 +102,38 @@ type Limiter struct {
 	mu      sync.Mutex
 	sources map[string]*record
 	users   map[string]*record
+	counts  Stats
+}
+
+// Stats are what a limiter has counted since it was made, for metrics.
+type Stats struct {
+	// Failures are the failed attempts recorded (Failed), refused ones
+	// included.
+	Failures uint64
+	// Refused are the attempts Allow refused without a check.
+	Refused uint64
+	// HandshakesRefused are the handshakes AllowHandshake refused.
+	HandshakesRefused uint64
+	// ThrottledSources are the sources that must wait now (a point-in-time
+	// count, not a total).
+	ThrottledSources int
+}
+
+// Stats returns the counts so far; the unlimited limiter counts nothing.
+func (l *Limiter) Stats() Stats {
+	if l.off {
+		return Stats{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.counts
+	now := l.p.Now()
+	for _, r := range l.sources {
+		if l.wait(r, now, l.p.FreeFailures, true) > 0 {
+			st.ThrottledSources++
+		}
+	}
+	return st
 }
 
 // New returns a limiter with policy p.
@@ -125,6 +157,7 @@ func (l *Limiter) Allow(source, username string) (retryAfter time.Duration, ok b
 	now := l.p.Now()
 	src := l.sources[source]
 	if wait := l.wait(src, now, l.p.FreeFailures, true); wait > 0 {
+		l.counts.Refused++
 		return wait, false
 	}
 	if username == "" {
@@ -134,6 +167,7 @@ func (l *Limiter) Allow(source, username string) (retryAfter time.Duration, ok b
 		return 0, true // a source that logged in recently is not a guesser
 	}
 	if wait := l.wait(l.users[username], now, l.p.UserFreeFailures, false); wait > 0 {
+		l.counts.Refused++
 		return wait, false
 	}
 	return 0, true
@@ -163,6 +197,7 @@ func (l *Limiter) Failed(source, username string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.p.Now()
+	l.counts.Failures++
 	l.fail(l.entry(l.sources, source, now), now)
 	if username != "" {
 		l.fail(l.entry(l.users, username, now), now)
@@ -208,6 +243,7 @@ func (l *Limiter) AllowHandshake(source string) bool {
 	}
 	r.filled = now
 	if r.tokens < 1 {
+		l.counts.HandshakesRefused++
 		return false
 	}
 	r.tokens--

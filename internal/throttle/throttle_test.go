@@ -165,3 +165,30 @@ func BenchmarkSuccessfulLogin(b *testing.B) {
 		l.Succeeded("192.0.2.10")
 	}
 }
+
+// TestStats counts failures, refusals and refused handshakes, and the
+// sources that must wait right now.
+func TestStats(t *testing.T) {
+	l, c := newTestLimiter(Policy{FreeFailures: 1, BaseDelay: time.Second, MaxDelay: time.Second, HandshakeRate: 1, HandshakeBurst: 1})
+	for range 2 {
+		l.Failed("10.0.0.1", "")
+	}
+	l.Failed("10.0.0.2", "")
+	if _, ok := l.Allow("10.0.0.1", ""); ok {
+		t.Fatal("a source past its free failures was allowed")
+	}
+	l.AllowHandshake("10.0.0.3")
+	l.AllowHandshake("10.0.0.3")
+	want := Stats{Failures: 3, Refused: 1, HandshakesRefused: 1, ThrottledSources: 1}
+	if got := l.Stats(); got != want {
+		t.Errorf("Stats = %+v, want %+v", got, want)
+	}
+	c.Advance(time.Second)
+	want.ThrottledSources = 0
+	if got := l.Stats(); got != want {
+		t.Errorf("after the wait: Stats = %+v, want %+v", got, want)
+	}
+	if got := Unlimited.Stats(); got != (Stats{}) {
+		t.Errorf("Unlimited.Stats = %+v", got)
+	}
+}

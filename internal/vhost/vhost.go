@@ -61,6 +61,8 @@ type Config struct {
 	// file changes it.
 	Grace  time.Duration
 	Logger logr.Logger
+	// Observer is given to every VM's Redfish service (redfish.Config).
+	Observer redfish.Observer
 }
 
 // Router is the http.Handler of the virtual hosts.
@@ -232,6 +234,7 @@ func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, 
 		Logger:         r.cfg.Logger.WithName("redfish").WithValues("vm", name),
 		Limiter:        r.cfg.Limiter,
 		TrustedProxies: r.cfg.TrustedProxies,
+		Observer:       r.cfg.Observer,
 	})
 	if err != nil {
 		stop()

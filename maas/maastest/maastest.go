@@ -17,7 +17,9 @@
 //     parameters on one of them changes them for all; a PUT that changes the
 //     power type away from a shared row (power_type=manual) moves the
 //     machine to a fresh row of its own and leaves the others untouched.
-//     PUT merges power_parameters_<key> fields into the row's parameters;
+//     PUT merges power_parameters_<key> fields into the row's parameters.
+//     Every password a machine's row ever gave it is kept (PasswordsHeld),
+//     so a test sees a secret that reached a machine even for a moment;
 //   - the region validates the power address as its version does (Shape):
 //     on the 3.4 shape an address with a scheme ("https://...") fails with
 //     HTTP 500, on later shapes it is stored;
@@ -84,10 +86,12 @@ var commissionable = []int{StatusNew, StatusFailedCommissioning, StatusReady, St
 var powerTypes = []string{"redfish", "ipmi", "manual", "virsh", "lxd", "webhook"}
 
 // Shape is the MaaS version whose API behaviour the simulator follows where
-// versions differ. The one difference modelled (the only one found in the
-// API calls virtmetal makes) is the validation of power_address: MaaS 3.4's
-// region parses it as an IP address or host name and answers HTTP 500 for
-// an address with a scheme; later versions store it.
+// versions differ. The one difference modelled is the validation of
+// power_address, the only one a run of the reconciler against a real MaaS
+// 3.4 region found in the API calls virtmetal makes: 3.4's region parses it
+// as an IP address or host name and answers HTTP 500 for an address with a
+// scheme. Later versions are modelled as storing it; no region of theirs
+// was run against virtmetal.
 type Shape string
 
 // The shapes the simulator knows.

@@ -1,0 +1,27 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/virtmetal/virtmetal/internal/bmcmetrics"
+	"github.com/virtmetal/virtmetal/internal/metricsserver"
+	"github.com/virtmetal/virtmetal/internal/throttle"
+)
+
+// startMetrics serves --metrics-listen until ctx ends; nil when it is off.
+// The Redfish port stays the only one behind the Service and Ingress.
+func startMetrics(ctx context.Context, o options, limiter *throttle.Limiter, stdout io.Writer) (*bmcmetrics.Metrics, error) {
+	if o.metricsListen == "" {
+		return nil, nil
+	}
+	metrics := bmcmetrics.New()
+	metrics.WatchLimiter(limiter)
+	addr, err := metricsserver.Serve(ctx, o.metricsListen, metrics.Handler())
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(stdout, "Metrics at http://%s/metrics\n", addr)
+	return metrics, nil
+}

@@ -1,0 +1,101 @@
+package maas_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/maas/maastest"
+)
+
+// scrapeMetrics reads m as Prometheus does, through its own parser.
+func scrapeMetrics(t *testing.T, m *maas.Metrics) map[string]*dto.MetricFamily {
+	t.Helper()
+	w := httptest.NewRecorder()
+	m.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(w.Body)
+	if err != nil {
+		t.Fatalf("Prometheus's parser: %v", err)
+	}
+	return families
+}
+
+// sample is the value of the sample of name whose label key is value ("" for
+// the only one), -1 when there is none.
+func sample(families map[string]*dto.MetricFamily, name, key, value string) float64 {
+	family := families[name]
+	if family == nil {
+		return -1
+	}
+	for _, m := range family.Metric {
+		matches := key == ""
+		for _, l := range m.Label {
+			matches = matches || (l.GetName() == key && l.GetValue() == value)
+		}
+		if !matches {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return -1
+}
+
+// TestMetricsFollowTheCycles: a cycle that converges a machine, a refused
+// commission and a cycle failing as a whole each move what they should.
+func TestMetricsFollowTheCycles(t *testing.T) {
+	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
+	cluster := newFakeCluster().withVM(vmA, "pw-a").withVM(vmB, "pw-b")
+	r := newReconciler(t, s, cluster)
+	r.Metrics = maas.NewMetrics()
+	s.FailMatching(maastest.Match{Op: "commission", Path: "machines/m2/"}, 1, maastest.FaultConflict)
+	reconcile(t, r)
+
+	got := scrapeMetrics(t, r.Metrics)
+	checks := []struct {
+		name, key, value string
+		want             float64
+	}{
+		{"virtmetal_maas_reconciler_cycles_total", "result", "ok", 1},
+		{"virtmetal_maas_reconciler_cycle_duration_seconds", "", "", 1},
+		{"virtmetal_maas_reconciler_machines", "kind", "seen", 2},
+		{"virtmetal_maas_reconciler_machines", "kind", "bound", 2},
+		{"virtmetal_maas_reconciler_changes_total", "action", maas.ActionCommission, 2},
+		{"virtmetal_maas_reconciler_changes_total", "action", maas.ActionSetCredentials, 2},
+		{"virtmetal_maas_reconciler_machine_failures", "", "", 1},
+		{"virtmetal_maas_reconciler_problems", "reason", maas.ReasonFailing, 1},
+		{"virtmetal_maas_reconciler_problems", "reason", maas.ReasonCommissionRefused, 0},
+	}
+	for _, c := range checks {
+		t.Run(c.name+" "+c.value, func(t *testing.T) {
+			if v := sample(got, c.name, c.key, c.value); v != c.want {
+				t.Errorf("%v, want %v", v, c.want)
+			}
+		})
+	}
+
+	s.FailNext(1, maastest.FaultServerError)
+	if _, err := r.Reconcile(context.Background()); err == nil {
+		t.Fatal("a cycle without the machine list did not fail")
+	}
+	got = scrapeMetrics(t, r.Metrics)
+	if v := sample(got, "virtmetal_maas_reconciler_cycles_total", "result", "failed"); v != 1 {
+		t.Errorf("failed cycles = %v, want 1", v)
+	}
+	if v := sample(got, "virtmetal_maas_reconciler_machines", "kind", "bound"); v != 2 {
+		t.Errorf("a failed cycle changed the machines of the last successful one: bound %v", v)
+	}
+}

@@ -1,0 +1,133 @@
+package machine
+
+import "context"
+
+// Operation names a Machine method a decorator sees.
+type Operation string
+
+// The Machine methods an Interceptor runs; ID and Capabilities are plain
+// reads and are not intercepted.
+const (
+	OpInventory       Operation = "Inventory"
+	OpPowerState      Operation = "PowerState"
+	OpReset           Operation = "Reset"
+	OpBootOverride    Operation = "BootOverride"
+	OpSetBootOverride Operation = "SetBootOverride"
+	OpVirtualMedia    Operation = "VirtualMedia"
+	OpInsertMedia     Operation = "InsertMedia"
+	OpEjectMedia      Operation = "EjectMedia"
+)
+
+// Interceptor runs one call of a machine method: it calls call at most once
+// (with ctx or a context derived from it) and returns call's error, or its
+// own instead of calling.
+type Interceptor func(ctx context.Context, op Operation, call func(context.Context) error) error
+
+// Intercept returns m with every call but ID and Capabilities run through
+// around. It is Readiness-aware: the result's Ready is m's, or nil when m
+// has none.
+func Intercept(m Machine, around Interceptor) Machine {
+	return &intercepted{m: m, around: around}
+}
+
+type intercepted struct {
+	m      Machine
+	around Interceptor
+}
+
+var _ Readiness = (*intercepted)(nil)
+
+func interceptValue[T any](ctx context.Context, i *intercepted, op Operation, call func(context.Context) (T, error)) (T, error) {
+	var out T
+	err := i.around(ctx, op, func(ctx context.Context) error {
+		var err error
+		out, err = call(ctx)
+		return err
+	})
+	return out, err
+}
+
+func (i *intercepted) ID() string                 { return i.m.ID() }
+func (i *intercepted) Capabilities() Capabilities { return i.m.Capabilities() }
+
+func (i *intercepted) Ready() error {
+	if r, ok := i.m.(Readiness); ok {
+		return r.Ready()
+	}
+	return nil
+}
+
+func (i *intercepted) Inventory(ctx context.Context) (Inventory, error) {
+	return interceptValue(ctx, i, OpInventory, i.m.Inventory)
+}
+
+func (i *intercepted) PowerState(ctx context.Context) (PowerState, error) {
+	return interceptValue(ctx, i, OpPowerState, i.m.PowerState)
+}
+
+func (i *intercepted) Reset(ctx context.Context, r ResetType) error {
+	return i.around(ctx, OpReset, func(ctx context.Context) error { return i.m.Reset(ctx, r) })
+}
+
+func (i *intercepted) BootOverride(ctx context.Context) (BootOverride, error) {
+	return interceptValue(ctx, i, OpBootOverride, i.m.BootOverride)
+}
+
+func (i *intercepted) SetBootOverride(ctx context.Context, o BootOverride) error {
+	return i.around(ctx, OpSetBootOverride, func(ctx context.Context) error { return i.m.SetBootOverride(ctx, o) })
+}
+
+func (i *intercepted) VirtualMedia(ctx context.Context) (VirtualMedia, error) {
+	return interceptValue(ctx, i, OpVirtualMedia, i.m.VirtualMedia)
+}
+
+func (i *intercepted) InsertMedia(ctx context.Context, url string) error {
+	return i.around(ctx, OpInsertMedia, func(ctx context.Context) error { return i.m.InsertMedia(ctx, url) })
+}
+
+func (i *intercepted) EjectMedia(ctx context.Context) error {
+	return i.around(ctx, OpEjectMedia, i.m.EjectMedia)
+}
+
+// InterceptBackend returns b whose machines are intercepted by around. It
+// keeps b's Readiness and Versioned: without them, Ready is nil and
+// StateVersion says it cannot tell, as the contracts allow.
+func InterceptBackend(b Backend, around Interceptor) Backend {
+	return &interceptedBackend{b: b, around: around}
+}
+
+type interceptedBackend struct {
+	b      Backend
+	around Interceptor
+}
+
+var (
+	_ Readiness = (*interceptedBackend)(nil)
+	_ Versioned = (*interceptedBackend)(nil)
+)
+
+func (ib *interceptedBackend) Machines(ctx context.Context) ([]string, error) {
+	return ib.b.Machines(ctx)
+}
+
+func (ib *interceptedBackend) Machine(ctx context.Context, id string) (Machine, error) {
+	m, err := ib.b.Machine(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return Intercept(m, ib.around), nil
+}
+
+func (ib *interceptedBackend) Ready() error {
+	if r, ok := ib.b.(Readiness); ok {
+		return r.Ready()
+	}
+	return nil
+}
+
+func (ib *interceptedBackend) StateVersion(id string) (uint64, bool) {
+	if v, ok := ib.b.(Versioned); ok {
+		return v.StateVersion(id)
+	}
+	return 0, false
+}
