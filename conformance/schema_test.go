@@ -48,6 +48,20 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	service := httptest.NewTLSServer(server)
 	defer service.Close()
 	createSession(t, service) // so that a Session resource exists to crawl
+	// An action and a failed login, so that both kinds of LogEntry exist.
+	for _, req := range []struct{ method, path, body, password string }{
+		{http.MethodPost, "/redfish/v1/Systems/vm-1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`, "password"},
+		{http.MethodGet, "/redfish/v1/Systems", "", "wrong"},
+	} {
+		r, _ := http.NewRequest(req.method, service.URL+req.path, strings.NewReader(req.body))
+		r.SetBasicAuth("admin", req.password)
+		r.Header.Set("Content-Type", "application/json")
+		res, err := service.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+	}
 
 	crawler := &schemacheck.Crawler{
 		Client:    service.Client(),
@@ -63,7 +77,8 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	t.Logf("crawled %d resources, %d @odata.type values", len(report.Visited), len(report.ODataTypes))
 
 	// Guard against a crawl that "passes" because it found nothing.
-	for _, want := range []string{"/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis", "/redfish/v1/SessionService/Sessions", "/redfish/v1/AccountService"} {
+	for _, want := range []string{"/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis", "/redfish/v1/SessionService/Sessions", "/redfish/v1/AccountService",
+		"/redfish/v1/Systems/vm-1/LogServices/Log/Entries/1", "/redfish/v1/Managers/vm-1/LogServices/Log/Entries/2"} {
 		if !visitedUnder(report.Visited, want) {
 			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)
 		}

@@ -18,10 +18,41 @@ const (
 	OpEjectMedia      Operation = "EjectMedia"
 )
 
+// Call is one call of a machine method as an Interceptor sees it.
+type Call struct {
+	Machine string // the machine's ID
+	Op      Operation
+	// Arg is the write's argument in words ("ForceOff", "Pxe Once UEFI",
+	// the media URL); "" for reads and EjectMedia.
+	Arg string
+}
+
+// IsWrite tells whether the call changes the machine.
+func (c Call) IsWrite() bool {
+	switch c.Op {
+	case OpReset, OpSetBootOverride, OpInsertMedia, OpEjectMedia:
+		return true
+	}
+	return false
+}
+
 // Interceptor runs one call of a machine method: it calls call at most once
 // (with ctx or a context derived from it) and returns call's error, or its
 // own instead of calling.
-type Interceptor func(ctx context.Context, op Operation, call func(context.Context) error) error
+type Interceptor func(ctx context.Context, c Call, call func(context.Context) error) error
+
+// Chain is an Interceptor running each of its own in turn, the first
+// outermost.
+func Chain(interceptors ...Interceptor) Interceptor {
+	return func(ctx context.Context, c Call, call func(context.Context) error) error {
+		next := call
+		for i := len(interceptors) - 1; i >= 0; i-- {
+			inner, around := next, interceptors[i]
+			next = func(ctx context.Context) error { return around(ctx, c, inner) }
+		}
+		return next(ctx)
+	}
+}
 
 // Intercept returns m with every call but ID and Capabilities run through
 // around. It is Readiness-aware: the result's Ready is m's, or nil when m
@@ -39,7 +70,7 @@ var _ Readiness = (*intercepted)(nil)
 
 func interceptValue[T any](ctx context.Context, i *intercepted, op Operation, call func(context.Context) (T, error)) (T, error) {
 	var out T
-	err := i.around(ctx, op, func(ctx context.Context) error {
+	err := i.around(ctx, Call{Machine: i.m.ID(), Op: op}, func(ctx context.Context) error {
 		var err error
 		out, err = call(ctx)
 		return err
@@ -66,7 +97,7 @@ func (i *intercepted) PowerState(ctx context.Context) (PowerState, error) {
 }
 
 func (i *intercepted) Reset(ctx context.Context, r ResetType) error {
-	return i.around(ctx, OpReset, func(ctx context.Context) error { return i.m.Reset(ctx, r) })
+	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpReset, Arg: string(r)}, func(ctx context.Context) error { return i.m.Reset(ctx, r) })
 }
 
 func (i *intercepted) BootOverride(ctx context.Context) (BootOverride, error) {
@@ -74,7 +105,8 @@ func (i *intercepted) BootOverride(ctx context.Context) (BootOverride, error) {
 }
 
 func (i *intercepted) SetBootOverride(ctx context.Context, o BootOverride) error {
-	return i.around(ctx, OpSetBootOverride, func(ctx context.Context) error { return i.m.SetBootOverride(ctx, o) })
+	arg := string(o.Target) + " " + string(o.Enabled) + " " + string(o.Mode)
+	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpSetBootOverride, Arg: arg}, func(ctx context.Context) error { return i.m.SetBootOverride(ctx, o) })
 }
 
 func (i *intercepted) VirtualMedia(ctx context.Context) (VirtualMedia, error) {
@@ -82,11 +114,11 @@ func (i *intercepted) VirtualMedia(ctx context.Context) (VirtualMedia, error) {
 }
 
 func (i *intercepted) InsertMedia(ctx context.Context, url string) error {
-	return i.around(ctx, OpInsertMedia, func(ctx context.Context) error { return i.m.InsertMedia(ctx, url) })
+	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpInsertMedia, Arg: url}, func(ctx context.Context) error { return i.m.InsertMedia(ctx, url) })
 }
 
 func (i *intercepted) EjectMedia(ctx context.Context) error {
-	return i.around(ctx, OpEjectMedia, i.m.EjectMedia)
+	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpEjectMedia}, i.m.EjectMedia)
 }
 
 // InterceptBackend returns b whose machines are intercepted by around. It

@@ -3,6 +3,7 @@ package machine_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,7 +16,7 @@ import (
 // contract suite, so a decorator built on Intercept changes nothing a
 // protocol sees.
 func TestInterceptKeepsTheContract(t *testing.T) {
-	pass := func(ctx context.Context, _ machine.Operation, call func(context.Context) error) error {
+	pass := func(ctx context.Context, _ machine.Call, call func(context.Context) error) error {
 		return call(ctx)
 	}
 	machinetest.Run(t, func(t *testing.T) machinetest.Subject {
@@ -54,8 +55,11 @@ func TestInterceptSeesEveryCall(t *testing.T) {
 		t.Run(string(tt.op), func(t *testing.T) {
 			inner := memory.New(memory.Options{}).Get("vm-0")
 			var seen []machine.Operation
-			m := machine.Intercept(inner, func(ctx context.Context, op machine.Operation, call func(context.Context) error) error {
-				seen = append(seen, op)
+			m := machine.Intercept(inner, func(ctx context.Context, c machine.Call, call func(context.Context) error) error {
+				seen = append(seen, c.Op)
+				if c.Machine != "vm-0" || c.IsWrite() != (c.Arg != "" || c.Op == machine.OpEjectMedia) {
+					t.Errorf("call %+v", c)
+				}
 				return call(ctx)
 			})
 			inner.SetFault(machine.ErrUnavailable)
@@ -67,7 +71,7 @@ func TestInterceptSeesEveryCall(t *testing.T) {
 			}
 
 			inner.SetFault(nil)
-			blocked := machine.Intercept(inner, func(context.Context, machine.Operation, func(context.Context) error) error { return refused })
+			blocked := machine.Intercept(inner, func(context.Context, machine.Call, func(context.Context) error) error { return refused })
 			if err := tt.call(blocked); !errors.Is(err, refused) {
 				t.Errorf("error = %v, want the interceptor's", err)
 			}
@@ -81,7 +85,7 @@ func TestInterceptSeesEveryCall(t *testing.T) {
 // TestInterceptBackendKeepsOptionalInterfaces: Readiness and Versioned come
 // from the wrapped backend.
 func TestInterceptBackendKeepsOptionalInterfaces(t *testing.T) {
-	pass := func(ctx context.Context, _ machine.Operation, call func(context.Context) error) error {
+	pass := func(ctx context.Context, _ machine.Call, call func(context.Context) error) error {
 		return call(ctx)
 	}
 	b := memory.New(memory.Options{})
@@ -100,5 +104,26 @@ func TestInterceptBackendKeepsOptionalInterfaces(t *testing.T) {
 	ids, err := ib.Machines(t.Context())
 	if err != nil || len(ids) != 1 {
 		t.Errorf("Machines = %v, %v", ids, err)
+	}
+}
+
+// TestChain runs the interceptors outermost first, each once, around one
+// call of the machine.
+func TestChain(t *testing.T) {
+	var order []string
+	step := func(name string) machine.Interceptor {
+		return func(ctx context.Context, c machine.Call, call func(context.Context) error) error {
+			order = append(order, name+" "+string(c.Op)+" "+c.Arg)
+			return call(ctx)
+		}
+	}
+	inner := memory.New(memory.Options{}).Get("vm-0")
+	m := machine.Intercept(inner, machine.Chain(step("outer"), step("inner")))
+	if err := m.Reset(t.Context(), machine.ResetForceOff); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"outer Reset ForceOff", "inner Reset ForceOff"}
+	if !slices.Equal(order, want) {
+		t.Errorf("order %q, want %q", order, want)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 )
 
@@ -107,6 +108,7 @@ type authenticator struct {
 	maxSessionsPerAccount int
 	limiter               *throttle.Limiter
 	clients               clientAddresses
+	audit                 *auditlog.Log              // logs failed logins
 	accounts              atomic.Pointer[[]*account] // in Config order
 
 	mu       sync.Mutex
@@ -190,10 +192,14 @@ func (a *authenticator) checkPassword(source, username, password string) (acc *a
 	if acc != nil {
 		named = acc.username
 	}
+	failed := func() {
+		a.limiter.Failed(source, named)
+		a.audit.LoginFailed(auditlog.Actor{Protocol: auditlog.Redfish, Account: username, Source: source})
+	}
 	if _, allowed := a.limiter.Allow(source, named); !allowed {
 		// Not checked; counted, so a client that ignores the delay is
 		// soon refused for longer.
-		a.limiter.Failed(source, named)
+		failed()
 		return nil, false, false
 	}
 	if acc != nil {
@@ -204,7 +210,7 @@ func (a *authenticator) checkPassword(source, username, password string) (acc *a
 		}
 	}
 	if !ok {
-		a.limiter.Failed(source, named)
+		failed()
 		return nil, false, false
 	}
 	a.limiter.Succeeded(source)

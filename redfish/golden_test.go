@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -41,6 +42,20 @@ func TestGoldenBodies(t *testing.T) {
 		{"account_service", nil, get("/redfish/v1/AccountService"), 200},
 		{"account", nil, get("/redfish/v1/AccountService/Accounts/2"), 200},
 		{"role", nil, get("/redfish/v1/AccountService/Roles/Operator"), 200},
+		{"log_service", nil, get(manager0 + "/LogServices/Log"), 200},
+		{"log_entries", func(f *fixture) {
+			f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`))
+			f.do(request{method: "GET", path: system0, user: adminUser, pass: "wrong", remote: "192.0.2.7:40000"})
+		}, get(manager0 + "/LogServices/Log/Entries"), 200},
+		{"log_entry_action", func(f *fixture) {
+			f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"ForceOff"}`))
+		}, get(system0 + "/LogServices/Log/Entries/1"), 200},
+		{"log_entry_login_failures", func(f *fixture) {
+			for range 2 {
+				f.do(request{method: "GET", path: system0, user: "root", pass: "guess", remote: "192.0.2.7:40000"})
+				f.clock.Advance(time.Second)
+			}
+		}, get(manager0 + "/LogServices/Log/Entries/1"), 200},
 		{"error_not_in_list", nil, asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Floppy"}}`), 400},
 	}
 	for _, tt := range tests {

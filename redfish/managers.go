@@ -75,6 +75,7 @@ func (s *Server) getManager(c *call) (result, error) {
 	body["FirmwareVersion"] = s.firmwareVersion
 	body["PowerState"] = string(machine.PowerOn)
 	body["Status"] = statusOK()
+	body["LogServices"] = link(logServicesPath(path))
 	body["Links"] = map[string]any{
 		"ManagerForServers": links(systemPath(id)),
 		"ManagerForChassis": links(chassisPath(id)),

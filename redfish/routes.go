@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/gorilla/mux"
+
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 )
 
 // call is one authorised request as a handler sees it.
@@ -56,6 +58,8 @@ func (s *Server) routes() []route {
 		sysCD   = sys + "/VirtualMedia/{mediaID}"
 		session = "/redfish/v1/SessionService/Sessions/{sessionID}"
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
+		sysLog  = sys + "/LogServices/" + logServiceID
+		mgrLog  = mgr + "/LogServices/" + logServiceID
 	)
 	return []route{
 		{http.MethodGet, "/redfish", privNoAuth, s.getVersions, nil, forLife},
@@ -76,9 +80,20 @@ func (s *Server) routes() []route {
 		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil, perRequest},
 		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil, perRequest},
 
+		{http.MethodGet, sys + "/LogServices", privLogin, s.getLogServices(systemLogs), nil, perRequest},
+		{http.MethodGet, sysLog, privLogin, s.getLogService(systemLogs), nil, perRequest},
+		{http.MethodGet, sysLog + "/Entries", privLogin, s.getLogEntries(systemLogs), nil, perRequest},
+		{http.MethodGet, sysLog + "/Entries/{entryID}", privLogin, s.getLogEntry(systemLogs), nil, perRequest},
+		{http.MethodPost, sysLog + "/Actions/LogService.ClearLog", privConfigureComponents, s.clearLog(systemLogs), nil, perRequest},
+
 		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil, whileMachineList},
 		{http.MethodGet, mgr, privLogin, s.getManager, nil, whileMachineState},
 		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil, perRequest},
+		{http.MethodGet, mgr + "/LogServices", privLogin, s.getLogServices(managerLogs), nil, perRequest},
+		{http.MethodGet, mgrLog, privLogin, s.getLogService(managerLogs), nil, perRequest},
+		{http.MethodGet, mgrLog + "/Entries", privLogin, s.getLogEntries(managerLogs), nil, perRequest},
+		{http.MethodGet, mgrLog + "/Entries/{entryID}", privLogin, s.getLogEntry(managerLogs), nil, perRequest},
+		{http.MethodPost, mgrLog + "/Actions/LogService.ClearLog", privConfigureManager, s.clearLog(managerLogs), nil, perRequest},
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
@@ -206,6 +221,11 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 		if !user.has(rt.privilege) && (rt.owner == nil || rt.owner(c) != user.username) {
 			s.writeError(w, r, newError(http.StatusForbidden, msgInsufficientPrivilege))
 			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodOptions {
+			// The audit log says who asked for the writes this request makes.
+			c.r = r.WithContext(auditlog.WithActor(r.Context(), auditlog.Actor{
+				Protocol: auditlog.Redfish, Account: user.username, Source: s.auth.clients.source(r)}))
 		}
 	}
 	if err := checkProtocol(r); err != nil {

@@ -37,29 +37,33 @@ func (t schemaType) csdlURI() string { return schemaBase + t.namespace + "_v1.xm
 // Versions chosen from the DMTF 2025.4 bundle: the newest minor version of
 // each schema, declared with its .0 errata.
 var (
-	typeServiceRoot        = schemaType{"ServiceRoot", "v1_20_0"}
-	typeSystemCollection   = schemaType{"ComputerSystemCollection", ""}
-	typeSystem             = schemaType{"ComputerSystem", "v1_27_0"}
-	typeEthernetCollection = schemaType{"EthernetInterfaceCollection", ""}
-	typeEthernetInterface  = schemaType{"EthernetInterface", "v1_12_0"}
-	typeSimpleStorageColl  = schemaType{"SimpleStorageCollection", ""}
-	typeSimpleStorage      = schemaType{"SimpleStorage", "v1_3_0"}
-	typeManagerCollection  = schemaType{"ManagerCollection", ""}
-	typeManager            = schemaType{"Manager", "v1_24_0"}
-	typeVirtualMediaColl   = schemaType{"VirtualMediaCollection", ""}
-	typeVirtualMedia       = schemaType{"VirtualMedia", "v1_6_0"}
-	typeChassisCollection  = schemaType{"ChassisCollection", ""}
-	typeChassis            = schemaType{"Chassis", "v1_28_0"}
-	typeSessionService     = schemaType{"SessionService", "v1_2_0"}
-	typeSessionCollection  = schemaType{"SessionCollection", ""}
-	typeSession            = schemaType{"Session", "v1_8_0"}
-	typeAccountService     = schemaType{"AccountService", "v1_18_0"}
-	typeAccountCollection  = schemaType{"ManagerAccountCollection", ""}
-	typeAccount            = schemaType{"ManagerAccount", "v1_14_0"}
-	typeRoleCollection     = schemaType{"RoleCollection", ""}
-	typeRole               = schemaType{"Role", "v1_3_0"}
-	typeResource           = schemaType{"Resource", "v1_23_0"}
-	typeMessage            = schemaType{"Message", "v1_3_0"}
+	typeServiceRoot          = schemaType{"ServiceRoot", "v1_20_0"}
+	typeSystemCollection     = schemaType{"ComputerSystemCollection", ""}
+	typeSystem               = schemaType{"ComputerSystem", "v1_27_0"}
+	typeEthernetCollection   = schemaType{"EthernetInterfaceCollection", ""}
+	typeEthernetInterface    = schemaType{"EthernetInterface", "v1_12_0"}
+	typeSimpleStorageColl    = schemaType{"SimpleStorageCollection", ""}
+	typeSimpleStorage        = schemaType{"SimpleStorage", "v1_3_0"}
+	typeManagerCollection    = schemaType{"ManagerCollection", ""}
+	typeManager              = schemaType{"Manager", "v1_24_0"}
+	typeVirtualMediaColl     = schemaType{"VirtualMediaCollection", ""}
+	typeVirtualMedia         = schemaType{"VirtualMedia", "v1_6_0"}
+	typeChassisCollection    = schemaType{"ChassisCollection", ""}
+	typeChassis              = schemaType{"Chassis", "v1_28_0"}
+	typeSessionService       = schemaType{"SessionService", "v1_2_0"}
+	typeSessionCollection    = schemaType{"SessionCollection", ""}
+	typeSession              = schemaType{"Session", "v1_8_0"}
+	typeAccountService       = schemaType{"AccountService", "v1_18_0"}
+	typeAccountCollection    = schemaType{"ManagerAccountCollection", ""}
+	typeAccount              = schemaType{"ManagerAccount", "v1_14_0"}
+	typeRoleCollection       = schemaType{"RoleCollection", ""}
+	typeRole                 = schemaType{"Role", "v1_3_0"}
+	typeResource             = schemaType{"Resource", "v1_23_0"}
+	typeMessage              = schemaType{"Message", "v1_3_0"}
+	typeLogServiceCollection = schemaType{"LogServiceCollection", ""}
+	typeLogService           = schemaType{"LogService", "v1_9_0"}
+	typeLogEntryCollection   = schemaType{"LogEntryCollection", ""}
+	typeLogEntry             = schemaType{"LogEntry", "v1_21_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -81,6 +85,7 @@ var servedTypes = []schemaType{
 	typeAccountService, typeAccountCollection, typeAccount,
 	typeRoleCollection, typeRole,
 	typeResource, typeMessage,
+	typeLogServiceCollection, typeLogService, typeLogEntryCollection, typeLogEntry,
 }
 
 // describedBy returns the JSON schema URI for an @odata.type value, for the

@@ -19,6 +19,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/gorilla/mux"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -60,6 +61,11 @@ type Config struct {
 	// Observer is told of every answered request, for metrics; nil tells
 	// no one and costs nothing.
 	Observer Observer
+	// AuditLog records the power, boot and media actions made through
+	// this service, and failed logins, and the LogServices serve it; share
+	// one with the BMC's other protocols so their actions appear too. nil
+	// means a log of this server's own.
+	AuditLog *auditlog.Log
 }
 
 // Observer learns what the service answered. Its method must be cheap and
@@ -92,6 +98,7 @@ type Server struct {
 	metadata    []byte
 	router      *mux.Router
 	observer    Observer
+	audit       *auditlog.Log
 	now         func() time.Time
 	ready       machine.Readiness // nil when the backend is always ready
 	versioned   machine.Versioned // nil when the backend cannot say when machines change
@@ -174,8 +181,16 @@ func NewServer(cfg Config) (*Server, error) {
 		now:         now,
 	}
 	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
+	s.audit = cfg.AuditLog
+	if s.audit == nil {
+		s.audit = auditlog.New(auditlog.Options{Now: now})
+	}
+	s.auth.audit = s.audit
 	s.ready, _ = cfg.Backend.(machine.Readiness)
 	s.versioned, _ = cfg.Backend.(machine.Versioned)
+	// Every write this service makes is logged, with the actor serveRoute
+	// puts in its context.
+	s.backend = machine.InterceptBackend(cfg.Backend, s.audit.Intercept)
 	s.router = s.newRouter()
 	return s, nil
 }

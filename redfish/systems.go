@@ -150,6 +150,7 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	body["ProcessorSummary"] = processors
 	body["MemorySummary"] = map[string]any{"TotalSystemMemoryGiB": float64(inv.MemoryMiB) / 1024}
 	body["EthernetInterfaces"] = link(path + "/EthernetInterfaces")
+	body["LogServices"] = link(logServicesPath(path))
 	body["SimpleStorage"] = link(path + "/SimpleStorage")
 	if caps.VirtualMedia {
 		body["VirtualMedia"] = link(mediaCollectionPath(id))

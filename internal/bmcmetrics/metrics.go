@@ -77,11 +77,11 @@ func (m *Metrics) ObserveRequest(route, method string, status int, took time.Dur
 
 // Intercept is a machine.Interceptor that times every backend call and
 // counts its outcome.
-func (m *Metrics) Intercept(ctx context.Context, op machine.Operation, call func(context.Context) error) error {
+func (m *Metrics) Intercept(ctx context.Context, c machine.Call, call func(context.Context) error) error {
 	start := time.Now()
 	err := call(ctx)
-	m.callDuration.WithLabelValues(string(op)).Observe(time.Since(start).Seconds())
-	m.calls.WithLabelValues(string(op), outcome(err)).Inc()
+	m.callDuration.WithLabelValues(string(c.Op)).Observe(time.Since(start).Seconds())
+	m.calls.WithLabelValues(string(c.Op), outcome(err)).Inc()
 	return err
 }
 

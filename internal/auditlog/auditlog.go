@@ -1,0 +1,283 @@
+// Package auditlog is the BMC's log of what was done to its machines and
+// by whom: every power, boot and media action and every burst of failed
+// logins, with the account, the client address and the protocol. Redfish's
+// LogService and IPMI's SEL read the same log; it is bounded (the oldest
+// entries go first) and lives in the process, so the wiring also copies
+// each action to a Kubernetes Event on the VM, where it outlives the pod.
+package auditlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// Protocols an Actor comes through.
+const (
+	Redfish = "Redfish"
+	IPMI    = "IPMI"
+)
+
+// Actor is who asked: the protocol, the account and the client address.
+type Actor struct {
+	Protocol string
+	Account  string // as given; for a failed login, the name tried
+	Source   string // the client address (behind a trusted proxy, the client's)
+}
+
+type actorKey struct{}
+
+// WithActor is ctx carrying who makes the calls done with it.
+func WithActor(ctx context.Context, a Actor) context.Context {
+	return context.WithValue(ctx, actorKey{}, a)
+}
+
+// ActorFrom is who ctx says makes its calls.
+func ActorFrom(ctx context.Context) (Actor, bool) {
+	a, ok := ctx.Value(actorKey{}).(Actor)
+	return a, ok
+}
+
+// Severity is how much an entry matters, as Redfish names it.
+type Severity string
+
+const (
+	SeverityOK      Severity = "OK"
+	SeverityWarning Severity = "Warning"
+)
+
+// Kind is what an entry records.
+type Kind string
+
+const (
+	// KindAction is a write to a machine (Op and Arg say which).
+	KindAction Kind = "Action"
+	// KindLoginFailure is one or more failed logins from one source
+	// through one protocol, within BurstWindow of each other.
+	KindLoginFailure Kind = "LoginFailure"
+)
+
+// Entry is one record of the log.
+type Entry struct {
+	// ID grows with each entry and is never reused, so a client that
+	// cleared the log cannot confuse an old entry with a new one.
+	ID      uint64
+	Created time.Time
+	// Updated is when a burst entry last counted a failure.
+	Updated time.Time
+	// Machine is the machine acted on; "" for the BMC itself.
+	Machine string
+	Actor   Actor
+	Kind    Kind
+	Op      machine.Operation // for an action
+	Arg     string            // for an action: its argument in words
+	// Err is why the action failed; "" when it succeeded.
+	Err string
+	// Count is the failed logins a burst entry holds (1 for an action).
+	Count int
+}
+
+// Severity is OK for an action that succeeded, else Warning.
+func (e Entry) Severity() Severity {
+	if e.Kind == KindAction && e.Err == "" {
+		return SeverityOK
+	}
+	return SeverityWarning
+}
+
+// Message says the entry in one line, for Redfish, Events and logs:
+// "Reset ForceOff by admin from 10.0.0.5 via Redfish: done".
+func (e Entry) Message() string {
+	who := fmt.Sprintf("%s from %s via %s", orUnknown(e.Actor.Account), orUnknown(e.Actor.Source), orUnknown(e.Actor.Protocol))
+	if e.Kind == KindLoginFailure {
+		if e.Count == 1 {
+			return "1 failed login as " + who
+		}
+		return fmt.Sprintf("%d failed logins as %s", e.Count, who)
+	}
+	what := string(e.Op)
+	if e.Arg != "" {
+		what += " " + e.Arg
+	}
+	outcome := "done"
+	if e.Err != "" {
+		outcome = "failed: " + e.Err
+	}
+	return what + " by " + who + ": " + outcome
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// Options configure a Log; zero fields take the defaults.
+type Options struct {
+	// Capacity bounds the entries kept (default 256); the oldest go first.
+	Capacity int
+	// BurstWindow is how close failed logins of one source and protocol
+	// must follow each other to count in one entry (default 1 minute).
+	BurstWindow time.Duration
+	Now         func() time.Time
+}
+
+// Log is safe for concurrent use.
+type Log struct {
+	capacity int
+	burst    time.Duration
+	now      func() time.Time
+
+	mu        sync.Mutex
+	entries   []Entry // oldest first
+	nextID    uint64
+	listeners []func(Entry)
+}
+
+// New returns an empty log.
+func New(opts Options) *Log {
+	l := &Log{capacity: opts.Capacity, burst: opts.BurstWindow, now: opts.Now, nextID: 1}
+	if l.capacity <= 0 {
+		l.capacity = 256
+	}
+	if l.burst <= 0 {
+		l.burst = time.Minute
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	return l
+}
+
+// Capacity is how many entries the log keeps.
+func (l *Log) Capacity() int { return l.capacity }
+
+// OnRecord calls f with every new entry (not with a burst's later counts),
+// after the log has it and outside its lock. f must not block for long.
+func (l *Log) OnRecord(f func(Entry)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.listeners = append(l.listeners, f)
+}
+
+// Intercept is a machine.Interceptor that records every write made with a
+// context carrying an Actor (see WithActor), with its outcome. Reads, and
+// calls of nobody's (the backend's own), are not recorded.
+func (l *Log) Intercept(ctx context.Context, c machine.Call, call func(context.Context) error) error {
+	err := call(ctx)
+	actor, ok := ActorFrom(ctx)
+	if !ok || !c.IsWrite() {
+		return err
+	}
+	e := Entry{Machine: c.Machine, Actor: actor, Kind: KindAction, Op: c.Op, Arg: c.Arg, Count: 1}
+	if err != nil {
+		e.Err = describe(err)
+	}
+	l.record(e)
+	return err
+}
+
+// describe is an error in the contract's words: the backend's detail may
+// name objects a BMC user has no business seeing.
+func describe(err error) string {
+	for _, sentinel := range []error{machine.ErrNotFound, machine.ErrNotSupported, machine.ErrInvalidArgument, machine.ErrConflict, machine.ErrUnavailable} {
+		if errors.Is(err, sentinel) {
+			return sentinel.Error()
+		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return "timed out"
+	}
+	return "internal error"
+}
+
+// LoginFailed records a failed login: a new entry, or one more in the
+// entry of the same source and protocol's burst.
+func (l *Log) LoginFailed(a Actor) {
+	l.mu.Lock()
+	now := l.now()
+	for i := len(l.entries) - 1; i >= 0; i-- {
+		e := &l.entries[i]
+		if e.Kind == KindLoginFailure && e.Actor.Source == a.Source && e.Actor.Protocol == a.Protocol && now.Sub(e.Updated) < l.burst {
+			e.Count++
+			e.Updated = now
+			if e.Actor.Account != a.Account {
+				e.Actor.Account = "several accounts"
+			}
+			l.mu.Unlock()
+			return
+		}
+	}
+	l.mu.Unlock()
+	l.record(Entry{Actor: a, Kind: KindLoginFailure, Count: 1})
+}
+
+func (l *Log) record(e Entry) {
+	l.mu.Lock()
+	e.ID = l.nextID
+	l.nextID++
+	e.Created = l.now()
+	e.Updated = e.Created
+	if len(l.entries) >= l.capacity {
+		l.entries = slices.Delete(l.entries, 0, len(l.entries)-l.capacity+1)
+	}
+	l.entries = append(l.entries, e)
+	listeners := slices.Clone(l.listeners)
+	l.mu.Unlock()
+	for _, f := range listeners {
+		f(e)
+	}
+}
+
+// Entries are the entries of machine and of the BMC itself, newest first.
+func (l *Log) Entries(machineID string) []Entry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []Entry
+	for _, e := range slices.Backward(l.entries) {
+		if e.Machine == machineID || e.Machine == "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Entry is one entry of machine's (or of the BMC's), by ID.
+func (l *Log) Entry(machineID string, id uint64) (Entry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.entries {
+		if e.ID == id && (e.Machine == machineID || e.Machine == "") {
+			return e, true
+		}
+	}
+	return Entry{}, false
+}
+
+// Clear drops the entries of machine and of the BMC itself, as Redfish's
+// ClearLog and IPMI's Clear SEL do; IDs go on from where they were.
+func (l *Log) Clear(machineID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = slices.DeleteFunc(l.entries, func(e Entry) bool { return e.Machine == machineID || e.Machine == "" })
+}
+
+// LastChange is when machine's entries last changed (a new entry, a
+// burst's count, a clear is not one): for IPMI's SEL "last add" time.
+func (l *Log) LastChange(machineID string) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var last time.Time
+	for _, e := range l.entries {
+		if (e.Machine == machineID || e.Machine == "") && e.Updated.After(last) {
+			last = e.Updated
+		}
+	}
+	return last
+}
