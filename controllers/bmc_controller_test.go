@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -472,6 +473,20 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	}
 	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
 		t.Errorf("read of its Secret through the API = %v, want Forbidden (it is mounted)", err)
+	}
+	// Its audit trail: Events in its own namespace, nowhere else.
+	event := func(namespace string) *eventsv1.Event {
+		return &eventsv1.Event{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "web1.audit"}, EventTime: metav1.NewMicroTime(time.Now()),
+			ReportingController: "virtmetal.io/bmc-server", ReportingInstance: "bmc-web1", Action: "Reset", Reason: "BMCReset",
+			Regarding: corev1.ObjectReference{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Namespace: namespace, Name: vm.Name}, Type: "Normal",
+		}
+	}
+	if err := bmcClient.Create(ctx, event(vm.Namespace)); err != nil {
+		t.Errorf("an Event on its VM = %v, want it recorded", err)
+	}
+	if err := bmcClient.Create(ctx, event("default")); !apierrors.IsForbidden(err) {
+		t.Errorf("an Event in another namespace = %v, want Forbidden", err)
 	}
 }
 

@@ -199,11 +199,11 @@ func (s *Server) getSessionChallenge(_ context.Context, r *request) (byte, []byt
 		named = string(name)
 	}
 	if _, ok := s.limiter.Allow(source, named); !ok {
-		s.limiter.Failed(source, named)
+		s.loginFailed(source, named, name)
 		return ccNodeBusy, nil
 	}
 	if !known {
-		s.limiter.Failed(source, "")
+		s.loginFailed(source, "", name)
 		return invalidUsername, nil
 	}
 	sess := &session{

@@ -3,8 +3,11 @@ package ipmi
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
+	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -62,6 +65,24 @@ func completionCode(err error) byte {
 	return ccUnspecified
 }
 
+// loginFailed counts a failed login against source and the account it
+// named ("" for none), and logs it with the name tried.
+func (s *Server) loginFailed(source, named string, tried []byte) {
+	s.limiter.Failed(source, named)
+	s.audit.LoginFailed(auditlog.Actor{Protocol: auditlog.IPMI, Account: printableName(tried), Source: source})
+}
+
+// printableName is a user name as a client sent it, fit for a log line:
+// IPMI names are up to 16 bytes of anything.
+func printableName(name []byte) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '?'
+		}
+		return r
+	}, string(name))
+}
+
 // machineFailure logs a failed machine call and returns its completion code.
 func (s *Server) machineFailure(err error, operation string) (byte, []byte) {
 	cc := completionCode(err)
@@ -108,6 +129,12 @@ var commands = map[uint16]command{
 	commandKey(netFnChassis, cmdChassisControl):       {privOperator, true, (*Server).chassisControl},
 	commandKey(netFnChassis, cmdSetSystemBootOptions): {privOperator, true, (*Server).setSystemBootOptions},
 	commandKey(netFnChassis, cmdGetSystemBootOptions): {privOperator, true, (*Server).getSystemBootOptions},
+
+	commandKey(netFnStorage, cmdGetSELInfo):  {privUser, false, (*Server).getSELInfo},
+	commandKey(netFnStorage, cmdReserveSEL):  {privUser, false, (*Server).reserveSEL},
+	commandKey(netFnStorage, cmdGetSELEntry): {privUser, false, (*Server).getSELEntry},
+	commandKey(netFnStorage, cmdClearSEL):    {privOperator, false, (*Server).clearSEL},
+	commandKey(netFnStorage, cmdGetSELTime):  {privUser, false, (*Server).getSELTime},
 }
 
 // dispatch runs r and returns the encoded response message and whether the
@@ -136,6 +163,11 @@ func (s *Server) run(ctx context.Context, r *request) (byte, []byte) {
 		if err := s.ready(); err != nil {
 			s.log.V(1).Info("machine not ready", "reason", err.Error())
 			return ccNodeBusy, nil
+		}
+		if cmd.minPriv >= privOperator {
+			// The audit log says who asked for the writes it makes.
+			ctx = auditlog.WithActor(ctx, auditlog.Actor{
+				Protocol: auditlog.IPMI, Account: printableName(r.sess.username), Source: throttle.Source(r.remote)})
 		}
 	}
 	return cmd.run(s, ctx, r)

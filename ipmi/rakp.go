@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -40,6 +41,8 @@ const (
 )
 
 func le32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
+
+func le16(v uint16) []byte { return binary.LittleEndian.AppendUint16(nil, v) }
 
 // handshakeReply builds an Open Session Response, RAKP 2 or RAKP 4: tag,
 // status, maximum privilege (Open Session only, else reserved), reserved,
@@ -148,7 +151,7 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 		named = string(username)
 	}
 	if _, ok := s.limiter.Allow(source, named); !ok {
-		s.limiter.Failed(source, named)
+		s.loginFailed(source, named, username)
 		return refuse(rmcpStatusNoResources, "throttled after failed logins")
 	}
 	switch {
@@ -157,7 +160,7 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 	case priv > sess.maxPriv:
 		return refuse(rmcpStatusUnauthorizedRole, "role above the requested maximum")
 	case !known:
-		s.limiter.Failed(source, "")
+		s.loginFailed(source, "", username)
 		return refuse(rmcpStatusUnauthorizedName, "unknown user name")
 	}
 	guid, err := s.systemGUID(ctx)
@@ -201,10 +204,20 @@ func (s *Server) abandonedHandshakes(current *session, source string, now time.T
 	}
 	for _, other := range s.sessions.byID {
 		if other != current && other.state == stateRAKP2Sent && throttle.Source(other.remote) == source {
+			s.handshakeAbandoned(other)
 			s.creds.aborted(source, candidate{password: other.password, previous: other.previous}, now)
 			s.endSession(other, "abandoned after RAKP 2")
 		}
 	}
+}
+
+// handshakeAbandoned logs a handshake the console left after RAKP 2: what
+// ipmitool and freeipmi do when RAKP 2's HMAC, keyed with the right
+// password, does not match theirs, so the BMC's only sign of a wrong
+// password. It is not counted by the limiter: a client that lost the
+// network looks the same.
+func (s *Server) handshakeAbandoned(sess *session) {
+	s.audit.LoginFailed(auditlog.Actor{Protocol: auditlog.IPMI, Account: printableName(sess.username), Source: throttle.Source(sess.remote)})
 }
 
 // rakp3 checks RAKP Message 3, activates the session and answers with RAKP
@@ -222,7 +235,7 @@ func (s *Server) rakp3(p []byte, remote string, now time.Time) ([]byte, error) {
 	if status != rmcpStatusOK {
 		// The console rejected RAKP 2: it holds another password than
 		// the one RAKP 2 was keyed with. It expects no answer.
-		s.limiter.Failed(source, string(sess.username))
+		s.loginFailed(source, string(sess.username), sess.username)
 		s.creds.aborted(source, candidate{password: sess.password, previous: sess.previous}, now)
 		s.endSession(sess, fmt.Sprintf("console aborted with RAKP 3 status %#x", status))
 		return nil, nil
@@ -231,7 +244,7 @@ func (s *Server) rakp3(p []byte, remote string, now time.Time) ([]byte, error) {
 	nameInfo := []byte{sess.role, byte(len(sess.username))}
 	want := rakpHMAC(suite.auth, sess.password, sess.rc[:], le32(sess.consoleID), nameInfo, sess.username)
 	if !equalConstantTime(p[rakp3MinLength:], want) {
-		s.limiter.Failed(source, string(sess.username))
+		s.loginFailed(source, string(sess.username), sess.username)
 		s.endSession(sess, "wrong password")
 		return handshakeReply(payloadRAKP4, tag, rmcpStatusInvalidIntegrity, 0, sess.consoleID), nil
 	}

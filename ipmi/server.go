@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -56,6 +57,11 @@ type Config struct {
 	CallTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// AuditLog records the power and boot actions made over IPMI, and
+	// failed logins; the SEL commands read and clear it. Share the Redfish
+	// server's, so each protocol shows the other's actions too. nil means
+	// a log of this server's own.
+	AuditLog *auditlog.Log
 }
 
 const (
@@ -103,6 +109,12 @@ type Server struct {
 	sessions *sessionTable
 	boot     bootParameters
 	guid     *[16]byte
+	// The SEL's reservation and last erase; audit and machineID are set
+	// once.
+	selReservation uint16
+	selErased      time.Time
+	audit          *auditlog.Log
+	machineID      string
 }
 
 // NewServer validates cfg and returns a server with no sessions.
@@ -121,7 +133,12 @@ func NewServer(cfg Config) (*Server, error) {
 		limiter:   cfg.Limiter,
 		now:       cfg.Now,
 	}
-	s.machine = unlockedMachine{Machine: cfg.Machine, s: s}
+	s.audit = cfg.AuditLog
+	if s.audit == nil {
+		s.audit = auditlog.New(auditlog.Options{Now: cfg.Now})
+	}
+	s.machineID = cfg.Machine.ID()
+	s.machine = unlockedMachine{Machine: machine.Intercept(cfg.Machine, s.audit.Intercept), s: s}
 	s.ready = func() error { return nil }
 	if r, ok := cfg.Machine.(machine.Readiness); ok {
 		s.ready = r.Ready
@@ -220,6 +237,9 @@ func (s *Server) handlePacket(ctx context.Context, pkt []byte, remote string) (r
 	}()
 	now := s.now()
 	for _, sess := range s.sessions.expired(now, s.timeout, s.handshake) {
+		if sess.state == stateRAKP2Sent {
+			s.handshakeAbandoned(sess)
+		}
 		s.endSession(sess, "timed out")
 	}
 	s.endRotatedOut(now)
@@ -288,7 +308,7 @@ func (s *Server) handleV15(ctx context.Context, body []byte, remote string, now 
 			}
 		}
 		if sess.password == nil {
-			s.limiter.Failed(throttle.Source(remote), string(sess.username))
+			s.loginFailed(throttle.Source(remote), string(sess.username), sess.username)
 			s.endSession(sess, "wrong password")
 			return nil, errors.New("IPMI 1.5 auth code mismatch")
 		}

@@ -238,6 +238,13 @@ type Readiness interface {
 	Ready() error
 }
 
+// ActionRecorder is implemented by backends that can keep the record of a
+// BMC action where it outlives the BMC's process (KubeVirt: an Event on
+// the VM). action names the operation ("Reset"), note says who did what.
+type ActionRecorder interface {
+	RecordAction(ctx context.Context, machineID, action string, failed bool, note string) error
+}
+
 // Versioned is implemented by backends that can tell, cheaply and without
 // a remote call, when a machine's state may have changed, so a protocol can
 // render its answers once per change rather than once per request.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -138,6 +139,33 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 	}
 	if system.UUID != uuid || system.SerialNumber != "node-1.default" || system.Manufacturer != "KubeVirt" || system.PowerState != "Off" {
 		t.Fatalf("system = %+v, want the VM's identity, powered off", system)
+	}
+
+	// A power action is in the BMC's log and, as an Event, on the VM.
+	req, _ = http.NewRequest(http.MethodPost, base+"/redfish/v1/Systems/node-1/Actions/ComputerSystem.Reset", strings.NewReader(`{"ResetType":"On"}`))
+	req.SetBasicAuth("maas", "s3cret")
+	req.Header.Set("Content-Type", "application/json")
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != http.StatusNoContent {
+		t.Fatalf("reset: %v %v", res, err)
+	}
+	const note = "Reset On by maas from 127.0.0.1 via Redfish: done"
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var events eventsv1.EventList
+		if err := env.Client.List(t.Context(), &events, client.InNamespace("default")); err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(events.Items, func(e eventsv1.Event) bool { return e.Regarding.Name == "node-1" && e.Note == note })
+		if i >= 0 {
+			e := events.Items[i]
+			if e.Reason != "BMCReset" || e.Action != "Reset" || e.Type != "Normal" || e.Regarding.Kind != "VirtualMachine" || e.Regarding.UID == "" ||
+				e.ReportingController != "virtmetal.io/bmc-server" {
+				t.Errorf("event %+v", e)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no Event %q on the VM; events %+v\n%s", note, events.Items, stderr.String())
+		}
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -54,6 +54,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/certs"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/ipmi"
@@ -265,6 +266,14 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	// One audit log for both protocols; its power and boot actions also
+	// go to the backend's own record (KubeVirt: Events on the VM).
+	audit := auditlog.New(auditlog.Options{})
+	if recorder, ok := backend.(machine.ActionRecorder); ok {
+		audit.ForwardActions(ctx, recorder, func(e auditlog.Entry, err error) {
+			log.Error(err, "the action is in the BMC's log but not recorded on the VM", "action", e.Message())
+		})
+	}
 	var observer redfish.Observer
 	if metrics != nil {
 		backend, observer = machine.InterceptBackend(backend, metrics.Intercept), metrics
@@ -281,6 +290,7 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		Limiter:        limiter,
 		TrustedProxies: o.trustedProxies,
 		Observer:       observer,
+		AuditLog:       audit,
 	})
 	if err != nil {
 		return err
@@ -294,7 +304,7 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		return err
 	}
 	if o.ipmiListen != "" {
-		ipmiSrv, addr, err := startIPMI(ctx, cancel, o, backend, creds, limiter, log.WithName("ipmi"))
+		ipmiSrv, addr, err := startIPMI(ctx, cancel, o, backend, creds, limiter, audit, log.WithName("ipmi"))
 		if err != nil {
 			listener.Close()
 			return err
@@ -381,7 +391,7 @@ func tlsConfig(ctx context.Context, o options, tune tuning, log logr.Logger) (*t
 // IPMI starts (answering "node busy") while the backend cannot answer yet.
 // If serving fails, stop ends the process with the error: half a BMC that
 // looks whole is worse than a restart.
-func startIPMI(ctx context.Context, stop context.CancelCauseFunc, o options, backend machine.Backend, creds credentials, limiter *throttle.Limiter, log logr.Logger) (*ipmi.Server, net.Addr, error) {
+func startIPMI(ctx context.Context, stop context.CancelCauseFunc, o options, backend machine.Backend, creds credentials, limiter *throttle.Limiter, audit *auditlog.Log, log logr.Logger) (*ipmi.Server, net.Addr, error) {
 	ids, err := backend.Machines(ctx)
 	if err != nil || len(ids) == 0 {
 		return nil, nil, fmt.Errorf("IPMI: no machine to serve: %v", err)
@@ -392,6 +402,7 @@ func startIPMI(ctx context.Context, stop context.CancelCauseFunc, o options, bac
 		Password:  creds.password,
 		EnableV15: o.ipmiV15,
 		Limiter:   limiter,
+		AuditLog:  audit,
 		Logger:    log,
 	})
 	if err != nil {

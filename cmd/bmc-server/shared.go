@@ -36,8 +36,9 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
 	var observer redfish.Observer
+	var intercept machine.Interceptor
 	if metrics != nil {
-		observer = metrics
+		observer, intercept = metrics, metrics.Intercept
 	}
 	router, err := vhost.New(vhost.Config{
 		Dir: o.vmsDir,
@@ -46,14 +47,11 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		// For very large namespaces the next step is one namespace-wide
 		// informer shared by the VMs.
 		StartBackend: func(ctx context.Context, vm string) (machine.Backend, error) {
-			backend, err := startKubeVirt(ctx, cfg, o.namespace, vm, log)
-			if err != nil || metrics == nil {
-				return backend, err
-			}
-			return machine.InterceptBackend(backend, metrics.Intercept), nil
+			return startKubeVirt(ctx, cfg, o.namespace, vm, log)
 		},
 		Limiter:        limiter,
 		Observer:       observer,
+		Intercept:      intercept,
 		TrustedProxies: o.trustedProxies,
 		Grace:          o.grace,
 		Logger:         log,

@@ -281,3 +281,55 @@ func (l *Log) LastChange(machineID string) time.Time {
 	}
 	return last
 }
+
+// PowerAndBoot selects the entries of power and boot actions: the ones
+// worth an Event on the VM.
+func PowerAndBoot(e Entry) bool {
+	return e.Kind == KindAction && (e.Op == machine.OpReset || e.Op == machine.OpSetBootOverride)
+}
+
+// Forward hands each new entry that want selects to send, in order, from a
+// goroutine of its own until ctx ends, so a slow API server never holds a
+// protocol's request. At most queue entries wait; past that, entries are
+// dropped from the forwarding (the log keeps them) and onError is told, as
+// it is of every failed send.
+func (l *Log) Forward(ctx context.Context, queue int, want func(Entry) bool, send func(context.Context, Entry) error, onError func(Entry, error)) {
+	pending := make(chan Entry, queue)
+	l.OnRecord(func(e Entry) {
+		if !want(e) || ctx.Err() != nil {
+			return
+		}
+		select {
+		case pending <- e:
+		default:
+			onError(e, ErrForwardQueueFull)
+		}
+	})
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e := <-pending:
+				if err := send(ctx, e); err != nil {
+					onError(e, err)
+				}
+			}
+		}
+	}()
+}
+
+// ErrForwardQueueFull is Forward's error for an entry dropped because the
+// sender fell behind.
+var ErrForwardQueueFull = errors.New("forwarding queue full")
+
+// forwardQueue bounds the actions waiting for their Event.
+const forwardQueue = 64
+
+// ForwardActions copies each power and boot action to recorder (for
+// KubeVirt, an Event on the VM), as Forward does.
+func (l *Log) ForwardActions(ctx context.Context, recorder machine.ActionRecorder, onError func(Entry, error)) {
+	l.Forward(ctx, forwardQueue, PowerAndBoot, func(ctx context.Context, e Entry) error {
+		return recorder.RecordAction(ctx, e.Machine, string(e.Op), e.Err != "", e.Message())
+	}, onError)
+}

@@ -157,3 +157,58 @@ func TestBoundedPerMachineAndClear(t *testing.T) {
 		t.Error("LastChange is zero with an entry")
 	}
 }
+
+// TestForward: the power and boot actions reach the sender in order, from
+// its own goroutine; a full queue and a failed send are reported, never
+// block the caller, and cost the log nothing.
+func TestForward(t *testing.T) {
+	l, _ := newLog(10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	release := make(chan struct{})
+	taken := make(chan struct{}, 10)
+	sent := make(chan auditlog.Entry, 10)
+	failures := make(chan error, 10)
+	l.Forward(ctx, 1, auditlog.PowerAndBoot, func(_ context.Context, e auditlog.Entry) error {
+		taken <- struct{}{}
+		<-release // a slow API server
+		sent <- e
+		if e.Arg == "bad" {
+			return errors.New("forbidden")
+		}
+		return nil
+	}, func(_ auditlog.Entry, err error) { failures <- err })
+
+	actions := auditlog.WithActor(context.Background(), admin)
+	_ = write(l, actions, machine.Call{Machine: "vm-0", Op: machine.OpReset, Arg: "On"}, nil)             // taken by the sender, which waits
+	_ = write(l, actions, machine.Call{Machine: "vm-0", Op: machine.OpInsertMedia, Arg: "http://x"}, nil) // not selected
+	l.LoginFailed(admin)                                                                                  // not selected
+	select {
+	case <-taken: // the first entry has left the queue for the sender
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sender never took the first entry")
+	}
+	// The second fills the queue, the third does not fit.
+	_ = write(l, actions, machine.Call{Machine: "vm-0", Op: machine.OpSetBootOverride, Arg: "bad"}, nil)
+	_ = write(l, actions, machine.Call{Machine: "vm-0", Op: machine.OpSetBootOverride, Arg: "dropped"}, nil)
+	select {
+	case err := <-failures:
+		if !errors.Is(err, auditlog.ErrForwardQueueFull) {
+			t.Fatalf("failure %v, want a full queue", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the full queue was not reported")
+	}
+	close(release)
+	first := <-sent
+	second := <-sent
+	if first.Op != machine.OpReset || second.Op != machine.OpSetBootOverride {
+		t.Errorf("sent %s then %s, want Reset then SetBootOverride", first.Op, second.Op)
+	}
+	if err := <-failures; err == nil || err.Error() != "forbidden" {
+		t.Errorf("the failed send was reported as %v", err)
+	}
+	if n := len(l.Entries("vm-0")); n != 5 {
+		t.Errorf("the log kept %d entries; dropping from the forwarding must not drop from the log", n)
+	}
+}

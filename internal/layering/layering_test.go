@@ -27,6 +27,8 @@ func TestImportRules(t *testing.T) {
 		{"internal/bmcmetrics", []string{module + "/redfish", module + "/ipmi", "k8s.io/", "sigs.k8s.io/", "kubevirt.io/"},
 			"metrics observe through the protocols' and the backend's hooks; bmc-server wires them"},
 		{"machine", []string{"github.com/prometheus/"}, "the backend contract knows no metrics system"},
+		{"internal/auditlog", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/", "github.com/prometheus/", module + "/redfish", module + "/ipmi"},
+			"the audit log speaks the machine contract; the protocols and the backend's ActionRecorder use it"},
 		{"redfish", []string{"github.com/prometheus/"}, "protocols tell an Observer; what it does with that is the wiring's"},
 		{"ipmi", []string{"github.com/prometheus/"}, "protocols tell what they count; what is done with that is the wiring's"},
 		{"cmd/bmc-server", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},

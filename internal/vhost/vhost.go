@@ -30,6 +30,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/redfish"
@@ -63,6 +64,8 @@ type Config struct {
 	Logger logr.Logger
 	// Observer is given to every VM's Redfish service (redfish.Config).
 	Observer redfish.Observer
+	// Intercept, when set, runs every backend call (for metrics).
+	Intercept machine.Interceptor
 }
 
 // Router is the http.Handler of the virtual hosts.
@@ -228,7 +231,19 @@ func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, 
 		stop()
 		return nil, fmt.Errorf("starting its backend: %w", err)
 	}
+	// Each VM has its own audit log; its power and boot actions also go to
+	// the backend's own record (KubeVirt: Events on the VM).
+	audit := auditlog.New(auditlog.Options{})
+	if recorder, ok := backend.(machine.ActionRecorder); ok {
+		audit.ForwardActions(ctx, recorder, func(e auditlog.Entry, err error) {
+			r.log.Error(err, "the action is in the BMC's log but not recorded on the VM", "vm", name, "action", e.Message())
+		})
+	}
+	if r.cfg.Intercept != nil {
+		backend = machine.InterceptBackend(backend, r.cfg.Intercept)
+	}
 	server, err := redfish.NewServer(redfish.Config{
+		AuditLog:       audit,
 		Backend:        backend,
 		Accounts:       accounts(spec),
 		Logger:         r.cfg.Logger.WithName("redfish").WithValues("vm", name),

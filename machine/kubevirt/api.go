@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -34,6 +35,7 @@ type apiGroups struct {
 	// subresources calls virt-api's stop and restart (KubeVirt's API group
 	// subresources.kubevirt.io), the only way to force a VM off at once.
 	subresources rest.Interface
+	events       rest.Interface // events.k8s.io/v1: the audit trail on the VM
 }
 
 func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Scheme) (apiGroups, error) {
@@ -57,6 +59,7 @@ func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Sch
 		{instancetypev1beta1.SchemeGroupVersion, &g.instancetypes},
 		{cdiv1beta1.SchemeGroupVersion, &g.cdi},
 		{schema.GroupVersion{Group: kubevirtv1.SubresourceGroupName, Version: kubevirtv1.ApiLatestVersion}, &g.subresources},
+		{eventsv1.SchemeGroupVersion, &g.events},
 	} {
 		c, err := forGroup(group.gv)
 		if err != nil {

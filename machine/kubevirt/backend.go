@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -58,6 +59,9 @@ type Options struct {
 	// MediaStorageClass is the DataVolume's storage class; empty means the
 	// cluster default.
 	MediaStorageClass string
+	// ReportingInstance names this process in the Events it records (its
+	// pod's name); empty means "bmc-server".
+	ReportingInstance string
 }
 
 // Backend serves one VirtualMachine as one machine whose ID is the VM name.
@@ -69,6 +73,8 @@ type Backend struct {
 	probe     time.Duration
 	mediaSize resource.Quantity
 	mediaSC   string
+	// reportingInstance is Options.ReportingInstance.
+	reportingInstance string
 
 	api apiGroups // direct API access: writes and degraded reads
 	// subresourcesMissing is set while the cluster does not serve that API
@@ -127,7 +133,7 @@ func (b *Backend) Ready() error {
 func backendScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme,
+		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err) // static registrations: cannot fail
@@ -151,6 +157,8 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		mediaSize: opts.MediaSize,
 		mediaSC:   opts.MediaStorageClass,
 		changed:   make(chan struct{}, 1),
+
+		reportingInstance: cmp.Or(opts.ReportingInstance, "bmc-server"),
 	}
 	if b.timeout == 0 {
 		b.timeout = 10 * time.Second
