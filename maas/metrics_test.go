@@ -2,54 +2,22 @@ package maas_test
 
 import (
 	"context"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
+	"github.com/virtmetal/virtmetal/internal/promtest"
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
 
-// scrapeMetrics reads m as Prometheus does, through its own parser.
-func scrapeMetrics(t *testing.T, m *maas.Metrics) map[string]*dto.MetricFamily {
-	t.Helper()
-	w := httptest.NewRecorder()
-	m.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(w.Body)
-	if err != nil {
-		t.Fatalf("Prometheus's parser: %v", err)
-	}
-	return families
-}
-
 // sample is the value of the sample of name whose label key is value ("" for
 // the only one), -1 when there is none.
-func sample(families map[string]*dto.MetricFamily, name, key, value string) float64 {
-	family := families[name]
-	if family == nil {
-		return -1
+func sample(families promtest.Families, name, key, value string) float64 {
+	var want map[string]string
+	if key != "" {
+		want = map[string]string{key: value}
 	}
-	for _, m := range family.Metric {
-		matches := key == ""
-		for _, l := range m.Label {
-			matches = matches || (l.GetName() == key && l.GetValue() == value)
-		}
-		if !matches {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue()
-		case m.Gauge != nil:
-			return m.Gauge.GetValue()
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount())
-		}
+	if v, ok := families.Value(name, want); ok {
+		return v
 	}
 	return -1
 }
@@ -64,7 +32,7 @@ func TestMetricsFollowTheCycles(t *testing.T) {
 	s.FailMatching(maastest.Match{Op: "commission", Path: "machines/m2/"}, 1, maastest.FaultConflict)
 	reconcile(t, r)
 
-	got := scrapeMetrics(t, r.Metrics)
+	got := promtest.Scrape(t, r.Metrics.Handler())
 	checks := []struct {
 		name, key, value string
 		want             float64
@@ -91,7 +59,7 @@ func TestMetricsFollowTheCycles(t *testing.T) {
 	if _, err := r.Reconcile(context.Background()); err == nil {
 		t.Fatal("a cycle without the machine list did not fail")
 	}
-	got = scrapeMetrics(t, r.Metrics)
+	got = promtest.Scrape(t, r.Metrics.Handler())
 	if v := sample(got, "virtmetal_maas_reconciler_cycles_total", "result", "failed"); v != 1 {
 		t.Errorf("failed cycles = %v, want 1", v)
 	}

@@ -10,8 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/virtmetal/virtmetal/internal/promtest"
 )
 
 // TestMetricsListen: --metrics-listen serves Prometheus text without
@@ -68,11 +67,7 @@ func TestMetricsListen(t *testing.T) {
 	if res.StatusCode != http.StatusOK {
 		t.Fatalf("/metrics: %d", res.StatusCode)
 	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatalf("Prometheus's parser: %v", err)
-	}
+	families := promtest.Parse(t, strings.NewReader(string(body)))
 	for _, name := range []string{"virtmetal_bmc_redfish_requests_total", "virtmetal_bmc_redfish_request_duration_seconds",
 		"virtmetal_bmc_backend_calls_total", "virtmetal_bmc_backend_ready", "virtmetal_bmc_login_failures_total",
 		"virtmetal_bmc_ipmi_sessions", "process_resident_memory_bytes"} {

@@ -1,7 +1,6 @@
 package bmcmetrics_test
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -9,11 +8,8 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/virtmetal/virtmetal/internal/bmcmetrics"
+	"github.com/virtmetal/virtmetal/internal/promtest"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
@@ -74,52 +70,20 @@ func (f *fixture) do(method, path, body, pass string) int {
 }
 
 // scrape reads the metrics as Prometheus does, through its own parser.
-func (f *fixture) scrape() map[string]*dto.MetricFamily {
+func (f *fixture) scrape() promtest.Families {
 	f.t.Helper()
-	w := httptest.NewRecorder()
-	f.metrics.Handler().ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	if w.Code != http.StatusOK {
-		f.t.Fatalf("/metrics: %d", w.Code)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(w.Body)
-	if err != nil {
-		f.t.Fatalf("Prometheus's parser refuses the metrics: %v", err)
-	}
-	return families
+	return promtest.Scrape(f.t, f.metrics.Handler())
 }
 
 // value is the sample of family name whose labels include want; a
 // histogram's value is its count. It fails the test when there is none.
 func (f *fixture) value(name string, want map[string]string) float64 {
 	f.t.Helper()
-	family, ok := f.scrape()[name]
+	v, ok := f.scrape().Value(name, want)
 	if !ok {
-		f.t.Fatalf("no metric %s", name)
+		f.t.Fatalf("no sample of %s with %v", name, want)
 	}
-	for _, m := range family.Metric {
-		labels := map[string]string{}
-		for _, l := range m.Label {
-			labels[l.GetName()] = l.GetValue()
-		}
-		matches := true
-		for k, v := range want {
-			matches = matches && labels[k] == v
-		}
-		if !matches {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			return m.Counter.GetValue()
-		case m.Gauge != nil:
-			return m.Gauge.GetValue()
-		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount())
-		}
-	}
-	f.t.Fatalf("no sample of %s with %v", name, want)
-	return 0
+	return v
 }
 
 // TestRequestsAreCountedByRoute: requests count under their route
@@ -219,8 +183,5 @@ func TestGaugesFollowTheirSource(t *testing.T) {
 	}
 	if _, ok := f.scrape()["go_goroutines"]; !ok {
 		t.Error("the Go runtime's metrics are missing")
-	}
-	if errors.Is(f.ready.err, nil) {
-		t.Fatal("unreachable")
 	}
 }
