@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,6 +119,9 @@ func orUnknown(s string) string {
 	return s
 }
 
+// maxAccountLength bounds the account name a failed login is logged with.
+const maxAccountLength = 64
+
 // Options configure a Log; zero fields take the defaults.
 type Options struct {
 	// Capacity bounds the entries kept (default 256); the oldest go first.
@@ -200,6 +204,11 @@ func describe(err error) string {
 // LoginFailed records a failed login: a new entry, or one more in the
 // entry of the same source and protocol's burst.
 func (l *Log) LoginFailed(a Actor) {
+	// The name tried is the client's to choose, up to a header's size: a
+	// guesser must not fill the BMC's memory through its log.
+	if len(a.Account) > maxAccountLength {
+		a.Account = strings.ToValidUTF8(a.Account[:maxAccountLength], "") + "…"
+	}
 	l.mu.Lock()
 	now := l.now()
 	for i := len(l.entries) - 1; i >= 0; i-- {

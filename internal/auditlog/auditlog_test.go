@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -210,5 +211,16 @@ func TestForward(t *testing.T) {
 	}
 	if n := len(l.Entries("vm-0")); n != 5 {
 		t.Errorf("the log kept %d entries; dropping from the forwarding must not drop from the log", n)
+	}
+}
+
+// TestLoginFailureNameIsBounded: the name a guesser tries is cut, so a
+// megabyte of Basic credentials costs the log 64 bytes.
+func TestLoginFailureNameIsBounded(t *testing.T) {
+	l, _ := newLog(10)
+	l.LoginFailed(auditlog.Actor{Protocol: auditlog.Redfish, Account: strings.Repeat("x", 1<<20), Source: "192.0.2.9"})
+	e := l.Entries("vm-0")[0]
+	if len(e.Actor.Account) > 70 || !strings.HasPrefix(e.Actor.Account, "xxxx") {
+		t.Errorf("account kept as %d bytes", len(e.Actor.Account))
 	}
 }
