@@ -59,6 +59,32 @@ func TestFlowSurvivesFaults(t *testing.T) {
 	}
 }
 
+// TestCommissioningRetriedWhenPowerOnFails: MaaS cannot power the VM on
+// for its first two commissionings (its BMC does not answer), so it puts
+// the machine back to New each time, as MaaS does; the reconciler
+// commissions it again and it ends Ready.
+func TestCommissioningRetriedWhenPowerOnFails(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), flowDeadline)
+	defer cancel()
+	l := theLab
+	vm := maas.VMRef{Namespace: "lab-poweron", Name: "web1"}
+	if err := l.CreateNamespace(ctx, vm.Namespace); err != nil {
+		t.Fatal(err)
+	}
+	l.FailPowerOn(vm, 2)
+	if err := l.CreateVM(ctx, vm, lab.VMOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.WaitReady(ctx, vm); err != nil {
+		t.Fatalf("not Ready: %v; steps %v", err, l.Timeline(vm))
+	}
+	m, _ := l.Machine(vm)
+	if n := l.CommissioningStartFailures(m.SystemID); n != 2 {
+		t.Errorf("%d commissionings of %s could not power it on, want the 2 injected", n, m.SystemID)
+	}
+	checkReadyMachine(t, ctx, l, vm)
+}
+
 func pollTest(ctx context.Context, done func() bool) error {
 	return lab.Poll(ctx, func() (bool, error) { return done(), nil })
 }

@@ -87,6 +87,7 @@ type Lab struct {
 	dir      string
 	bins     string
 	progress *progress
+	recent   recentLines
 	bmcs     *bmcSupervisor
 	sim      *maasSim
 	ctx      context.Context

@@ -53,6 +53,11 @@ type maasSim struct {
 	// oldScript are the VMs enlisted with the address form of the
 	// commissioning script's earlier versions (VMOptions.OldScriptAddress).
 	oldScript map[maas.VMRef]bool
+	// powerOnFaults is how many of each VM's next commissioning power-ons
+	// fail (FailPowerOn); startFailures counts, per system_id, the
+	// commissionings that could not power their machine on.
+	powerOnFaults map[maas.VMRef]int
+	startFailures map[string]int
 }
 
 func newMaaSSim(l *Lab) (*maasSim, error) {
@@ -70,7 +75,8 @@ func newMaaSSim(l *Lab) (*maasSim, error) {
 	if err := os.WriteFile(script, []byte(filled), 0o700); err != nil {
 		return nil, err
 	}
-	return &maasSim{l: l, script: script, seen: map[types.UID]bool{}, waiting: map[string]chan *kubevirtv1.VirtualMachineInstance{}, consumed: map[maas.VMRef]bool{}, oldScript: map[maas.VMRef]bool{}}, nil
+	return &maasSim{l: l, script: script, seen: map[types.UID]bool{}, waiting: map[string]chan *kubevirtv1.VirtualMachineInstance{}, consumed: map[maas.VMRef]bool{}, oldScript: map[maas.VMRef]bool{},
+		powerOnFaults: map[maas.VMRef]int{}, startFailures: map[string]int{}}, nil
 }
 
 // runGuests watches the VM instances come up; each that boots from the
@@ -289,14 +295,24 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 		s.l.logf("commissioning %s (%s) failed: %v", systemID, vm, err)
 		s.l.MaaS.Update(systemID, func(m *maastest.Machine) { m.Status = maastest.StatusFailedCommissioning })
 	}
+	// MaaS does not fail a commissioning it could not start: when the
+	// power-on fails, the machine goes back to its previous status (New,
+	// for an enlisted machine), to be commissioned again.
+	notStarted := func(err error) {
+		s.l.logf("commissioning %s (%s) not started: %v", systemID, vm, err)
+		s.mu.Lock()
+		s.startFailures[systemID]++
+		s.mu.Unlock()
+		s.l.MaaS.Update(systemID, func(m *maastest.Machine) { m.Status = m.PreviousStatus })
+	}
 	m, _ := s.l.MaaS.Machine(systemID)
 	driver, err := s.driverFor(ctx, m, vm)
 	if err != nil {
-		fail(err)
+		notStarted(err)
 		return
 	}
-	if err := driver.PowerOn(ctx); err != nil {
-		fail(fmt.Errorf("power on: %w", err))
+	if err := s.powerOn(ctx, vm, driver); err != nil {
+		notStarted(fmt.Errorf("power on: %w", err))
 		return
 	}
 	var vmi *kubevirtv1.VirtualMachineInstance
@@ -332,6 +348,37 @@ func (s *maasSim) commission(ctx context.Context, systemID string, vm maas.VMRef
 	}
 	s.l.MaaS.Update(systemID, func(m *maastest.Machine) { m.Status = maastest.StatusReady })
 	s.l.progress.record(vm, StepReady, "system_id "+systemID)
+}
+
+// powerOn is the driver's power-on, unless FailPowerOn asked this one to
+// fail.
+func (s *maasSim) powerOn(ctx context.Context, vm maas.VMRef, driver powerDriver) error {
+	s.mu.Lock()
+	faulted := s.powerOnFaults[vm] > 0
+	if faulted {
+		s.powerOnFaults[vm]--
+	}
+	s.mu.Unlock()
+	if faulted {
+		return errors.New("the BMC did not answer (FailPowerOn)")
+	}
+	return driver.PowerOn(ctx)
+}
+
+// FailPowerOn makes the next n commissioning power-ons of the VM fail, as
+// when its BMC cannot be reached.
+func (l *Lab) FailPowerOn(vm maas.VMRef, n int) {
+	l.sim.mu.Lock()
+	defer l.sim.mu.Unlock()
+	l.sim.powerOnFaults[vm] = n
+}
+
+// CommissioningStartFailures is how many commissionings of the machine
+// could not power it on, and so returned it to its previous status.
+func (l *Lab) CommissioningStartFailures(systemID string) int {
+	l.sim.mu.Lock()
+	defer l.sim.mu.Unlock()
+	return l.sim.startFailures[systemID]
 }
 
 // powerDriver is the part of a MaaS power driver commissioning uses.

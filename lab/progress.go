@@ -155,9 +155,35 @@ func identity(vm *kubevirtv1.VirtualMachine) (mac, serial string) {
 }
 
 func (l *Lab) logf(format string, args ...any) {
+	line := fmt.Sprintf("lab: "+format, args...)
 	if l.opts.Logs != nil {
-		fmt.Fprintf(l.opts.Logs, "lab: "+format+"\n", args...)
+		fmt.Fprintln(l.opts.Logs, line)
 	}
+	l.recent.add(line)
+}
+
+// recentLines keeps the lab's last messages, so that a test that waited in
+// vain can say what went wrong without a log of the whole run.
+type recentLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+const recentLinesKept = 20
+
+func (r *recentLines) add(line string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lines) == recentLinesKept {
+		r.lines = slices.Delete(r.lines, 0, 1)
+	}
+	r.lines = append(r.lines, line)
+}
+
+func (r *recentLines) all() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.lines)
 }
 
 // noticeNamed records the step once the machine has its VM's name and pool.

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -136,7 +137,7 @@ func (l *Lab) Machine(vm maas.VMRef) (m maastest.Machine, ok bool) {
 
 // WaitReady waits until every VM's machine is Ready in MaaS.
 func (l *Lab) WaitReady(ctx context.Context, vms ...maas.VMRef) error {
-	return Poll(ctx, func() (bool, error) {
+	err := Poll(ctx, func() (bool, error) {
 		for _, vm := range vms {
 			if _, ready := l.TimeToReady(vm); !ready {
 				return false, nil
@@ -144,6 +145,27 @@ func (l *Lab) WaitReady(ctx context.Context, vms ...maas.VMRef) error {
 		}
 		return true, nil
 	})
+	if err == nil {
+		return nil
+	}
+	// Where each VM still waiting stopped, and what the lab last said.
+	var waiting []string
+	for _, vm := range vms {
+		if _, ready := l.TimeToReady(vm); ready {
+			continue
+		}
+		last := "nothing"
+		if steps := l.Timeline(vm); len(steps) > 0 {
+			last = steps[len(steps)-1].Step.String()
+		}
+		status := "no machine"
+		if m, ok := l.Machine(vm); ok {
+			status = fmt.Sprintf("machine %s status %d", m.SystemID, m.Status)
+		}
+		waiting = append(waiting, fmt.Sprintf("%s (last step %s, %s)", vm, last, status))
+	}
+	return fmt.Errorf("%w: %d of %d not Ready: %s; the lab's last messages: %q",
+		err, len(waiting), len(vms), strings.Join(waiting, ", "), l.recent.all())
 }
 
 // Poll calls done every 50 ms until it is true, fails, or ctx ends.

@@ -137,9 +137,13 @@ const TimestampWindow = 300 * time.Second
 
 // Machine is a simulated machine.
 type Machine struct {
-	SystemID        string
-	Hostname        string
-	Status          int
+	SystemID string
+	Hostname string
+	Status   int
+	// PreviousStatus is the status before the last one MaaS's Commission
+	// action set (its previous_status): a commissioning whose power-on
+	// fails returns the machine to it.
+	PreviousStatus  int
 	PowerType       string
 	PowerParameters map[string]string
 	Pool            string // DefaultPool when empty
@@ -1142,7 +1146,7 @@ func (s *Server) commission(m *machineState, r *http.Request) reply {
 	}
 	skip := r.PostForm.Get("skip_bmc_config")
 	m.skipBMCConfig = skip == "1" || strings.EqualFold(skip, "true")
-	m.Status = StatusCommissioning
+	m.PreviousStatus, m.Status = m.Status, StatusCommissioning
 	return jsonReply(s.machineJSON(m))
 }
 

@@ -307,6 +307,9 @@ func TestCommission(t *testing.T) {
 			if m.Status != maastest.StatusCommissioning || got.Status != maastest.StatusCommissioning {
 				t.Fatalf("status after commission: reply %d, server %d", m.Status, got.Status)
 			}
+			if got.PreviousStatus != tt.status {
+				t.Errorf("previous status %d, want %d: a failed power-on returns the machine to it", got.PreviousStatus, tt.status)
+			}
 			s.Step()
 			if got, _ := s.Machine("a"); got.Status != maastest.StatusReady {
 				t.Errorf("status after Step = %d, want Ready", got.Status)
