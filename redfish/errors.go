@@ -16,35 +16,38 @@ const registryVersion = "Base.1.19"
 
 // Base registry message keys the service answers with.
 const (
-	msgGeneralError                  = "GeneralError"
-	msgMalformedJSON                 = "MalformedJSON"
-	msgEmptyJSON                     = "EmptyJSON"
-	msgPropertyUnknown               = "PropertyUnknown"
-	msgPropertyNotWritable           = "PropertyNotWritable"
-	msgPropertyValueTypeError        = "PropertyValueTypeError"
-	msgPropertyValueNotInList        = "PropertyValueNotInList"
-	msgPropertyValueFormatError      = "PropertyValueFormatError"
-	msgPropertyMissing               = "PropertyMissing"
-	msgActionNotSupported            = "ActionNotSupported"
-	msgActionParameterMissing        = "ActionParameterMissing"
-	msgActionParameterUnknown        = "ActionParameterUnknown"
-	msgActionParameterNotSupported   = "ActionParameterNotSupported"
-	msgActionParameterValueTypeError = "ActionParameterValueTypeError"
-	msgActionParameterValueNotInList = "ActionParameterValueNotInList"
-	msgActionParameterValueFormat    = "ActionParameterValueFormatError"
-	msgResourceNotFound              = "ResourceNotFound"
-	msgResourceInUse                 = "ResourceInUse"
-	msgOperationNotAllowed           = "OperationNotAllowed"
-	msgPayloadTooLarge               = "PayloadTooLarge"
-	msgNoValidSession                = "NoValidSession"
-	msgInsufficientPrivilege         = "InsufficientPrivilege"
-	msgSessionLimitExceeded          = "SessionLimitExceeded"
-	msgPreconditionFailed            = "PreconditionFailed"
-	msgHeaderInvalid                 = "HeaderInvalid"
-	msgQueryParameterUnsupported     = "QueryParameterUnsupported"
-	msgServiceTemporarilyUnavailable = "ServiceTemporarilyUnavailable"
-	msgInternalError                 = "InternalError"
-	msgHeaderMissing                 = "HeaderMissing"
+	msgGeneralError                   = "GeneralError"
+	msgMalformedJSON                  = "MalformedJSON"
+	msgEmptyJSON                      = "EmptyJSON"
+	msgPropertyUnknown                = "PropertyUnknown"
+	msgPropertyNotWritable            = "PropertyNotWritable"
+	msgPropertyValueTypeError         = "PropertyValueTypeError"
+	msgPropertyValueNotInList         = "PropertyValueNotInList"
+	msgPropertyValueFormatError       = "PropertyValueFormatError"
+	msgPropertyMissing                = "PropertyMissing"
+	msgActionNotSupported             = "ActionNotSupported"
+	msgActionParameterMissing         = "ActionParameterMissing"
+	msgActionParameterUnknown         = "ActionParameterUnknown"
+	msgActionParameterNotSupported    = "ActionParameterNotSupported"
+	msgActionParameterValueTypeError  = "ActionParameterValueTypeError"
+	msgActionParameterValueNotInList  = "ActionParameterValueNotInList"
+	msgActionParameterValueFormat     = "ActionParameterValueFormatError"
+	msgResourceNotFound               = "ResourceNotFound"
+	msgResourceInUse                  = "ResourceInUse"
+	msgOperationNotAllowed            = "OperationNotAllowed"
+	msgPayloadTooLarge                = "PayloadTooLarge"
+	msgNoValidSession                 = "NoValidSession"
+	msgInsufficientPrivilege          = "InsufficientPrivilege"
+	msgSessionLimitExceeded           = "SessionLimitExceeded"
+	msgPreconditionFailed             = "PreconditionFailed"
+	msgHeaderInvalid                  = "HeaderInvalid"
+	msgQueryParameterUnsupported      = "QueryParameterUnsupported"
+	msgServiceTemporarilyUnavailable  = "ServiceTemporarilyUnavailable"
+	msgInternalError                  = "InternalError"
+	msgHeaderMissing                  = "HeaderMissing"
+	msgQueryParameterValueFormatError = "QueryParameterValueFormatError"
+	msgEventSubscriptionLimitExceeded = "EventSubscriptionLimitExceeded"
+	msgEventBufferExceeded            = "EventBufferExceeded"
 )
 
 // registryEntry is a message of the DMTF Base registry; the texts are the
@@ -55,35 +58,38 @@ type registryEntry struct {
 }
 
 var baseRegistry = map[string]registryEntry{
-	msgGeneralError:                  {"A general error has occurred.  See Resolution for information on how to resolve the error, or @Message.ExtendedInfo if Resolution is not provided.", "Critical"},
-	msgMalformedJSON:                 {"The request body submitted was malformed JSON and could not be parsed by the receiving service.", "Critical"},
-	msgEmptyJSON:                     {"The request body submitted contained an empty JSON object and the service is unable to process it.", "Warning"},
-	msgPropertyUnknown:               {"The property '%1' is not in the list of valid properties for the resource.", "Warning"},
-	msgPropertyNotWritable:           {"The property '%1' is a read-only property and cannot be assigned a value.", "Warning"},
-	msgPropertyValueTypeError:        {"The value '%1' for the property '%2' is not a type that the property can accept.", "Warning"},
-	msgPropertyValueNotInList:        {"The value '%1' for the property '%2' is not in the list of acceptable values.", "Warning"},
-	msgPropertyValueFormatError:      {"The value '%1' for the property '%2' is not a format that the property can accept.", "Warning"},
-	msgPropertyMissing:               {"The property '%1' is a required property and must be included in the request.", "Warning"},
-	msgActionNotSupported:            {"The action '%1' is not supported by the resource.", "Critical"},
-	msgActionParameterMissing:        {"The action '%1' requires the parameter '%2' to be present in the request body.", "Critical"},
-	msgActionParameterUnknown:        {"The action '%1' was submitted with the invalid parameter '%2'.", "Warning"},
-	msgActionParameterNotSupported:   {"The parameter '%1' for the action '%2' is not supported on the target resource.", "Warning"},
-	msgActionParameterValueTypeError: {"The value '%1' for the parameter '%2' in the action '%3' is not a type that the parameter can accept.", "Warning"},
-	msgActionParameterValueNotInList: {"The value '%1' for the parameter '%2' in the action '%3' is not in the list of acceptable values.", "Warning"},
-	msgActionParameterValueFormat:    {"The value '%1' for the parameter '%2' in the action '%3' is not a format that the parameter can accept.", "Warning"},
-	msgResourceNotFound:              {"The requested resource of type '%1' named '%2' was not found.", "Critical"},
-	msgResourceInUse:                 {"The change to the requested resource failed because the resource is in use or in transition.", "Warning"},
-	msgOperationNotAllowed:           {"The HTTP method is not allowed on this resource.", "Critical"},
-	msgPayloadTooLarge:               {"The supplied payload exceeds the maximum size supported by the service.", "Critical"},
-	msgNoValidSession:                {"There is no valid session established with the implementation.", "Critical"},
-	msgInsufficientPrivilege:         {"There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.", "Critical"},
-	msgSessionLimitExceeded:          {"The session establishment failed due to the number of simultaneous sessions exceeding the limit of the implementation.", "Critical"},
-	msgPreconditionFailed:            {"The ETag supplied did not match the ETag required to change this resource.", "Critical"},
-	msgHeaderInvalid:                 {"Header '%1' is invalid.", "Critical"},
-	msgQueryParameterUnsupported:     {"Query parameter '%1' is not supported.", "Warning"},
-	msgServiceTemporarilyUnavailable: {"The service is temporarily unavailable.  Retry in %1 seconds.", "Critical"},
-	msgInternalError:                 {"The request failed due to an internal service error.  The service is still operational.", "Critical"},
-	msgHeaderMissing:                 {"Required header '%1' is missing in the request.", "Critical"},
+	msgGeneralError:                   {"A general error has occurred.  See Resolution for information on how to resolve the error, or @Message.ExtendedInfo if Resolution is not provided.", "Critical"},
+	msgMalformedJSON:                  {"The request body submitted was malformed JSON and could not be parsed by the receiving service.", "Critical"},
+	msgEmptyJSON:                      {"The request body submitted contained an empty JSON object and the service is unable to process it.", "Warning"},
+	msgPropertyUnknown:                {"The property '%1' is not in the list of valid properties for the resource.", "Warning"},
+	msgPropertyNotWritable:            {"The property '%1' is a read-only property and cannot be assigned a value.", "Warning"},
+	msgPropertyValueTypeError:         {"The value '%1' for the property '%2' is not a type that the property can accept.", "Warning"},
+	msgPropertyValueNotInList:         {"The value '%1' for the property '%2' is not in the list of acceptable values.", "Warning"},
+	msgPropertyValueFormatError:       {"The value '%1' for the property '%2' is not a format that the property can accept.", "Warning"},
+	msgPropertyMissing:                {"The property '%1' is a required property and must be included in the request.", "Warning"},
+	msgActionNotSupported:             {"The action '%1' is not supported by the resource.", "Critical"},
+	msgActionParameterMissing:         {"The action '%1' requires the parameter '%2' to be present in the request body.", "Critical"},
+	msgActionParameterUnknown:         {"The action '%1' was submitted with the invalid parameter '%2'.", "Warning"},
+	msgActionParameterNotSupported:    {"The parameter '%1' for the action '%2' is not supported on the target resource.", "Warning"},
+	msgActionParameterValueTypeError:  {"The value '%1' for the parameter '%2' in the action '%3' is not a type that the parameter can accept.", "Warning"},
+	msgActionParameterValueNotInList:  {"The value '%1' for the parameter '%2' in the action '%3' is not in the list of acceptable values.", "Warning"},
+	msgActionParameterValueFormat:     {"The value '%1' for the parameter '%2' in the action '%3' is not a format that the parameter can accept.", "Warning"},
+	msgResourceNotFound:               {"The requested resource of type '%1' named '%2' was not found.", "Critical"},
+	msgResourceInUse:                  {"The change to the requested resource failed because the resource is in use or in transition.", "Warning"},
+	msgOperationNotAllowed:            {"The HTTP method is not allowed on this resource.", "Critical"},
+	msgPayloadTooLarge:                {"The supplied payload exceeds the maximum size supported by the service.", "Critical"},
+	msgNoValidSession:                 {"There is no valid session established with the implementation.", "Critical"},
+	msgInsufficientPrivilege:          {"There are insufficient privileges for the account or credentials associated with the current session to perform the requested operation.", "Critical"},
+	msgSessionLimitExceeded:           {"The session establishment failed due to the number of simultaneous sessions exceeding the limit of the implementation.", "Critical"},
+	msgPreconditionFailed:             {"The ETag supplied did not match the ETag required to change this resource.", "Critical"},
+	msgHeaderInvalid:                  {"Header '%1' is invalid.", "Critical"},
+	msgQueryParameterUnsupported:      {"Query parameter '%1' is not supported.", "Warning"},
+	msgServiceTemporarilyUnavailable:  {"The service is temporarily unavailable.  Retry in %1 seconds.", "Critical"},
+	msgInternalError:                  {"The request failed due to an internal service error.  The service is still operational.", "Critical"},
+	msgHeaderMissing:                  {"Required header '%1' is missing in the request.", "Critical"},
+	msgQueryParameterValueFormatError: {"The value '%1' for the parameter '%2' is not a format that the parameter can accept.", "Warning"},
+	msgEventSubscriptionLimitExceeded: {"The event subscription failed due to the number of simultaneous subscriptions exceeding the limit of the implementation.", "Critical"},
+	msgEventBufferExceeded:            {"Event buffer exceeded.", "Warning"},
 }
 
 // message is one entry of @Message.ExtendedInfo.
@@ -93,13 +99,16 @@ type message struct {
 	related string // JSON pointer of the offending property, if any
 }
 
-func (m message) text() string {
-	// One pass, so an argument that contains "%2" stays as sent.
+func (m message) text() string { return m.format(baseRegistry[m.key].text) }
+
+// format fills a registry text with m's arguments, in one pass, so an
+// argument that contains "%2" stays as sent.
+func (m message) format(text string) string {
 	pairs := make([]string, 0, 2*len(m.args))
 	for i, arg := range m.args {
 		pairs = append(pairs, "%"+strconv.Itoa(i+1), arg)
 	}
-	return strings.NewReplacer(pairs...).Replace(baseRegistry[m.key].text)
+	return strings.NewReplacer(pairs...).Replace(text)
 }
 
 func (m message) body() map[string]any {

@@ -56,6 +56,7 @@ func TestGoldenBodies(t *testing.T) {
 				f.clock.Advance(time.Second)
 			}
 		}, get(manager0 + "/LogServices/Log/Entries/1"), 200},
+		{"event_service", nil, get("/redfish/v1/EventService"), 200},
 		{"error_not_in_list", nil, asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Floppy"}}`), 400},
 	}
 	for _, tt := range tests {

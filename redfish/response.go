@@ -38,6 +38,10 @@ func etagOf(body []byte) string {
 }
 
 func (s *Server) writeResult(w http.ResponseWriter, r *http.Request, res result) {
+	if res.stream != nil {
+		res.stream(w, r)
+		return
+	}
 	e, apiErr := render(res, nil)
 	if apiErr != nil {
 		s.writeError(w, r, apiErr)

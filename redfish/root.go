@@ -55,6 +55,7 @@ func (s *Server) getServiceRoot(*call) (result, error) {
 	body["Chassis"] = link("/redfish/v1/Chassis")
 	body["SessionService"] = link("/redfish/v1/SessionService")
 	body["AccountService"] = link("/redfish/v1/AccountService")
+	body["EventService"] = link(eventServicePath)
 	body["Links"] = map[string]any{"Sessions": link("/redfish/v1/SessionService/Sessions")}
 	// Query parameters are ignored; say so, so clients do not rely on them.
 	body["ProtocolFeaturesSupported"] = map[string]any{
@@ -88,6 +89,7 @@ func (s *Server) getServiceDocument(*call) (result, error) {
 			entry("Chassis", "/redfish/v1/Chassis"),
 			entry("SessionService", "/redfish/v1/SessionService"),
 			entry("AccountService", "/redfish/v1/AccountService"),
+			entry("EventService", eventServicePath),
 			entry("Sessions", "/redfish/v1/SessionService/Sessions"),
 		},
 	}}, nil

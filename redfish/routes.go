@@ -32,6 +32,8 @@ type result struct {
 	// raw and contentType carry a non-JSON body ($metadata).
 	raw         []byte
 	contentType string
+	// stream, when set, writes the whole answer itself (an SSE stream).
+	stream func(w http.ResponseWriter, r *http.Request)
 }
 
 type handlerFunc func(c *call) (result, error)
@@ -97,6 +99,9 @@ func (s *Server) routes() []route {
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
+
+		{http.MethodGet, eventServicePath, privLogin, s.getEventService, nil, forLife},
+		{http.MethodGet, ssePath, privLogin, s.streamEvents, nil, perRequest},
 
 		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil, forLife},
 		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil, perRequest},
@@ -228,7 +233,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 				Protocol: auditlog.Redfish, Account: user.username, Source: s.auth.clients.source(r)}))
 		}
 	}
-	if err := checkProtocol(r); err != nil {
+	if err := checkProtocol(r, rt.path == ssePath); err != nil {
 		s.writeError(w, r, err)
 		return
 	}

@@ -64,6 +64,8 @@ var (
 	typeLogService           = schemaType{"LogService", "v1_9_0"}
 	typeLogEntryCollection   = schemaType{"LogEntryCollection", ""}
 	typeLogEntry             = schemaType{"LogEntry", "v1_21_0"}
+	typeEventService         = schemaType{"EventService", "v1_10_0"}
+	typeEvent                = schemaType{"Event", "v1_10_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -86,6 +88,7 @@ var servedTypes = []schemaType{
 	typeRoleCollection, typeRole,
 	typeResource, typeMessage,
 	typeLogServiceCollection, typeLogService, typeLogEntryCollection, typeLogEntry,
+	typeEventService, typeEvent,
 }
 
 // describedBy returns the JSON schema URI for an @odata.type value, for the

@@ -20,6 +20,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
+	"github.com/virtmetal/virtmetal/internal/events"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -66,6 +67,16 @@ type Config struct {
 	// one with the BMC's other protocols so their actions appear too. nil
 	// means a log of this server's own.
 	AuditLog *auditlog.Log
+	// MaxEventStreams bounds the open SSE streams (default 64), and
+	// MaxEventStreamsPerSource one client's (default 4).
+	MaxEventStreams, MaxEventStreamsPerSource int
+	// EventKeepAlive is how often an idle SSE stream gets a comment line
+	// (default 30 s).
+	EventKeepAlive time.Duration
+	// EventPoll is how often the EventService's watcher asks the backend
+	// whether a machine changed (default events.WatcherOptions'), once Run
+	// runs.
+	EventPoll time.Duration
 }
 
 // Observer learns what the service answered. Its method must be cheap and
@@ -102,6 +113,11 @@ type Server struct {
 	now         func() time.Time
 	ready       machine.Readiness // nil when the backend is always ready
 	versioned   machine.Versioned // nil when the backend cannot say when machines change
+
+	// events are the machines' changes the EventService streams.
+	events  *events.Feed
+	watcher *events.Watcher
+	streams eventStreams
 
 	// rendered keeps GET answers until what they show changes.
 	rendered renderCache
@@ -188,9 +204,18 @@ func NewServer(cfg Config) (*Server, error) {
 	s.auth.audit = s.audit
 	s.ready, _ = cfg.Backend.(machine.Readiness)
 	s.versioned, _ = cfg.Backend.(machine.Versioned)
+	s.events = events.NewFeed(events.Options{Now: now})
+	s.watcher = events.NewWatcher(cfg.Backend, s.events, events.WatcherOptions{Interval: cfg.EventPoll})
+	s.streams = eventStreams{
+		max:          orDefault(cfg.MaxEventStreams, defaultMaxEventStreams),
+		maxPerSource: orDefault(cfg.MaxEventStreamsPerSource, defaultMaxEventStreamsPerSource),
+		keepAlive:    orDefault(cfg.EventKeepAlive, defaultEventKeepAlive),
+		perSource:    map[string]int{},
+		stopped:      make(chan struct{}),
+	}
 	// Every write this service makes is logged, with the actor serveRoute
-	// puts in its context.
-	s.backend = machine.InterceptBackend(cfg.Backend, s.audit.Intercept)
+	// puts in its context, and its change is an event before it returns.
+	s.backend = machine.InterceptBackend(cfg.Backend, machine.Chain(s.audit.Intercept, s.watcher.Intercept))
 	s.router = s.newRouter()
 	return s, nil
 }
@@ -228,6 +253,7 @@ func (s *Server) SetAccounts(accounts []Account, grace time.Duration) error {
 		return err
 	}
 	s.auth.setAccounts(accounts, grace)
+	s.events.Publish(events.Event{Kind: events.AccountsChanged})
 	return nil
 }
 
@@ -327,6 +353,10 @@ func (w *recordingWriter) WriteHeader(status int) {
 	}
 	w.ResponseWriter.WriteHeader(status)
 }
+
+// Unwrap lets http.ResponseController reach the connection (SSE streams
+// flush and set their own deadlines).
+func (w *recordingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *recordingWriter) Write(b []byte) (int, error) {
 	if !w.wroteHeader {

@@ -324,6 +324,11 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	if o.credentialsDir != "" {
 		go watchCredentials(ctx, o.credentialsDir, creds, tune.reloadEvery, o.grace, log.WithName("credentials"), rotators...)
 	}
+	srv.RegisterOnShutdown(handler.StopEventStreams)
+	if metrics != nil {
+		metrics.WatchEventStreams(handler.EventStreams)
+	}
+	go func() { _ = handler.Run(ctx) }()
 	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/\n", scheme, listener.Addr())
 	fmt.Fprintf(stdout, "Username: %s\n", creds.username)
 	if creds.generated {

@@ -61,12 +61,14 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 	}
 	if metrics != nil {
 		metrics.WatchReadiness(router)
+		metrics.WatchEventStreams(router.EventStreams)
 	}
 	vms, readErr := router.Reload(ctx)
 	srv, listener, scheme, err := listen(ctx, o, tune, withHealth(router, router), log)
 	if err != nil {
 		return err
 	}
+	srv.RegisterOnShutdown(router.StopEventStreams)
 	go router.Run(ctx, tune.reloadEvery)
 	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/, one virtual host per VM of namespace %s\n", scheme, listener.Addr(), o.namespace)
 	if readErr != nil {

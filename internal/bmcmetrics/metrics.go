@@ -146,6 +146,15 @@ func (m *Metrics) WatchLimiter(l *throttle.Limiter) {
 	)
 }
 
+// WatchEventStreams exports how many Redfish SSE streams are open
+// (redfish.Server.EventStreams, or the sum over a shared BMC's VMs).
+func (m *Metrics) WatchEventStreams(streams func() int) {
+	m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Subsystem: "redfish", Name: "event_streams",
+		Help: "Open server-sent event streams of the EventService.",
+	}, func() float64 { return float64(streams()) }))
+}
+
 // WatchIPMI exports the IPMI session table: sessions returns the active
 // sessions and the handshakes under way (ipmi.Server.Sessions).
 func (m *Metrics) WatchIPMI(sessions func() (active, handshakes int)) {

@@ -31,6 +31,7 @@ type fixture struct {
 	machine *memory.Machine
 	ready   *readiness
 	ipmi    [2]int // active, handshakes
+	streams int    // open SSE streams
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -42,6 +43,7 @@ func newFixture(t *testing.T) *fixture {
 	f.metrics.WatchLimiter(limiter)
 	f.metrics.WatchReadiness(f.ready)
 	f.metrics.WatchIPMI(func() (int, int) { return f.ipmi[0], f.ipmi[1] })
+	f.metrics.WatchEventStreams(func() int { return f.streams })
 	srv, err := redfish.NewServer(redfish.Config{
 		Backend:  machine.InterceptBackend(backend, f.metrics.Intercept),
 		Accounts: []redfish.Account{{Username: user, Password: password, Role: redfish.RoleAdministrator}},
@@ -163,8 +165,8 @@ func TestLoginsAndThrottling(t *testing.T) {
 	}
 }
 
-// TestGaugesFollowTheirSource: readiness and the IPMI session table are read
-// at each scrape.
+// TestGaugesFollowTheirSource: readiness, the IPMI session table and the
+// SSE streams are read at each scrape.
 func TestGaugesFollowTheirSource(t *testing.T) {
 	f := newFixture(t)
 	if got := f.value("virtmetal_bmc_backend_ready", nil); got != 1 {
@@ -180,6 +182,10 @@ func TestGaugesFollowTheirSource(t *testing.T) {
 	}
 	if got := f.value("virtmetal_bmc_ipmi_sessions", map[string]string{"state": "handshake"}); got != 1 {
 		t.Errorf("handshakes = %v", got)
+	}
+	f.streams = 3
+	if got := f.value("virtmetal_bmc_redfish_event_streams", nil); got != 3 {
+		t.Errorf("event streams = %v, want 3", got)
 	}
 	if _, ok := f.scrape()["go_goroutines"]; !ok {
 		t.Error("the Go runtime's metrics are missing")

@@ -255,7 +255,31 @@ func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, 
 		stop()
 		return nil, err
 	}
-	return &servedVM{spec: spec, server: server, stop: stop}, nil
+	// The VM's EventService watches its own backend, so its events are
+	// its own; they end with the VM.
+	go func() { _ = server.Run(ctx) }()
+	return &servedVM{spec: spec, server: server, stop: func() { server.StopEventStreams(); stop() }}, nil
+}
+
+// EventStreams is how many SSE streams the VMs' services hold open.
+func (r *Router) EventStreams() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, vm := range r.vms {
+		n += vm.server.EventStreams()
+	}
+	return n
+}
+
+// StopEventStreams ends every VM's SSE streams, so that a graceful
+// shutdown does not wait for them (http.Server.RegisterOnShutdown).
+func (r *Router) StopEventStreams() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, vm := range r.vms {
+		vm.server.StopEventStreams()
+	}
 }
 
 func accounts(spec Spec) []redfish.Account {

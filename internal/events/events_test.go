@@ -1,0 +1,229 @@
+package events_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/virtmetal/virtmetal/internal/events"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/memory"
+)
+
+func TestSubscribeResumes(t *testing.T) {
+	f := events.NewFeed(events.Options{History: 4})
+	for range 6 {
+		f.Publish(events.Event{Kind: events.AccountsChanged})
+	}
+	tests := []struct {
+		after        uint64
+		wantIDs      []uint64
+		wantComplete bool
+	}{
+		{0, nil, true},                   // a new client starts from now
+		{6, nil, true},                   // it has seen everything
+		{4, []uint64{5, 6}, true},        // it missed two, both kept
+		{2, []uint64{3, 4, 5, 6}, true},  // the oldest kept is the next one
+		{1, []uint64{3, 4, 5, 6}, false}, // 2 is gone
+		{99, nil, false},                 // not an ID of this feed (a restarted BMC)
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint("after ", tt.after), func(t *testing.T) {
+			s, complete := f.Subscribe(tt.after)
+			defer s.Close()
+			if complete != tt.wantComplete {
+				t.Errorf("complete = %v, want %v", complete, tt.wantComplete)
+			}
+			var got []uint64
+			for len(s.C) > 0 {
+				got = append(got, (<-s.C).ID)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.wantIDs) {
+				t.Errorf("replayed %v, want %v", got, tt.wantIDs)
+			}
+		})
+	}
+}
+
+func TestSlowSubscriberIsDroppedNotWaitedFor(t *testing.T) {
+	f := events.NewFeed(events.Options{History: 1000})
+	slow, _ := f.Subscribe(0)
+	fast, _ := f.Subscribe(0)
+	received := 0
+	for range 500 {
+		f.Publish(events.Event{Kind: events.AccountsChanged})
+		for len(fast.C) > 0 {
+			<-fast.C
+			received++
+		}
+	}
+	if received != 500 {
+		t.Errorf("the subscriber that kept up got %d of 500", received)
+	}
+	n := 0
+	for range slow.C {
+		n++
+	}
+	if !slow.Lagged() || n == 0 || n >= 500 {
+		t.Errorf("slow subscriber: lagged %v after %d events; want dropped with what it had buffered", slow.Lagged(), n)
+	}
+	if f.Subscribers() != 1 {
+		t.Errorf("%d subscribers, want the one that kept up", f.Subscribers())
+	}
+	// What it lost is in the history: it resumes complete.
+	again, complete := f.Subscribe(uint64(n))
+	defer again.Close()
+	if !complete || len(again.C) != 500-n {
+		t.Errorf("resumed after %d: complete %v with %d events, want all %d", n, complete, len(again.C), 500-n)
+	}
+	fast.Close()
+	fast.Close() // twice is fine
+	if _, open := <-fast.C; open || fast.Lagged() {
+		t.Error("a closed subscription must end without being marked lagged")
+	}
+}
+
+// kinds drains what s has received within a moment of the last event.
+func kinds(t *testing.T, s *events.Subscription, want int) []string {
+	t.Helper()
+	var got []string
+	timeout := time.After(5 * time.Second)
+	for len(got) < want {
+		select {
+		case e := <-s.C:
+			got = append(got, describe(e))
+		case <-timeout:
+			t.Fatalf("got %v, waited for %d events", got, want)
+		}
+	}
+	select {
+	case e := <-s.C:
+		t.Errorf("one event too many: %s after %v", describe(e), got)
+	case <-time.After(150 * time.Millisecond):
+	}
+	return got
+}
+
+func describe(e events.Event) string {
+	switch e.Kind {
+	case events.PowerChanged:
+		return fmt.Sprintf("%s %s %s", e.Machine, e.Kind, e.Power)
+	case events.BootOverrideChanged:
+		return fmt.Sprintf("%s %s %s %s", e.Machine, e.Kind, e.Boot.Target, e.Boot.Enabled)
+	case events.MediaInserted:
+		return fmt.Sprintf("%s %s %s", e.Machine, e.Kind, e.Image)
+	}
+	return fmt.Sprintf("%s %s", e.Machine, e.Kind)
+}
+
+// TestWatcherReportsEveryChangeOnce: MaaS's power sequence made through the
+// BMC (the intercepted backend) and changes made around it (straight on
+// the machine, as another client or the cluster would) are each reported
+// once, in order.
+func TestWatcherReportsEveryChangeOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := memory.New(memory.Options{Machines: 2})
+	f := events.NewFeed(events.Options{})
+	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: 10 * time.Millisecond})
+	bmc := machine.InterceptBackend(b, w.Intercept)
+	s, _ := f.Subscribe(0)
+	defer s.Close()
+	go func() { _ = w.Run(ctx) }()
+	vm0, _ := bmc.Machine(ctx, "vm-0")
+	must(t, vm0.Reset(ctx, machine.ResetOn))
+	must(t, vm0.Reset(ctx, machine.ResetForceOff))
+	must(t, vm0.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}))
+	must(t, vm0.Reset(ctx, machine.ResetOn))
+	must(t, vm0.Reset(ctx, machine.ResetOn)) // already on: nothing changes, nothing told
+	got := kinds(t, s, 5)
+	want := []string{
+		"vm-0 PowerChanged On",
+		"vm-0 PowerChanged Off",
+		"vm-0 BootOverrideChanged Pxe Once",
+		"vm-0 PowerChanged On",
+		"vm-0 BootOverrideChanged None Disabled", // used up by that boot
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events\n got %v\nwant %v", got, want)
+	}
+
+	// Not through the BMC: the watcher's poll finds it.
+	must(t, b.Get("vm-1").InsertMedia(ctx, "https://images.example/boot.iso"))
+	must(t, b.Get("vm-1").EjectMedia(ctx))
+	must(t, b.Get("vm-1").InsertMedia(ctx, "https://images.example/other.iso"))
+	got = kinds(t, s, 1)
+	if want := "vm-1 MediaInserted https://images.example/other.iso"; got[0] != want {
+		// Changes closer together than the poll are seen as their sum.
+		t.Errorf("got %v, want %s", got, want)
+	}
+}
+
+// TestWatcherSurvivesFailingReads: while the backend fails, nothing is
+// reported and nothing is forgotten; once it answers again, the change
+// made meanwhile is reported once.
+func TestWatcherSurvivesFailingReads(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := memory.New(memory.Options{})
+	f := events.NewFeed(events.Options{})
+	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: 10 * time.Millisecond})
+	s, _ := f.Subscribe(0)
+	defer s.Close()
+	go func() { _ = w.Run(ctx) }()
+	time.Sleep(50 * time.Millisecond) // the first read: no event
+	m := b.Get("vm-0")
+	must(t, m.Reset(ctx, machine.ResetOn))
+	m.SetFault(machine.Errorf(machine.ErrUnavailable, "API server down"))
+	time.Sleep(100 * time.Millisecond)
+	if f.Last() > 1 {
+		t.Fatalf("%d events while failing", f.Last())
+	}
+	m.SetFault(nil)
+	if got := kinds(t, s, 1); got[0] != "vm-0 PowerChanged On" {
+		t.Errorf("got %v", got)
+	}
+}
+
+// TestWatcherReportsRemovedMachine: a machine the backend no longer finds
+// (its VM deleted) is one MachineRemoved.
+func TestWatcherReportsRemovedMachine(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := &vanishing{memory: memory.New(memory.Options{})}
+	f := events.NewFeed(events.Options{})
+	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: 10 * time.Millisecond, ReadEvery: 10 * time.Millisecond})
+	s, _ := f.Subscribe(0)
+	defer s.Close()
+	go func() { _ = w.Run(ctx) }()
+	time.Sleep(50 * time.Millisecond)
+	b.gone.Store(true)
+	if got := kinds(t, s, 1); got[0] != "vm-0 MachineRemoved" {
+		t.Errorf("got %v", got)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// vanishing is a backend that cannot tell versions and loses its machine
+// when told.
+type vanishing struct {
+	memory *memory.Backend
+	gone   atomic.Bool
+}
+
+func (v *vanishing) Machines(ctx context.Context) ([]string, error) { return v.memory.Machines(ctx) }
+
+func (v *vanishing) Machine(ctx context.Context, id string) (machine.Machine, error) {
+	if v.gone.Load() {
+		return nil, machine.Errorf(machine.ErrNotFound, "%q", id)
+	}
+	return v.memory.Machine(ctx, id)
+}

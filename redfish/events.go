@@ -1,0 +1,362 @@
+package redfish
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/virtmetal/virtmetal/internal/events"
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// The EventService: what happens to the machines (events.Watcher tells it,
+// whoever made it happen) as Redfish events, streamed over server-sent
+// events (DSP0266 "Server-sent events"). Push subscriptions are not served.
+const (
+	eventServicePath = "/redfish/v1/EventService"
+	ssePath          = eventServicePath + "/SSE"
+
+	defaultMaxEventStreams          = 64
+	defaultMaxEventStreamsPerSource = 4
+	defaultEventKeepAlive           = 30 * time.Second
+	// sseWriteTimeout bounds each write to a stream, so a client that
+	// stops reading is let go.
+	sseWriteTimeout = 30 * time.Second
+)
+
+// resourceEventRegistry holds the messages of DMTF's ResourceEvent registry
+// the service sends, with their registry version; texts are the registry's.
+var resourceEventRegistry = map[string]struct{ version, text string }{
+	"ResourcePoweredOn":   {"1.3.0", "The resource `%1` has powered on."},
+	"ResourcePoweredOff":  {"1.3.0", "The resource `%1` has powered off."},
+	"ResourcePoweringOn":  {"1.3.0", "The resource `%1` is powering on."},
+	"ResourcePoweringOff": {"1.3.0", "The resource `%1` is powering off."},
+	"ResourceChanged":     {"1.0.0", "One or more resource properties have changed."},
+	"ResourceCreated":     {"1.0.0", "The resource has been created successfully."},
+	"ResourceRemoved":     {"1.0.0", "The resource has been removed successfully."},
+}
+
+const resourceEventPrefix = "ResourceEvent"
+
+// eventStreams counts the open streams, in all and per client.
+type eventStreams struct {
+	max, maxPerSource int
+	keepAlive         time.Duration
+	mu                sync.Mutex
+	total             int
+	perSource         map[string]int
+	stopped           chan struct{} // closed by StopEventStreams
+	stopOnce          sync.Once
+}
+
+func (es *eventStreams) open(source string) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.total >= es.max || es.perSource[source] >= es.maxPerSource {
+		return false
+	}
+	es.total++
+	es.perSource[source]++
+	return true
+}
+
+func (es *eventStreams) close(source string) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	es.total--
+	if es.perSource[source]--; es.perSource[source] == 0 {
+		delete(es.perSource, source)
+	}
+}
+
+// EventStreams is how many SSE streams are open.
+func (s *Server) EventStreams() int {
+	s.streams.mu.Lock()
+	defer s.streams.mu.Unlock()
+	return s.streams.total
+}
+
+// StopEventStreams ends every SSE stream and refuses new ones, so that a
+// graceful shutdown does not wait for clients that never hang up. Register
+// it with http.Server.RegisterOnShutdown.
+func (s *Server) StopEventStreams() {
+	s.streams.stopOnce.Do(func() { close(s.streams.stopped) })
+}
+
+// Run watches the machines for the EventService until ctx ends: changes
+// made elsewhere than through this service (IPMI, another BMC, the guest,
+// the cluster's API) are reported within the watcher's poll. Without it
+// only this service's own writes are. It returns ctx's error.
+func (s *Server) Run(ctx context.Context) error {
+	return s.watcher.Run(ctx)
+}
+
+func (s *Server) getEventService(*call) (result, error) {
+	body := resource(typeEventService, eventServicePath, "EventService", "Event Service")
+	body["ServiceEnabled"] = true
+	body["Status"] = map[string]any{"State": "Enabled", "Health": "OK"}
+	body["EventFormatTypes"] = []string{"Event"}
+	body["RegistryPrefixes"] = []string{resourceEventPrefix}
+	body["ResourceTypes"] = []string{"ComputerSystem", "VirtualMedia", "AccountService"}
+	body["ServerSentEventUri"] = ssePath
+	body["SSEFilterPropertiesSupported"] = map[string]any{
+		"EventFormatType": true, "MessageId": true, "RegistryPrefix": true, "ResourceType": true,
+		"OriginResource": true, "EventType": false, "MetricReportDefinition": false, "SubordinateResources": false,
+	}
+	return result{body: body}, nil
+}
+
+// record is one event as Redfish tells it.
+type record struct {
+	messageKey   string
+	args         []string
+	origin       string // OriginOfCondition
+	resourceType string // the origin's schema
+}
+
+func (r record) messageID() string {
+	return resourceEventPrefix + "." + resourceEventRegistry[r.messageKey].version + "." + r.messageKey
+}
+
+// recordOf translates a machine event.
+func recordOf(e events.Event) (record, bool) {
+	system := systemPath(e.Machine)
+	switch e.Kind {
+	case events.PowerChanged:
+		key, ok := map[machine.PowerState]string{
+			machine.PowerOn: "ResourcePoweredOn", machine.PowerOff: "ResourcePoweredOff",
+			machine.PoweringOn: "ResourcePoweringOn", machine.PoweringOff: "ResourcePoweringOff",
+		}[e.Power]
+		return record{messageKey: key, args: []string{system}, origin: system, resourceType: "ComputerSystem"}, ok
+	case events.BootOverrideChanged:
+		return record{messageKey: "ResourceChanged", origin: system, resourceType: "ComputerSystem"}, true
+	case events.MediaInserted, events.MediaEjected:
+		// The drive stays; what it holds changed.
+		return record{messageKey: "ResourceChanged", origin: cdPath(e.Machine), resourceType: "VirtualMedia"}, true
+	case events.MachineAdded:
+		return record{messageKey: "ResourceCreated", origin: system, resourceType: "ComputerSystem"}, true
+	case events.MachineRemoved:
+		return record{messageKey: "ResourceRemoved", origin: system, resourceType: "ComputerSystem"}, true
+	case events.AccountsChanged:
+		return record{messageKey: "ResourceChanged", origin: "/redfish/v1/AccountService", resourceType: "AccountService"}, true
+	}
+	return record{}, false
+}
+
+// eventPayload is the Event resource one SSE message carries.
+func eventPayload(e events.Event, r record) ([]byte, error) {
+	id := strconv.FormatUint(e.ID, 10)
+	entry := resourceEventRegistry[r.messageKey]
+	args := r.args
+	if args == nil {
+		args = []string{}
+	}
+	return json.Marshal(map[string]any{
+		"@odata.type": typeEvent.odataType(),
+		"Id":          id,
+		"Name":        "Event",
+		"Events": []any{map[string]any{
+			"EventId":           id,
+			"EventTimestamp":    e.Time.UTC().Format(time.RFC3339),
+			"EventType":         "Other", // deprecated; MessageId says what happened
+			"MemberId":          "0",
+			"MessageId":         r.messageID(),
+			"Message":           message{args: args}.format(entry.text),
+			"MessageArgs":       args,
+			"MessageSeverity":   "OK",
+			"OriginOfCondition": link(r.origin),
+		}},
+	})
+}
+
+// eventFilter is a parsed $filter: any of its alternatives, each a set of
+// property equalities that must all hold.
+type eventFilter [][]filterTerm
+
+type filterTerm struct{ property, value string }
+
+// sseFilterProperties are the properties $filter may test.
+var sseFilterProperties = map[string]bool{
+	"EventFormatType": true, "MessageId": true, "RegistryPrefix": true, "ResourceType": true, "OriginResource": true,
+}
+
+// parseEventFilter reads "A eq 'x' or A eq 'y' and B eq z": alternatives
+// joined by or, each of terms joined by and; values quoted or not.
+func parseEventFilter(expr string) (eventFilter, bool) {
+	var f eventFilter
+	for _, alternative := range splitWord(expr, "or") {
+		var terms []filterTerm
+		for _, term := range splitWord(alternative, "and") {
+			fields := strings.Fields(term)
+			if len(fields) != 3 || fields[1] != "eq" || !sseFilterProperties[fields[0]] {
+				return nil, false
+			}
+			value := fields[2]
+			if len(value) >= 2 && value[0] == '\'' && value[len(value)-1] == '\'' {
+				value = value[1 : len(value)-1]
+			}
+			if value == "" || strings.ContainsRune(value, '\'') {
+				return nil, false
+			}
+			terms = append(terms, filterTerm{fields[0], value})
+		}
+		f = append(f, terms)
+	}
+	return f, len(f) > 0
+}
+
+// splitWord splits s at the whole word w, surrounded by spaces.
+func splitWord(s, w string) []string {
+	return strings.Split(s, " "+w+" ")
+}
+
+func (f eventFilter) matches(r record) bool {
+	if f == nil {
+		return true
+	}
+	for _, terms := range f {
+		all := true
+		for _, t := range terms {
+			if !t.matches(r) {
+				all = false
+				break
+			}
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
+func (t filterTerm) matches(r record) bool {
+	switch t.property {
+	case "EventFormatType":
+		return t.value == "Event"
+	case "MessageId":
+		// With or without the registry's version.
+		return t.value == r.messageID() || t.value == resourceEventPrefix+"."+r.messageKey
+	case "RegistryPrefix":
+		return t.value == resourceEventPrefix
+	case "ResourceType":
+		return t.value == r.resourceType
+	case "OriginResource":
+		return strings.TrimRight(t.value, "/") == r.origin
+	}
+	return false
+}
+
+// streamEvents is the SSE endpoint: the feed's events as they happen,
+// after the ones since Last-Event-ID, filtered by $filter, with a comment
+// line every keep-alive period so that proxies keep the connection.
+func (s *Server) streamEvents(c *call) (result, error) {
+	var filter eventFilter
+	if q, ok := c.r.URL.Query()["$filter"]; ok {
+		var valid bool
+		if filter, valid = parseEventFilter(strings.Join(q, " and ")); !valid {
+			return result{}, newError(http.StatusBadRequest, msgQueryParameterValueFormatError, strings.Join(q, " "), "$filter")
+		}
+	}
+	var after uint64
+	if last := c.r.Header.Get("Last-Event-ID"); last != "" {
+		var err error
+		if after, err = strconv.ParseUint(last, 10, 64); err != nil {
+			return result{}, newError(http.StatusBadRequest, msgHeaderInvalid, "Last-Event-ID: "+last)
+		}
+	}
+	select {
+	case <-s.streams.stopped:
+		return result{}, s.eventStreamsFull()
+	default:
+	}
+	source := s.auth.clients.source(c.r)
+	if !s.streams.open(source) {
+		return result{}, s.eventStreamsFull()
+	}
+	return result{stream: func(w http.ResponseWriter, r *http.Request) {
+		defer s.streams.close(source)
+		s.serveStream(w, r, filter, after)
+	}}, nil
+}
+
+func (s *Server) eventStreamsFull() *apiError {
+	e := newError(http.StatusServiceUnavailable, msgEventSubscriptionLimitExceeded)
+	e.header = http.Header{"Retry-After": {strconv.Itoa(int(s.retryAfter / time.Second))}}
+	return e
+}
+
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter eventFilter, after uint64) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx (the usual Ingress) would hold the stream
+	if r.Method == http.MethodHead {
+		w.WriteHeader(http.StatusOK)
+		return
+	}
+	sub, complete := s.events.Subscribe(after)
+	defer sub.Close()
+	rc := http.NewResponseController(w)
+	// The server's read timeout would end a stream that outlives it.
+	_ = rc.SetReadDeadline(time.Time{})
+	write := func(text string) bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(sseWriteTimeout))
+		if _, err := fmt.Fprint(w, text); err != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	w.WriteHeader(http.StatusOK)
+	if !write(": virtmetal event stream\n\n") {
+		return
+	}
+	if !complete {
+		// Some events since Last-Event-ID are gone: say so, without an id,
+		// so that the client's Last-Event-ID stays what it was.
+		lost, _ := json.Marshal(map[string]any{
+			"@odata.type": typeEvent.odataType(), "Id": "lost", "Name": "Event",
+			"Events": []any{map[string]any{
+				"EventType": "Other", "MemberId": "0", "MessageId": registryVersion + "." + msgEventBufferExceeded,
+				"Message": message{key: msgEventBufferExceeded}.text(), "MessageArgs": []string{}, "MessageSeverity": "Warning",
+			}},
+		})
+		if !write("data: " + string(lost) + "\n\n") {
+			return
+		}
+	}
+	keepAlive := time.NewTicker(s.streams.keepAlive)
+	defer keepAlive.Stop()
+	for {
+		select {
+		case e, open := <-sub.C:
+			if !open {
+				return // fell behind: the client resumes with Last-Event-ID
+			}
+			rec, ok := recordOf(e)
+			if !ok || !filter.matches(rec) {
+				continue
+			}
+			payload, err := eventPayload(e, rec)
+			if err != nil {
+				s.log.Error(err, "event not sent", "event", e.ID)
+				continue
+			}
+			if !write("id: " + strconv.FormatUint(e.ID, 10) + "\ndata: " + string(payload) + "\n\n") {
+				return
+			}
+		case <-keepAlive.C:
+			if !write(": keep-alive\n\n") {
+				return
+			}
+		case <-r.Context().Done():
+			return
+		case <-s.streams.stopped:
+			return
+		}
+	}
+}
