@@ -26,10 +26,11 @@ import (
 // tests and benchmarks drive, and a way to change that machine's state
 // behind the BMC's back (as KubeVirt or another client would).
 type bmc struct {
-	ts      *httptest.Server
-	system  string // the ComputerSystem's path
-	machine string // the machine's ID
-	nic     string // the name of its network interface
+	ts        *httptest.Server
+	namespace string // the VM's, on the KubeVirt backend
+	system    string // the ComputerSystem's path
+	machine   string // the machine's ID
+	nic       string // the name of its network interface
 	// changeOutside changes something a GET of the system shows without
 	// going through Redfish.
 	changeOutside func(t testing.TB)
@@ -98,7 +99,7 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 	}
 	backend := kubevirttest.StartBackend(t, cfg, ns, name, kubevirt.Options{})
 	ts := serveBMC(t, backend)
-	return bmc{ts: ts, system: "/redfish/v1/Systems/" + name, machine: name, nic: "pxe", changeOutside: func(t testing.TB) {
+	return bmc{ts: ts, namespace: ns, system: "/redfish/v1/Systems/" + name, machine: name, nic: "pxe", changeOutside: func(t testing.TB) {
 		t.Helper()
 		// Another writer renames the VM's serial number.
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -124,7 +125,12 @@ func serveBMC(t testing.TB, backend machine.Backend) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return quietTLSServer(t, server)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = server.Run(ctx) }()
+	ts := quietTLSServer(t, server)
+	t.Cleanup(server.StopEventStreams) // before ts.Close, which waits for them
+	return ts
 }
 
 // quietTLSServer serves h over TLS without logging failed handshakes: the

@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/conformance/schemacheck"
+	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
@@ -47,7 +49,16 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	}
 	service := httptest.NewTLSServer(server)
 	defer service.Close()
-	createSession(t, service) // so that a Session resource exists to crawl
+	defer server.StopEventStreams() // Close waits for them
+	createSession(t, service)       // so that a Session resource exists to crawl
+	sse := service.URL + "/redfish/v1/EventService/SSE"
+	stream, _ := ssetest.Open(t, service.Client(), sse, "admin", "password", nil)
+	// A client resuming from an ID the service never gave is told events
+	// were lost, in an Event of its own.
+	resumed, _ := ssetest.Open(t, service.Client(), sse, "admin", "password", map[string]string{"Last-Event-ID": "99"})
+	if stream == nil || resumed == nil {
+		t.Fatal("no SSE stream")
+	}
 	// An action and a failed login, so that both kinds of LogEntry exist.
 	for _, req := range []struct{ method, path, body, password string }{
 		{http.MethodPost, "/redfish/v1/Systems/vm-1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`, "password"},
@@ -61,6 +72,17 @@ func TestRedfishSchemaConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		res.Body.Close()
+	}
+
+	// The Events the stream carries: the power-on of vm-1, the lost ones.
+	for _, e := range []ssetest.Event{stream.Next(t, 5*time.Second), resumed.Next(t, 5*time.Second)} {
+		violations, err := validator.Validate("SSE "+e.ID, []byte(e.Data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range violations {
+			t.Errorf("%s", v)
+		}
 	}
 
 	crawler := &schemacheck.Crawler{
@@ -77,7 +99,7 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	t.Logf("crawled %d resources, %d @odata.type values", len(report.Visited), len(report.ODataTypes))
 
 	// Guard against a crawl that "passes" because it found nothing.
-	for _, want := range []string{"/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis", "/redfish/v1/SessionService/Sessions", "/redfish/v1/AccountService",
+	for _, want := range []string{"/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis", "/redfish/v1/SessionService/Sessions", "/redfish/v1/AccountService", "/redfish/v1/EventService",
 		"/redfish/v1/Systems/vm-1/LogServices/Log/Entries/1", "/redfish/v1/Managers/vm-1/LogServices/Log/Entries/2"} {
 		if !visitedUnder(report.Visited, want) {
 			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)

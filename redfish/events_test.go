@@ -1,7 +1,6 @@
 package redfish_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,128 +15,23 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
-// sseEvent is one message of a stream, as an EventSource reads it.
-type sseEvent struct {
-	id, data string
-	comment  bool // a line starting with ':' (the keep-alives)
-}
-
-// messageID is the first record's MessageId.
-func (e sseEvent) messageID(t *testing.T) string {
+// openStream opens the SSE stream of ts as the administrator.
+func openStream(t *testing.T, ts *httptest.Server, query string, header map[string]string) (*ssetest.Stream, *http.Response) {
 	t.Helper()
-	var body struct {
-		Events []struct {
-			MessageId         string
-			OriginOfCondition struct {
-				ID string `json:"@odata.id"`
-			}
-		}
-	}
-	if err := json.Unmarshal([]byte(e.data), &body); err != nil || len(body.Events) != 1 {
-		t.Fatalf("event %q: %v", e.data, err)
-	}
-	return body.Events[0].MessageId + " " + body.Events[0].OriginOfCondition.ID
+	return ssetest.Open(t, ts.Client(), ts.URL+"/redfish/v1/EventService/SSE"+query, adminUser, adminPass, header)
 }
 
-// sseStream reads a text/event-stream by the HTML rules: fields up to a
-// blank line make one message.
-type sseStream struct {
-	resp   *http.Response
-	events chan sseEvent
-}
-
-func openStream(t *testing.T, ts *httptest.Server, query string, header map[string]string) (*sseStream, *http.Response) {
+// record is an event's MessageId and origin, space-separated.
+func record(t *testing.T, e ssetest.Event) string {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, ts.URL+"/redfish/v1/EventService/SSE"+query, nil)
-	req.SetBasicAuth(adminUser, adminPass)
-	req.Header.Set("Accept", "text/event-stream")
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	resp, err := ts.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, resp
-	}
-	s := &sseStream{resp: resp, events: make(chan sseEvent, 1000)}
-	t.Cleanup(func() { resp.Body.Close() })
-	go func() {
-		defer close(s.events)
-		r := bufio.NewReader(resp.Body)
-		var e sseEvent
-		pending := false
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			line = strings.TrimSuffix(line, "\n")
-			switch {
-			case line == "":
-				if pending {
-					s.events <- e
-				}
-				e, pending = sseEvent{}, false
-			case strings.HasPrefix(line, ":"):
-				s.events <- sseEvent{comment: true, data: line}
-			default:
-				name, value, _ := strings.Cut(line, ":")
-				value = strings.TrimPrefix(value, " ")
-				switch name {
-				case "id":
-					e.id = value
-				case "data":
-					e.data += value
-				}
-				pending = true
-			}
-		}
-	}()
-	return s, resp
-}
-
-// next returns the next event that is not a comment.
-func (s *sseStream) next(t *testing.T) sseEvent {
-	t.Helper()
-	timeout := time.After(5 * time.Second)
-	for {
-		select {
-		case e, ok := <-s.events:
-			if !ok {
-				t.Fatal("stream ended")
-			}
-			if !e.comment {
-				return e
-			}
-		case <-timeout:
-			t.Fatal("no event within 5 s")
-		}
-	}
-}
-
-// quiet checks that no event comes for a moment.
-func (s *sseStream) quiet(t *testing.T) {
-	t.Helper()
-	deadline := time.After(200 * time.Millisecond)
-	for {
-		select {
-		case e, ok := <-s.events:
-			if ok && !e.comment {
-				t.Fatalf("unexpected event %s", e.data)
-			}
-		case <-deadline:
-			return
-		}
-	}
+	id, origin := e.Record(t)
+	return id + " " + origin
 }
 
 type eventsFixture struct {
@@ -225,13 +119,13 @@ func TestEventStreamTellsMaaSPowerSequence(t *testing.T) {
 	}
 	var ids []string
 	for i, w := range want {
-		e := stream.next(t)
-		if got := e.messageID(t); got != w {
+		e := stream.Next(t, 5*time.Second)
+		if got := record(t, e); got != w {
 			t.Errorf("event %d: %s, want %s", i, got, w)
 		}
-		ids = append(ids, e.id)
+		ids = append(ids, e.ID)
 	}
-	stream.quiet(t)
+	stream.Quiet(t, 200*time.Millisecond)
 	if fmt.Sprint(ids) != "[2 3 4 5]" {
 		t.Errorf("ids %v, want 2 to 5 (1 was before the stream opened)", ids)
 	}
@@ -239,7 +133,7 @@ func TestEventStreamTellsMaaSPowerSequence(t *testing.T) {
 	if err := f.backend.Get("vm-1").InsertMedia(context.Background(), "https://images.example/live.iso"); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := stream.next(t).messageID(t), "ResourceEvent.1.0.0.ResourceChanged /redfish/v1/Systems/vm-1/VirtualMedia/Cd"; got != want {
+	if got, want := record(t, stream.Next(t, 5*time.Second)), "ResourceEvent.1.0.0.ResourceChanged /redfish/v1/Systems/vm-1/VirtualMedia/Cd"; got != want {
 		t.Errorf("got %s, want %s", got, want)
 	}
 }
@@ -264,12 +158,12 @@ func TestEventStreamResumes(t *testing.T) {
 			stream, _ := openStream(t, f.ts, "", map[string]string{"Last-Event-ID": tt.lastEventID})
 			var got []string
 			for range tt.want {
-				e := stream.next(t)
-				id := e.messageID(t)
+				e := stream.Next(t, 5*time.Second)
+				id := record(t, e)
 				id = id[strings.LastIndex(strings.Fields(id)[0], ".")+1:]
-				got = append(got, e.id+" "+strings.Fields(id)[0])
+				got = append(got, e.ID+" "+strings.Fields(id)[0])
 			}
-			stream.quiet(t)
+			stream.Quiet(t, 200*time.Millisecond)
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 				t.Errorf("got %v, want %v", got, tt.want)
 			}
@@ -305,11 +199,11 @@ func TestEventStreamFilters(t *testing.T) {
 			f.post(t, sys0CD+"/Actions/VirtualMedia.InsertMedia", `{"Image":"https://images.example/live.iso"}`)
 			var got []string
 			for range tt.want {
-				fields := strings.Fields(stream.next(t).messageID(t))
+				fields := strings.Fields(record(t, stream.Next(t, 5*time.Second)))
 				key := fields[0][strings.LastIndex(fields[0], ".")+1:]
 				got = append(got, key+" "+fields[1][strings.LastIndex(fields[1], "/")+1:])
 			}
-			stream.quiet(t)
+			stream.Quiet(t, 200*time.Millisecond)
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
 				t.Errorf("got %v, want %v", got, tt.want)
 			}
@@ -381,7 +275,7 @@ func TestEventStreamLimits(t *testing.T) {
 	if f.server.EventStreams() != 2 {
 		t.Errorf("%d streams open, want 2", f.server.EventStreams())
 	}
-	first.resp.Body.Close()
+	first.Response.Body.Close()
 	waitUntil(t, func() bool { return f.server.EventStreams() == 1 })
 	if again, resp := openStream(t, f.ts, "", nil); again == nil {
 		t.Errorf("a closed stream's place is not free: %d", resp.StatusCode)
@@ -392,8 +286,8 @@ func TestEventStreamLimits(t *testing.T) {
 	timeout := time.After(5 * time.Second)
 	for comments < 3 {
 		select {
-		case e := <-second.events:
-			if e.comment {
+		case e := <-second.Events:
+			if e.Comment {
 				comments++
 			}
 		case <-timeout:
@@ -413,7 +307,7 @@ func TestEventStreamLimits(t *testing.T) {
 
 	f.server.StopEventStreams()
 	waitUntil(t, func() bool { return f.server.EventStreams() == 0 })
-	for range second.events {
+	for range second.Events {
 	}
 }
 
@@ -433,7 +327,7 @@ func waitUntil(t *testing.T, done func() bool) {
 func TestEventStreamsLoseNothingUnderResets(t *testing.T) {
 	const clients, resets = 100, 40
 	f := newEventsFixture(t, func(c *redfish.Config) { c.MaxEventStreams, c.MaxEventStreamsPerSource = clients, clients })
-	streams := make([]*sseStream, clients)
+	streams := make([]*ssetest.Stream, clients)
 	for i := range streams {
 		streams[i], _ = openStream(t, f.ts, "", nil)
 		if streams[i] == nil {
@@ -450,8 +344,8 @@ func TestEventStreamsLoseNothingUnderResets(t *testing.T) {
 	wg.Wait()
 	for i, s := range streams {
 		for n := 1; n <= resets; n++ {
-			if e := s.next(t); e.id != fmt.Sprint(n) {
-				t.Fatalf("client %d: event %q where %d was due", i, e.id, n)
+			if e := s.Next(t, 5*time.Second); e.ID != fmt.Sprint(n) {
+				t.Fatalf("client %d: event %q where %d was due", i, e.ID, n)
 			}
 		}
 	}
