@@ -122,8 +122,9 @@ func (i *intercepted) EjectMedia(ctx context.Context) error {
 }
 
 // InterceptBackend returns b whose machines are intercepted by around. It
-// keeps b's Readiness and Versioned: without them, Ready is nil and
-// StateVersion says it cannot tell, as the contracts allow.
+// keeps b's Readiness, Versioned and ChangeNotifier: without them, Ready is
+// nil, StateVersion says it cannot tell and Changed never closes, as the
+// contracts allow.
 func InterceptBackend(b Backend, around Interceptor) Backend {
 	return &interceptedBackend{b: b, around: around}
 }
@@ -134,9 +135,18 @@ type interceptedBackend struct {
 }
 
 var (
-	_ Readiness = (*interceptedBackend)(nil)
-	_ Versioned = (*interceptedBackend)(nil)
+	_ Readiness      = (*interceptedBackend)(nil)
+	_ Versioned      = (*interceptedBackend)(nil)
+	_ ChangeNotifier = (*interceptedBackend)(nil)
 )
+
+// Changed is b's, or a channel that never closes when b cannot tell.
+func (ib *interceptedBackend) Changed() <-chan struct{} {
+	if n, ok := ib.b.(ChangeNotifier); ok {
+		return n.Changed()
+	}
+	return nil
+}
 
 func (ib *interceptedBackend) Machines(ctx context.Context) ([]string, error) {
 	return ib.b.Machines(ctx)

@@ -161,6 +161,30 @@ func TestWatcherReportsEveryChangeOnce(t *testing.T) {
 	}
 }
 
+// TestWatcherWakesWhenTheBackendTells: a backend that notifies changes
+// (machine.ChangeNotifier) has them reported at once, not at the next
+// poll.
+func TestWatcherWakesWhenTheBackendTells(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := memory.New(memory.Options{})
+	f := events.NewFeed(events.Options{})
+	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: time.Hour})
+	s, _ := f.Subscribe(0)
+	defer s.Close()
+	go func() { _ = w.Run(ctx) }()
+	time.Sleep(50 * time.Millisecond) // the first read: no event
+	must(t, b.Get("vm-0").Reset(ctx, machine.ResetOn))
+	select {
+	case e := <-s.C:
+		if describe(e) != "vm-0 PowerChanged On" {
+			t.Errorf("got %s", describe(e))
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("not told within 2 s with an hour between polls")
+	}
+}
+
 // TestWatcherSurvivesFailingReads: while the backend fails, nothing is
 // reported and nothing is forgotten; once it answers again, the change
 // made meanwhile is reported once.

@@ -27,6 +27,7 @@ type WatcherOptions struct {
 type Watcher struct {
 	backend   machine.Backend
 	versioned machine.Versioned
+	notifier  machine.ChangeNotifier // nil: the poll alone finds changes
 	feed      *Feed
 	interval  time.Duration
 	readEvery time.Duration
@@ -57,8 +58,9 @@ type snapshot struct {
 // writes it sees at once.
 func NewWatcher(b machine.Backend, f *Feed, opts WatcherOptions) *Watcher {
 	v, _ := b.(machine.Versioned)
+	n, _ := b.(machine.ChangeNotifier)
 	return &Watcher{
-		backend: b, versioned: v, feed: f,
+		backend: b, versioned: v, notifier: n, feed: f,
 		interval:  cmp.Or(opts.Interval, 100*time.Millisecond),
 		readEvery: cmp.Or(opts.ReadEvery, 2*time.Second),
 		machines:  map[string]*watched{},
@@ -66,11 +68,16 @@ func NewWatcher(b machine.Backend, f *Feed, opts WatcherOptions) *Watcher {
 }
 
 // Run reads every machine once (what it sees first is no event), then
-// reports its changes until ctx ends. It returns ctx's error.
+// reports its changes until ctx ends: at once when the backend tells
+// (machine.ChangeNotifier), else at the next poll. It returns ctx's error.
 func (w *Watcher) Run(ctx context.Context) error {
 	ticker := time.NewTicker(w.interval)
 	defer ticker.Stop()
 	for {
+		var changed <-chan struct{} // nil blocks: only the ticker wakes
+		if w.notifier != nil {
+			changed = w.notifier.Changed()
+		}
 		ids, err := w.backend.Machines(ctx)
 		if err == nil {
 			for _, id := range ids {
@@ -81,6 +88,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-ticker.C:
+		case <-changed:
 		}
 	}
 }

@@ -67,7 +67,7 @@ func Open(t testing.TB, c *http.Client, url, user, pass string, header map[strin
 	if resp.StatusCode != http.StatusOK {
 		return nil, resp
 	}
-	s := &Stream{Response: resp, Events: make(chan Event, 10000)}
+	s := &Stream{Response: resp, Events: make(chan Event, 256)}
 	t.Cleanup(func() { resp.Body.Close() })
 	go s.read()
 	return s, resp

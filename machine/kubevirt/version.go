@@ -13,7 +13,10 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 )
 
-var _ machine.Versioned = (*Backend)(nil)
+var (
+	_ machine.Versioned      = (*Backend)(nil)
+	_ machine.ChangeNotifier = (*Backend)(nil)
+)
 
 // stateVersion follows the resourceVersions of the VM and VMI as the
 // informers deliver them. Handlers run after the informer's store holds the
@@ -30,10 +33,20 @@ type stateVersion struct {
 	vm    string        // the VM's resourceVersion, "" when absent
 	vmi   string        // the VMI's resourceVersion, "" when absent
 	vmNew chan struct{} // closed, and replaced, when vm changes
+
+	changes machine.Broadcast // told of every bump
 }
 
 // bump marks a change of state.
-func (v *stateVersion) bump() { v.version.Add(1) }
+func (v *stateVersion) bump() {
+	v.version.Add(1)
+	v.changes.Notify()
+}
+
+// Changed is closed at the next change of the VM's version: an informer's
+// delivery of the VM or its VMI. A remembered answer that falls due is told
+// at the next StateVersion.
+func (b *Backend) Changed() <-chan struct{} { return b.state.changes.Changed() }
 
 // refreshBy asks for a change of version by t at the latest.
 func (v *stateVersion) refreshBy(t time.Time) {

@@ -391,7 +391,8 @@ func otherTarget(caps machine.Capabilities, not machine.BootTarget) machine.Boot
 
 // testStateVersion: once a write that changes the machine has returned,
 // StateVersion no longer reports the number from before it, so nobody
-// serves an answer rendered before the write.
+// serves an answer rendered before the write; a ChangeNotifier has told
+// of it.
 func testStateVersion(t *testing.T, s Subject) {
 	if s.Versioned == nil {
 		return // the backend does not report versions: there is nothing to keep
@@ -415,6 +416,10 @@ func testStateVersion(t *testing.T, s Subject) {
 		if (w.name == "InsertMedia" || w.name == "EjectMedia") && !s.Machine.Capabilities().VirtualMedia {
 			continue
 		}
+		var changed <-chan struct{}
+		if n, ok := s.Versioned.(machine.ChangeNotifier); ok {
+			changed = n.Changed()
+		}
 		before, ok := s.Versioned.StateVersion(id)
 		if !ok {
 			t.Fatalf("before %s: no state version while the backend serves", w.name)
@@ -424,6 +429,13 @@ func testStateVersion(t *testing.T, s Subject) {
 		}
 		if after, ok := s.Versioned.StateVersion(id); !ok || after == before {
 			t.Errorf("after %s: StateVersion %d (ok %v), the same as before the write", w.name, after, ok)
+		}
+		if changed != nil {
+			select {
+			case <-changed:
+			default:
+				t.Errorf("after %s: the ChangeNotifier's channel is still open", w.name)
+			}
 		}
 	}
 }

@@ -29,11 +29,13 @@ type Options struct {
 // Backend is a fixed set of in-memory machines. It is safe for concurrent use.
 type Backend struct {
 	machines []*Machine
+	changes  *machine.Broadcast
 }
 
 var (
-	_ machine.Backend   = (*Backend)(nil)
-	_ machine.Versioned = (*Backend)(nil)
+	_ machine.Backend        = (*Backend)(nil)
+	_ machine.Versioned      = (*Backend)(nil)
+	_ machine.ChangeNotifier = (*Backend)(nil)
 )
 
 // New creates a backend with opts.Machines machines, all powered off.
@@ -43,12 +45,16 @@ func New(opts Options) *Backend {
 	if now == nil {
 		now = time.Now
 	}
-	b := &Backend{}
+	b := &Backend{changes: &machine.Broadcast{}}
 	for i := range n {
-		b.machines = append(b.machines, newMachine(i, opts.TransitionDelay, now))
+		b.machines = append(b.machines, newMachine(i, opts.TransitionDelay, now, b.changes))
 	}
 	return b
 }
+
+// Changed is closed at the next change of a machine's generation. A
+// transition that ends with time is seen, and told, at the next read.
+func (b *Backend) Changed() <-chan struct{} { return b.changes.Changed() }
 
 // Machines lists the machine IDs in creation order.
 func (b *Backend) Machines(context.Context) ([]string, error) {
@@ -107,8 +113,16 @@ type Machine struct {
 	media         machine.VirtualMedia
 	boots         []machine.BootTarget
 	fault         error
-	// generation counts changes of the fields above, from 1.
+	// generation counts changes of the fields above, from 1; each is told
+	// to changes.
 	generation uint64
+	changes    *machine.Broadcast
+}
+
+// changed counts a change of state. Callers hold mu.
+func (m *Machine) changed() {
+	m.generation++
+	m.changes.Notify()
 }
 
 var _ machine.Machine = (*Machine)(nil)
@@ -116,7 +130,7 @@ var _ machine.Machine = (*Machine)(nil)
 // defaultBootTarget is what a machine boots from without an override.
 const defaultBootTarget = machine.BootHdd
 
-func newMachine(i int, delay time.Duration, now func() time.Time) *Machine {
+func newMachine(i int, delay time.Duration, now func() time.Time, changes *machine.Broadcast) *Machine {
 	name := fmt.Sprintf("vm-%d", i)
 	// Identity is derived from the index so it survives a restart of the
 	// process: MaaS keys machines by MAC and UUID.
@@ -130,6 +144,7 @@ func newMachine(i int, delay time.Duration, now func() time.Time) *Machine {
 		now:        now,
 		power:      machine.PowerOff,
 		generation: 1,
+		changes:    changes,
 		boot:       machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeUEFI},
 		inv: machine.Inventory{
 			Name:         name,
@@ -170,7 +185,7 @@ func (m *Machine) SetFault(err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.fault = err
-	m.generation++
+	m.changed()
 }
 
 // Boots returns the device of every boot so far, oldest first.
@@ -212,10 +227,10 @@ func (m *Machine) settle() {
 	switch m.power {
 	case machine.PoweringOn:
 		m.power = machine.PowerOn
-		m.generation++
+		m.changed()
 	case machine.PoweringOff:
 		m.power = machine.PowerOff
-		m.generation++
+		m.changed()
 	}
 }
 
@@ -232,7 +247,7 @@ func (m *Machine) startTransition(on bool) {
 		m.power = machine.PowerOff
 	}
 	m.transitionEnd = m.now().Add(m.delay)
-	m.generation++
+	m.changed()
 }
 
 // powerOn boots the machine, consuming a Once override. Callers hold mu.
@@ -300,7 +315,7 @@ func (m *Machine) SetBootOverride(_ context.Context, o machine.BootOverride) err
 		return m.fault
 	}
 	m.boot = o.Normalize()
-	m.generation++
+	m.changed()
 	return nil
 }
 
@@ -328,7 +343,7 @@ func (m *Machine) InsertMedia(_ context.Context, image string) error {
 		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", m.media.Image)
 	}
 	m.media = machine.VirtualMedia{Inserted: true, Image: image, WriteProtected: true}
-	m.generation++
+	m.changed()
 	return nil
 }
 
@@ -340,6 +355,6 @@ func (m *Machine) EjectMedia(context.Context) error {
 		return m.fault
 	}
 	m.media = machine.VirtualMedia{}
-	m.generation++
+	m.changed()
 	return nil
 }
