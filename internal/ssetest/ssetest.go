@@ -44,7 +44,8 @@ type Stream struct {
 	Events   chan Event
 }
 
-// Open sends GET url with HTTP Basic credentials and the extra headers. A
+// Open sends GET url with HTTP Basic credentials and the extra headers
+// (Host names the request's host). A
 // 200 answer is read as a stream until the test ends; any other is
 // returned with a nil Stream and left for the caller to read.
 func Open(t testing.TB, c *http.Client, url, user, pass string, header map[string]string) (*Stream, *http.Response) {
@@ -58,6 +59,10 @@ func Open(t testing.TB, c *http.Client, url, user, pass string, header map[strin
 	req.SetBasicAuth(user, pass)
 	req.Header.Set("Accept", "text/event-stream")
 	for k, v := range header {
+		if k == "Host" {
+			req.Host = v // a virtual host's stream
+			continue
+		}
 		req.Header.Set(k, v)
 	}
 	resp, err := c.Do(req)

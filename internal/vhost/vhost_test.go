@@ -18,6 +18,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/internal/vhost"
 	"github.com/virtmetal/virtmetal/machine"
@@ -612,5 +613,66 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 				t.Errorf("error %v, want one naming %s", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestEventStreamsStayWithTheirVM: each VM's EventService tells its own
+// VM's changes only: a stream opened at web1's host hears web1's power-on
+// and credentials rotation, never web2's, and web2's credentials open no
+// stream at web1's host.
+func TestEventStreamsStayWithTheirVM(t *testing.T) {
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{
+		"web1": vmFile("maas1", "pw1", web1Host),
+		"web2": vmFile("maas2", "pw2", web2Host),
+	})
+	f.reload(t, t.Context(), 2)
+	ts := httptest.NewTLSServer(f.router)
+	t.Cleanup(ts.Close)
+	t.Cleanup(f.router.StopEventStreams) // before Close, which waits for them
+	sse := ts.URL + "/redfish/v1/EventService/SSE"
+	if _, resp := ssetest.Open(t, ts.Client(), sse, "maas2", "pw2", map[string]string{"Host": web1Host}); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("web2's credentials at web1's stream: %d, want 401", resp.StatusCode)
+	}
+	stream, resp := ssetest.Open(t, ts.Client(), sse, "maas1", "pw1", map[string]string{"Host": web1Host})
+	if stream == nil {
+		t.Fatalf("web1's stream: %d", resp.StatusCode)
+	}
+	if n := f.router.EventStreams(); n != 1 {
+		t.Errorf("%d streams open, want 1", n)
+	}
+	reset := func(host, user, pass, vm string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, ts.URL+"/redfish/v1/Systems/"+vm+"/Actions/ComputerSystem.Reset", strings.NewReader(`{"ResetType":"On"}`))
+		req.Host = host
+		req.SetBasicAuth(user, pass)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+			t.Fatalf("reset %s: %d", vm, resp.StatusCode)
+		}
+	}
+	reset(web2Host, "maas2", "pw2", "web2")
+	reset(web1Host, "maas1", "pw1", "web1")
+	if id, origin := stream.Next(t, 5*time.Second).Record(t); id != "ResourceEvent.1.3.0.ResourcePoweredOn" || origin != "/redfish/v1/Systems/web1" {
+		t.Errorf("first event %s from %s, want web1's power-on", id, origin)
+	}
+	f.dir.write(t, map[string]string{
+		"web1": vmFile("maas1", "pw1", web1Host),
+		"web2": vmFile("maas2", "rotated", web2Host),
+	})
+	f.reload(t, t.Context(), 2)
+	stream.Quiet(t, 300*time.Millisecond) // web2's rotation is web2's
+	f.dir.write(t, map[string]string{
+		"web1": vmFile("maas1", "rotated", web1Host),
+		"web2": vmFile("maas2", "rotated", web2Host),
+	})
+	f.reload(t, t.Context(), 2)
+	if id, origin := stream.Next(t, 5*time.Second).Record(t); id != "ResourceEvent.1.0.0.ResourceChanged" || origin != "/redfish/v1/AccountService" {
+		t.Errorf("after web1's rotation: %s from %s, want ResourceChanged of the AccountService", id, origin)
 	}
 }
