@@ -41,39 +41,19 @@ func BenchmarkEventLatency(b *testing.B) {
 	})
 	b.Run("memory/through-redfish", func(b *testing.B) {
 		bmc := startMemoryBMC(b)
-		stream := openBenchStream(b, bmc.ts, "/redfish/v1/EventService/SSE")
 		reset := bmc.ts.URL + bmc.system + "/Actions/ComputerSystem.Reset"
 		bodies := [2]string{`{"ResetType":"On"}`, `{"ResetType":"ForceOff"}`}
-		var latencies []time.Duration
-		i := 0
-		for b.Loop() {
-			if err := post(bmc.ts.Client(), reset, bodies[i%2]); err != nil {
-				b.Fatal(err)
-			}
-			answered := time.Now()
-			stream.Next(b, 10*time.Second)
-			latencies = append(latencies, time.Since(answered))
-			i++
-		}
-		reportPercentiles(b, latencies, "ms-after-answer")
+		measureEventLatency(b, openBenchStream(b, bmc.ts, "/redfish/v1/EventService/SSE"), "ms-after-answer", func(i int) error {
+			return post(bmc.ts.Client(), reset, bodies[i%2])
+		})
 	})
 	b.Run("memory/beside", func(b *testing.B) {
 		backend := memory.New(memory.Options{})
 		ts := serveBMC(b, backend)
-		stream := openBenchStream(b, ts, "/redfish/v1/EventService/SSE")
 		resets := [2]machine.ResetType{machine.ResetOn, machine.ResetForceOff}
-		var latencies []time.Duration
-		i := 0
-		for b.Loop() {
-			if err := backend.Get("vm-0").Reset(context.Background(), resets[i%2]); err != nil {
-				b.Fatal(err)
-			}
-			changed := time.Now()
-			stream.Next(b, 10*time.Second)
-			latencies = append(latencies, time.Since(changed))
-			i++
-		}
-		reportPercentiles(b, latencies, "ms")
+		measureEventLatency(b, openBenchStream(b, ts, "/redfish/v1/EventService/SSE"), "ms", func(i int) error {
+			return backend.Get("vm-0").Reset(context.Background(), resets[i%2])
+		})
 	})
 	b.Run("kubevirt/beside", func(b *testing.B) {
 		bmc := startKubeVirtBMC(b, kubeEnv.Config) // halted
@@ -100,6 +80,23 @@ func BenchmarkEventLatency(b *testing.B) {
 		}
 		reportPercentiles(b, first, "ms-after-ack")
 	})
+}
+
+// measureEventLatency makes change i at each iteration and reports the
+// time from its return to the stream's next event.
+func measureEventLatency(b *testing.B, stream *ssetest.Stream, unit string, change func(i int) error) {
+	var latencies []time.Duration
+	i := 0
+	for b.Loop() {
+		if err := change(i); err != nil {
+			b.Fatal(err)
+		}
+		changed := time.Now()
+		stream.Next(b, 10*time.Second)
+		latencies = append(latencies, time.Since(changed))
+		i++
+	}
+	reportPercentiles(b, latencies, unit)
 }
 
 // BenchmarkEventStreamMemory is the heap one open SSE stream holds, with
