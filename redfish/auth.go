@@ -217,6 +217,31 @@ func (a *authenticator) checkPassword(source, username, password string) (acc *a
 	return acc, previous, true
 }
 
+// stillAuthorized tells whether the credentials r was let in with still
+// open the service: its session is live, or its password is the account's
+// (or the previous one within the rotation's grace). It checks without
+// counting a failure: a long-lived request (an SSE stream) asks it to end
+// once its credentials no longer would be accepted.
+func (a *authenticator) stillAuthorized(r *http.Request) bool {
+	if token := r.Header.Get("X-Auth-Token"); token != "" {
+		_, ok := a.sessionPrincipal(token)
+		return ok
+	}
+	username, password, ok := r.BasicAuth()
+	if !ok {
+		return false
+	}
+	givenUser, given := sha256.Sum256([]byte(username)), sha256.Sum256([]byte(password))
+	for _, acc := range *a.accounts.Load() {
+		if subtle.ConstantTimeCompare(acc.usernameHash[:], givenUser[:]) != 1 {
+			continue
+		}
+		return subtle.ConstantTimeCompare(acc.passwordHash[:], given[:]) == 1 ||
+			a.now().Before(acc.previousUntil) && subtle.ConstantTimeCompare(acc.previousHash[:], given[:]) == 1
+	}
+	return false
+}
+
 // authenticate identifies the caller from X-Auth-Token or HTTP Basic. A
 // token wins when both are present, as DSP0266 prefers sessions.
 func (a *authenticator) authenticate(r *http.Request) (principal, bool) {

@@ -253,7 +253,9 @@ func (t filterTerm) matches(r record) bool {
 
 // streamEvents is the SSE endpoint: the feed's events as they happen,
 // after the ones since Last-Event-ID, filtered by $filter, with a comment
-// line every keep-alive period so that proxies keep the connection.
+// line every keep-alive period so that proxies keep the connection. The
+// stream ends when the credentials it was opened with stop being accepted
+// (checked at each event and keep-alive).
 func (s *Server) streamEvents(c *call) (result, error) {
 	var filter eventFilter
 	if q, ok := c.r.URL.Query()["$filter"]; ok {
@@ -341,6 +343,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter even
 			if !ok || !filter.matches(rec) {
 				continue
 			}
+			if !s.auth.stillAuthorized(r) {
+				return // rotated out, or its session ended
+			}
 			payload, err := eventPayload(e, rec)
 			if err != nil {
 				s.log.Error(err, "event not sent", "event", e.ID)
@@ -350,7 +355,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter even
 				return
 			}
 		case <-keepAlive.C:
-			if !write(": keep-alive\n\n") {
+			if !s.auth.stillAuthorized(r) || !write(": keep-alive\n\n") {
 				return
 			}
 		case <-r.Context().Done():

@@ -350,3 +350,73 @@ func TestEventStreamsLoseNothingUnderResets(t *testing.T) {
 		}
 	}
 }
+
+// TestEventStreamEndsWithItsCredentials: a stream lasts only while what
+// opened it would still be let in: a password rotated out (after its
+// grace) or a deleted session ends it.
+func TestEventStreamEndsWithItsCredentials(t *testing.T) {
+	f := newEventsFixture(t, func(c *redfish.Config) { c.EventKeepAlive = 20 * time.Millisecond })
+	// ended tells whether the stream ends within a second (keep-alives
+	// arrive meanwhile).
+	ended := func(s *ssetest.Stream) bool {
+		timeout := time.After(time.Second)
+		for {
+			select {
+			case _, open := <-s.Events:
+				if !open {
+					return true
+				}
+			case <-timeout:
+				return false
+			}
+		}
+	}
+
+	t.Run("password rotated", func(t *testing.T) {
+		stream, _ := openStream(t, f.ts, "", nil)
+		if err := f.server.SetAccounts([]redfish.Account{{Username: adminUser, Password: "rotated-" + adminPass, Role: redfish.RoleAdministrator}}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if ended(stream) {
+			t.Fatal("the stream ended within the rotation's grace")
+		}
+		if err := f.server.SetAccounts([]redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}}, 0); err != nil {
+			t.Fatal(err)
+		}
+		again, _ := openStream(t, f.ts, "", nil) // with the password now current
+		if err := f.server.SetAccounts([]redfish.Account{{Username: adminUser, Password: "other-" + adminPass, Role: redfish.RoleAdministrator}}, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !ended(again) {
+			t.Error("a stream opened with a rotated-out password goes on")
+		}
+		if err := f.server.SetAccounts([]redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}}, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("session deleted", func(t *testing.T) {
+		req, _ := http.NewRequest(http.MethodPost, f.ts.URL+"/redfish/v1/SessionService/Sessions", strings.NewReader(`{"UserName":"`+adminUser+`","Password":"`+adminPass+`"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := f.ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		token, location := resp.Header.Get("X-Auth-Token"), resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusCreated || token == "" {
+			t.Fatalf("session: %d", resp.StatusCode)
+		}
+		stream, resp := ssetest.Open(t, f.ts.Client(), f.ts.URL+"/redfish/v1/EventService/SSE", "", "", map[string]string{"X-Auth-Token": token})
+		if stream == nil {
+			t.Fatalf("stream with a session: %d", resp.StatusCode)
+		}
+		if ended(stream) {
+			t.Fatal("the stream ended while its session lives")
+		}
+		f.send(t, http.MethodDelete, strings.TrimPrefix(location, f.ts.URL), "")
+		if !ended(stream) {
+			t.Error("the stream of a deleted session goes on")
+		}
+	})
+}
