@@ -104,9 +104,10 @@ func (s *Server) getEventService(*call) (result, error) {
 	body["RegistryPrefixes"] = []string{resourceEventPrefix}
 	body["ResourceTypes"] = []string{"ComputerSystem", "VirtualMedia", "AccountService"}
 	body["ServerSentEventUri"] = ssePath
+	// EventType, deprecated, is left out: the validators warn on it.
 	body["SSEFilterPropertiesSupported"] = map[string]any{
 		"EventFormatType": true, "MessageId": true, "RegistryPrefix": true, "ResourceType": true,
-		"OriginResource": true, "EventType": false, "MetricReportDefinition": false, "SubordinateResources": false,
+		"OriginResource": true, "MetricReportDefinition": false, "SubordinateResources": false,
 	}
 	return result{body: body}, nil
 }
@@ -257,6 +258,9 @@ func (t filterTerm) matches(r record) bool {
 // stream ends when the credentials it was opened with stop being accepted
 // (checked at each event and keep-alive).
 func (s *Server) streamEvents(c *call) (result, error) {
+	if accept := c.r.Header.Values("Accept"); len(accept) > 0 && !acceptsEventStream(accept) {
+		return result{}, newError(http.StatusNotAcceptable, msgHeaderInvalid, "Accept: "+strings.Join(accept, ", "))
+	}
 	var filter eventFilter
 	if q, ok := c.r.URL.Query()["$filter"]; ok {
 		var valid bool
@@ -284,6 +288,24 @@ func (s *Server) streamEvents(c *call) (result, error) {
 		defer s.streams.close(source)
 		s.serveStream(w, r, filter, after)
 	}}, nil
+}
+
+// acceptsEventStream tells whether Accept allows text/event-stream; a
+// client that asks for JSON only gets a JSON error, not a stream.
+func acceptsEventStream(accept []string) bool {
+	for _, header := range accept {
+		for _, r := range strings.Split(header, ",") {
+			mediaRange, params, _ := strings.Cut(strings.TrimSpace(r), ";")
+			if q, ok := strings.CutPrefix(strings.ReplaceAll(params, " ", ""), "q="); ok && strings.Trim(q, "0.") == "" {
+				continue // q=0: not acceptable
+			}
+			switch strings.ToLower(strings.TrimSpace(mediaRange)) {
+			case "text/event-stream", "text/*", "*/*":
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (s *Server) eventStreamsFull() *apiError {

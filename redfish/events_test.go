@@ -226,6 +226,21 @@ func TestEventStreamFilters(t *testing.T) {
 			t.Errorf("status %d, %+v", resp.StatusCode, body)
 		}
 	})
+	for _, accept := range []string{"application/json", "text/html, application/json;q=0.9", "text/event-stream;q=0"} {
+		t.Run("Accept "+accept, func(t *testing.T) {
+			_, resp := openStream(t, f.ts, "", map[string]string{"Accept": accept})
+			if body := errorBody(t, resp); resp.StatusCode != http.StatusNotAcceptable || !strings.HasSuffix(body.MessageID, ".HeaderInvalid") {
+				t.Errorf("status %d, %+v; want 406 HeaderInvalid", resp.StatusCode, body)
+			}
+		})
+	}
+	for _, accept := range []string{"*/*", "text/*", "application/json, text/event-stream"} {
+		t.Run("Accept "+accept, func(t *testing.T) {
+			if stream, resp := openStream(t, f.ts, "", map[string]string{"Accept": accept}); stream == nil {
+				t.Errorf("status %d, want a stream", resp.StatusCode)
+			}
+		})
+	}
 	t.Run("bad Last-Event-ID", func(t *testing.T) {
 		_, resp := openStream(t, f.ts, "", map[string]string{"Last-Event-ID": "yesterday"})
 		if body := errorBody(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.HasSuffix(body.MessageID, ".HeaderInvalid") {
