@@ -146,6 +146,14 @@ func (e *apiError) Error() string {
 	return msg
 }
 
+// retryLater is a 503 with the message key and a Retry-After of the
+// service's RetryAfter.
+func (s *Server) retryLater(key string, args ...string) *apiError {
+	e := newError(http.StatusServiceUnavailable, key, args...)
+	e.header = http.Header{"Retry-After": {strconv.Itoa(int(s.retryAfter / time.Second))}}
+	return e
+}
+
 func newError(status int, key string, args ...string) *apiError {
 	return &apiError{status: status, messages: []message{{key: key, args: args}}}
 }
@@ -214,9 +222,7 @@ func (s *Server) mapBackendError(err error, op operation) *apiError {
 	case errors.Is(err, machine.ErrConflict):
 		return &apiError{status: http.StatusConflict, messages: []message{{key: msgResourceInUse}}, cause: err}
 	case errors.Is(err, machine.ErrUnavailable):
-		seconds := strconv.Itoa(int(s.retryAfter / time.Second))
-		e := newError(http.StatusServiceUnavailable, msgServiceTemporarilyUnavailable, seconds)
-		e.header = http.Header{"Retry-After": {seconds}}
+		e := s.retryLater(msgServiceTemporarilyUnavailable, strconv.Itoa(int(s.retryAfter/time.Second)))
 		e.cause = err
 		return e
 	}

@@ -175,6 +175,38 @@ func eventPayload(e events.Event, r record) ([]byte, error) {
 	})
 }
 
+// renderedEvents keeps the payloads of the last events, so that an event
+// told to many streams is marshalled once.
+type renderedEvents struct {
+	mu   sync.Mutex
+	byID map[uint64][]byte
+	ids  []uint64 // oldest first, at most renderedEventsKept
+}
+
+const renderedEventsKept = 64
+
+func (c *renderedEvents) event(e events.Event, r record) ([]byte, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if payload, ok := c.byID[e.ID]; ok {
+		return payload, nil
+	}
+	payload, err := eventPayload(e, r)
+	if err != nil {
+		return nil, err
+	}
+	if c.byID == nil {
+		c.byID = map[uint64][]byte{}
+	}
+	if len(c.ids) == renderedEventsKept {
+		delete(c.byID, c.ids[0])
+		c.ids = c.ids[1:]
+	}
+	c.byID[e.ID] = payload
+	c.ids = append(c.ids, e.ID)
+	return payload, nil
+}
+
 // eventFilter is a parsed $filter: any of its alternatives, each a set of
 // property equalities that must all hold.
 type eventFilter [][]filterTerm
@@ -277,12 +309,12 @@ func (s *Server) streamEvents(c *call) (result, error) {
 	}
 	select {
 	case <-s.streams.stopped:
-		return result{}, s.eventStreamsFull()
+		return result{}, s.retryLater(msgEventSubscriptionLimitExceeded)
 	default:
 	}
 	source := s.auth.clients.source(c.r)
 	if !s.streams.open(source) {
-		return result{}, s.eventStreamsFull()
+		return result{}, s.retryLater(msgEventSubscriptionLimitExceeded)
 	}
 	return result{stream: func(w http.ResponseWriter, r *http.Request) {
 		defer s.streams.close(source)
@@ -306,12 +338,6 @@ func acceptsEventStream(accept []string) bool {
 		}
 	}
 	return false
-}
-
-func (s *Server) eventStreamsFull() *apiError {
-	e := newError(http.StatusServiceUnavailable, msgEventSubscriptionLimitExceeded)
-	e.header = http.Header{"Retry-After": {strconv.Itoa(int(s.retryAfter / time.Second))}}
-	return e
 }
 
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter eventFilter, after uint64) {
@@ -368,7 +394,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter even
 			if !s.auth.stillAuthorized(r) {
 				return // rotated out, or its session ended
 			}
-			payload, err := eventPayload(e, rec)
+			payload, err := s.eventBodies.event(e, rec)
 			if err != nil {
 				s.log.Error(err, "event not sent", "event", e.ID)
 				continue

@@ -34,6 +34,14 @@ func record(t *testing.T, e ssetest.Event) string {
 	return id + " " + origin
 }
 
+// messageKey is an event's message key without registry and version
+// ("ResourcePoweredOn") and the last segment of its origin ("vm-0").
+func messageKey(t *testing.T, e ssetest.Event) (key, originLeaf string) {
+	t.Helper()
+	id, origin := e.Record(t)
+	return id[strings.LastIndex(id, ".")+1:], origin[strings.LastIndex(origin, "/")+1:]
+}
+
 type eventsFixture struct {
 	ts      *httptest.Server
 	server  *redfish.Server
@@ -159,9 +167,8 @@ func TestEventStreamResumes(t *testing.T) {
 			var got []string
 			for range tt.want {
 				e := stream.Next(t, 5*time.Second)
-				id := record(t, e)
-				id = id[strings.LastIndex(strings.Fields(id)[0], ".")+1:]
-				got = append(got, e.ID+" "+strings.Fields(id)[0])
+				key, _ := messageKey(t, e)
+				got = append(got, e.ID+" "+key)
 			}
 			stream.Quiet(t, 200*time.Millisecond)
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
@@ -199,9 +206,8 @@ func TestEventStreamFilters(t *testing.T) {
 			f.post(t, sys0CD+"/Actions/VirtualMedia.InsertMedia", `{"Image":"https://images.example/live.iso"}`)
 			var got []string
 			for range tt.want {
-				fields := strings.Fields(record(t, stream.Next(t, 5*time.Second)))
-				key := fields[0][strings.LastIndex(fields[0], ".")+1:]
-				got = append(got, key+" "+fields[1][strings.LastIndex(fields[1], "/")+1:])
+				key, origin := messageKey(t, stream.Next(t, 5*time.Second))
+				got = append(got, key+" "+origin)
 			}
 			stream.Quiet(t, 200*time.Millisecond)
 			if fmt.Sprint(got) != fmt.Sprint(tt.want) {

@@ -115,9 +115,10 @@ type Server struct {
 	versioned   machine.Versioned // nil when the backend cannot say when machines change
 
 	// events are the machines' changes the EventService streams.
-	events  *events.Feed
-	watcher *events.Watcher
-	streams eventStreams
+	events      *events.Feed
+	watcher     *events.Watcher
+	streams     eventStreams
+	eventBodies renderedEvents
 
 	// rendered keeps GET answers until what they show changes.
 	rendered renderCache

@@ -112,9 +112,29 @@ func (w *Watcher) Intercept(ctx context.Context, c machine.Call, call func(conte
 	m.mu.Unlock()
 	err := call(ctx)
 	m.mu.Lock()
-	w.readLocked(readCtx, c.Machine, m)
+	// The poll, woken by the write's notification, may have read it
+	// already; a read at the version that follows the write is enough.
+	if !w.readAtCurrentVersion(c.Machine, m) {
+		w.readLocked(readCtx, c.Machine, m)
+	}
 	m.mu.Unlock()
 	return err
+}
+
+// version is the backend's StateVersion of id; ok is false when it cannot
+// tell.
+func (w *Watcher) version(id string) (uint64, bool) {
+	if w.versioned == nil {
+		return 0, false
+	}
+	return w.versioned.StateVersion(id)
+}
+
+// readAtCurrentVersion tells whether m's last read is at the version the
+// backend reports now. Callers hold m.mu.
+func (w *Watcher) readAtCurrentVersion(id string, m *watched) bool {
+	v, ok := w.version(id)
+	return ok && m.seen && m.versOK && v == m.version
 }
 
 func (w *Watcher) machine(id string) *watched {
@@ -134,15 +154,8 @@ func (w *Watcher) poll(ctx context.Context, id string) {
 	m := w.machine(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if w.versioned != nil {
-		if v, ok := w.versioned.StateVersion(id); ok {
-			if m.seen && m.versOK && v == m.version {
-				return
-			}
-		} else if m.seen && time.Since(m.lastRead) < w.readEvery {
-			return
-		}
-	} else if m.seen && time.Since(m.lastRead) < w.readEvery {
+	if _, known := w.version(id); known && w.readAtCurrentVersion(id, m) ||
+		!known && m.seen && time.Since(m.lastRead) < w.readEvery {
 		return
 	}
 	w.readLocked(ctx, id, m)
@@ -152,12 +165,8 @@ func (w *Watcher) poll(ctx context.Context, id string) {
 // read. A read that fails for another reason than the machine's absence
 // changes nothing: the next one tells.
 func (w *Watcher) readLocked(ctx context.Context, id string, m *watched) {
-	var version uint64
-	var versOK bool
-	if w.versioned != nil {
-		// Asked before reading, so the state read is at least this new.
-		version, versOK = w.versioned.StateVersion(id)
-	}
+	// Asked before reading, so the state read is at least this new.
+	version, versOK := w.version(id)
 	now, err := w.read(ctx, id)
 	if err != nil {
 		return
