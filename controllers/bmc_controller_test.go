@@ -490,13 +490,21 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	}
 }
 
+// TestClusterInstancetypeRBAC uses a VirtualMachineBMC made by hand in a
+// namespace that is not opted in: in an opted-in one enrolment makes the
+// BMC again at once, and its cluster RBAC with it.
 func TestClusterInstancetypeRBAC(t *testing.T) {
 	sharedManager(t)
-	ns := namespace(t, "cluster-it", true)
+	ns := namespace(t, "cluster-it", false)
 	vm := newVM(ns, "web1")
 	vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
 	createVM(t, vm)
 	key := client.ObjectKeyFromObject(vm)
+	b := &v1beta1.VirtualMachineBMC{}
+	b.Namespace, b.Name, b.Spec.VMName = ns, vm.Name, vm.Name
+	if err := admin.Create(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
 	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-it-web1"}
 	waitFor(t, "cluster RBAC", func() error {
 		if err := get(name, &rbacv1.ClusterRole{}); err != nil {
@@ -504,10 +512,6 @@ func TestClusterInstancetypeRBAC(t *testing.T) {
 		}
 		return get(name, &rbacv1.ClusterRoleBinding{})
 	})
-	b := &v1beta1.VirtualMachineBMC{}
-	if err := get(key, b); err != nil {
-		t.Fatal(err)
-	}
 	if err := admin.Delete(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +519,10 @@ func TestClusterInstancetypeRBAC(t *testing.T) {
 		if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
 			return err
 		}
-		return gone(name, &rbacv1.ClusterRoleBinding{})
+		if err := gone(name, &rbacv1.ClusterRoleBinding{}); err != nil {
+			return err
+		}
+		return gone(key, &v1beta1.VirtualMachineBMC{})
 	})
 }
 
