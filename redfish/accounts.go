@@ -7,9 +7,10 @@ import (
 )
 
 const (
-	sessionsPath = "/redfish/v1/SessionService/Sessions"
-	accountsPath = "/redfish/v1/AccountService/Accounts"
-	rolesPath    = "/redfish/v1/AccountService/Roles"
+	sessionsPath       = "/redfish/v1/SessionService/Sessions"
+	accountServicePath = "/redfish/v1/AccountService"
+	accountsPath       = accountServicePath + "/Accounts"
+	rolesPath          = "/redfish/v1/AccountService/Roles"
 )
 
 func sessionPath(id string) string { return sessionsPath + "/" + url.PathEscape(id) }
@@ -118,7 +119,7 @@ func (s *Server) deleteSession(c *call) (result, error) {
 }
 
 func (s *Server) getAccountService(*call) (result, error) {
-	body := resource(typeAccountService, "/redfish/v1/AccountService", "AccountService", "Account Service")
+	body := resource(typeAccountService, accountServicePath, "AccountService", "Account Service")
 	body["ServiceEnabled"] = true
 	body["Status"] = statusOK()
 	// Zero: accounts are never locked (failed logins throttle their source

@@ -12,7 +12,9 @@ import (
 )
 
 // registryVersion prefixes every MessageId: "<Registry>.<major>.<minor>.<Key>".
-const registryVersion = "Base.1.19"
+const registryVersion = baseRegistryPrefix + ".1.19"
+
+const baseRegistryPrefix = "Base"
 
 // Base registry message keys the service answers with.
 const (

@@ -43,6 +43,9 @@ var resourceEventRegistry = map[string]struct{ version, text string }{
 
 const resourceEventPrefix = "ResourceEvent"
 
+// eventResourceTypes are the schemas of the events' origins.
+var eventResourceTypes = []string{"ComputerSystem", "VirtualMedia", "AccountService"}
+
 // eventStreams counts the open streams, in all and per client.
 type eventStreams struct {
 	max, maxPerSource int
@@ -81,9 +84,9 @@ func (s *Server) EventStreams() int {
 	return s.streams.total
 }
 
-// StopEventStreams ends every SSE stream and refuses new ones, so that a
-// graceful shutdown does not wait for clients that never hang up. Register
-// it with http.Server.RegisterOnShutdown.
+// StopEventStreams ends every SSE stream and push delivery and refuses new
+// streams, so that a graceful shutdown does not wait for clients that
+// never hang up. Register it with http.Server.RegisterOnShutdown.
 func (s *Server) StopEventStreams() {
 	s.streams.stopOnce.Do(func() { close(s.streams.stopped) })
 }
@@ -101,9 +104,19 @@ func (s *Server) getEventService(*call) (result, error) {
 	body["ServiceEnabled"] = true
 	body["Status"] = map[string]any{"State": "Enabled", "Health": "OK"}
 	body["EventFormatTypes"] = []string{"Event"}
-	body["RegistryPrefixes"] = []string{resourceEventPrefix}
-	body["ResourceTypes"] = []string{"ComputerSystem", "VirtualMedia", "AccountService"}
+	body["RegistryPrefixes"] = eventRegistryPrefixes
+	body["ResourceTypes"] = eventResourceTypes
 	body["ServerSentEventUri"] = ssePath
+	body["Subscriptions"] = link(subscriptionsPath)
+	body["DeliveryRetryAttempts"] = s.delivery.retryAttempts
+	body["DeliveryRetryIntervalSeconds"] = int((s.delivery.retryInterval + time.Second - 1) / time.Second)
+	body["ExcludeMessageId"] = true
+	body["ExcludeRegistryPrefix"] = true
+	body["IncludeOriginOfConditionSupported"] = false
+	body["SubordinateResourcesSupported"] = false
+	body["Actions"] = map[string]any{
+		"#EventService.SubmitTestEvent": map[string]any{"target": submitTestEventPath},
+	}
 	// EventType, deprecated, is left out: the validators warn on it.
 	body["SSEFilterPropertiesSupported"] = map[string]any{
 		"EventFormatType": true, "MessageId": true, "RegistryPrefix": true, "ResourceType": true,
@@ -114,14 +127,40 @@ func (s *Server) getEventService(*call) (result, error) {
 
 // record is one event as Redfish tells it.
 type record struct {
-	messageKey   string
+	messageID    string // registry prefix, version and key
+	message      string
 	args         []string
-	origin       string // OriginOfCondition
+	severity     string
+	origin       string // OriginOfCondition; "" for none
 	resourceType string // the origin's schema
+	// timestamp, when set, is the time a test event asked for.
+	timestamp time.Time
+	groupID   *int64
 }
 
-func (r record) messageID() string {
-	return resourceEventPrefix + "." + resourceEventRegistry[r.messageKey].version + "." + r.messageKey
+// resourceEvent is a record of one of resourceEventRegistry's messages.
+func resourceEvent(key, origin, resourceType string, args ...string) record {
+	entry := resourceEventRegistry[key]
+	if args == nil {
+		args = []string{}
+	}
+	return record{
+		messageID: resourceEventPrefix + "." + entry.version + "." + key,
+		message:   message{args: args}.format(entry.text),
+		args:      args, severity: "OK", origin: origin, resourceType: resourceType,
+	}
+}
+
+// registryPrefix is the registry part of the MessageId ("ResourceEvent").
+func (r record) registryPrefix() string {
+	prefix, _, _ := strings.Cut(r.messageID, ".")
+	return prefix
+}
+
+// unversionedID is the MessageId without the registry's version
+// ("ResourceEvent.ResourcePoweredOn"), which filters may use.
+func (r record) unversionedID() string {
+	return r.registryPrefix() + "." + r.messageID[strings.LastIndex(r.messageID, ".")+1:]
 }
 
 // recordOf translates a machine event.
@@ -133,46 +172,59 @@ func recordOf(e events.Event) (record, bool) {
 			machine.PowerOn: "ResourcePoweredOn", machine.PowerOff: "ResourcePoweredOff",
 			machine.PoweringOn: "ResourcePoweringOn", machine.PoweringOff: "ResourcePoweringOff",
 		}[e.Power]
-		return record{messageKey: key, args: []string{system}, origin: system, resourceType: "ComputerSystem"}, ok
+		return resourceEvent(key, system, "ComputerSystem", system), ok
 	case events.BootOverrideChanged:
-		return record{messageKey: "ResourceChanged", origin: system, resourceType: "ComputerSystem"}, true
+		return resourceEvent("ResourceChanged", system, "ComputerSystem"), true
 	case events.MediaInserted, events.MediaEjected:
 		// The drive stays; what it holds changed.
-		return record{messageKey: "ResourceChanged", origin: cdPath(e.Machine), resourceType: "VirtualMedia"}, true
+		return resourceEvent("ResourceChanged", cdPath(e.Machine), "VirtualMedia"), true
 	case events.MachineAdded:
-		return record{messageKey: "ResourceCreated", origin: system, resourceType: "ComputerSystem"}, true
+		return resourceEvent("ResourceCreated", system, "ComputerSystem"), true
 	case events.MachineRemoved:
-		return record{messageKey: "ResourceRemoved", origin: system, resourceType: "ComputerSystem"}, true
+		return resourceEvent("ResourceRemoved", system, "ComputerSystem"), true
 	case events.AccountsChanged:
-		return record{messageKey: "ResourceChanged", origin: "/redfish/v1/AccountService", resourceType: "AccountService"}, true
+		return resourceEvent("ResourceChanged", accountServicePath, "AccountService"), true
+	case events.Test:
+		r, ok := e.Detail.(record)
+		return r, ok
 	}
 	return record{}, false
 }
 
-// eventPayload is the Event resource one SSE message carries.
-func eventPayload(e events.Event, r record) ([]byte, error) {
+// eventPayload is the Event resource that carries e, to an SSE stream
+// (context "") or to a subscription's destination (its Context).
+func eventPayload(e events.Event, r record, context string) ([]byte, error) {
 	id := strconv.FormatUint(e.ID, 10)
-	entry := resourceEventRegistry[r.messageKey]
-	args := r.args
-	if args == nil {
-		args = []string{}
+	timestamp := e.Time
+	if !r.timestamp.IsZero() {
+		timestamp = r.timestamp
 	}
-	return json.Marshal(map[string]any{
+	entry := map[string]any{
+		"EventId":         id,
+		"EventTimestamp":  timestamp.UTC().Format(time.RFC3339),
+		"EventType":       "Other", // deprecated; MessageId says what happened
+		"MemberId":        "0",
+		"MessageId":       r.messageID,
+		"Message":         r.message,
+		"MessageArgs":     r.args,
+		"MessageSeverity": r.severity,
+	}
+	if r.origin != "" {
+		entry["OriginOfCondition"] = link(r.origin)
+	}
+	if r.groupID != nil {
+		entry["EventGroupId"] = *r.groupID
+	}
+	body := map[string]any{
 		"@odata.type": typeEvent.odataType(),
 		"Id":          id,
 		"Name":        "Event",
-		"Events": []any{map[string]any{
-			"EventId":           id,
-			"EventTimestamp":    e.Time.UTC().Format(time.RFC3339),
-			"EventType":         "Other", // deprecated; MessageId says what happened
-			"MemberId":          "0",
-			"MessageId":         r.messageID(),
-			"Message":           message{args: args}.format(entry.text),
-			"MessageArgs":       args,
-			"MessageSeverity":   "OK",
-			"OriginOfCondition": link(r.origin),
-		}},
-	})
+		"Events":      []any{entry},
+	}
+	if context != "" {
+		body["Context"] = context
+	}
+	return json.Marshal(body)
 }
 
 // renderedEvents keeps the payloads of the last events, so that an event
@@ -191,7 +243,7 @@ func (c *renderedEvents) event(e events.Event, r record) ([]byte, error) {
 	if payload, ok := c.byID[e.ID]; ok {
 		return payload, nil
 	}
-	payload, err := eventPayload(e, r)
+	payload, err := eventPayload(e, r, "")
 	if err != nil {
 		return nil, err
 	}
@@ -273,9 +325,9 @@ func (t filterTerm) matches(r record) bool {
 		return t.value == "Event"
 	case "MessageId":
 		// With or without the registry's version.
-		return t.value == r.messageID() || t.value == resourceEventPrefix+"."+r.messageKey
+		return t.value == r.messageID || t.value == r.unversionedID()
 	case "RegistryPrefix":
-		return t.value == resourceEventPrefix
+		return t.value == r.registryPrefix()
 	case "ResourceType":
 		return t.value == r.resourceType
 	case "OriginResource":
@@ -318,7 +370,11 @@ func (s *Server) streamEvents(c *call) (result, error) {
 	}
 	return result{stream: func(w http.ResponseWriter, r *http.Request) {
 		defer s.streams.close(source)
-		s.serveStream(w, r, filter, after)
+		// The stream is a member of Subscriptions while it is open;
+		// deleting that member ends it.
+		member := s.openSSESubscription(c.user.username)
+		defer s.subscriptions.remove(member.id)
+		s.serveStream(w, r, filter, after, member.ended)
 	}}, nil
 }
 
@@ -340,7 +396,7 @@ func acceptsEventStream(accept []string) bool {
 	return false
 }
 
-func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter eventFilter, after uint64) {
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter eventFilter, after uint64, deleted <-chan struct{}) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -368,13 +424,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter even
 	if !complete {
 		// Some events since Last-Event-ID are gone: say so, without an id,
 		// so that the client's Last-Event-ID stays what it was.
-		lost, _ := json.Marshal(map[string]any{
-			"@odata.type": typeEvent.odataType(), "Id": "lost", "Name": "Event",
-			"Events": []any{map[string]any{
-				"EventType": "Other", "MemberId": "0", "MessageId": registryVersion + "." + msgEventBufferExceeded,
-				"Message": message{key: msgEventBufferExceeded}.text(), "MessageArgs": []string{}, "MessageSeverity": "Warning",
-			}},
-		})
+		lost, _ := json.Marshal(lostEventsBody(""))
 		if !write("data: " + string(lost) + "\n\n") {
 			return
 		}
@@ -409,6 +459,8 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, filter even
 		case <-r.Context().Done():
 			return
 		case <-s.streams.stopped:
+			return
+		case <-deleted:
 			return
 		}
 	}

@@ -57,6 +57,15 @@ func TestGoldenBodies(t *testing.T) {
 			}
 		}, get(manager0 + "/LogServices/Log/Entries/1"), 200},
 		{"event_service", nil, get("/redfish/v1/EventService"), 200},
+		{"event_subscription", func(f *fixture) {
+			f.do(asAdmin("POST", "/redfish/v1/EventService/Subscriptions", `{"Destination":"https://receiver.example/events","Protocol":"Redfish",`+
+				`"Context":"rack 7","RegistryPrefixes":["ResourceEvent"],"HttpHeaders":[{"Authorization":"Bearer secret"}]}`))
+		}, get("/redfish/v1/EventService/Subscriptions/1"), 200},
+		{"event_subscriptions", func(f *fixture) {
+			f.do(asAdmin("POST", "/redfish/v1/EventService/Subscriptions", `{"Destination":"https://receiver.example/events","Protocol":"Redfish"}`))
+		}, get("/redfish/v1/EventService/Subscriptions"), 200},
+		{"error_subscription", nil, asAdmin("POST", "/redfish/v1/EventService/Subscriptions",
+			`{"Destination":"http://169.254.169.254/latest","Protocol":"FTP","Colour":"red"}`), 400},
 		{"error_not_in_list", nil, asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Floppy"}}`), 400},
 	}
 	for _, tt := range tests {

@@ -60,6 +60,8 @@ func (s *Server) routes() []route {
 		sysCD   = sys + "/VirtualMedia/{mediaID}"
 		session = "/redfish/v1/SessionService/Sessions/{sessionID}"
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
+		// A subscription's id is a number; a DELETE of "SSE" is a 404.
+		subscription = subscriptionsPath + "/{subscriptionID:[0-9]+}"
 		sysLog  = sys + "/LogServices/" + logServiceID
 		mgrLog  = mgr + "/LogServices/" + logServiceID
 	)
@@ -102,6 +104,15 @@ func (s *Server) routes() []route {
 
 		{http.MethodGet, eventServicePath, privLogin, s.getEventService, nil, forLife},
 		{http.MethodGet, ssePath, privLogin, s.streamEvents, nil, perRequest},
+		{http.MethodPost, submitTestEventPath, privConfigureManager, s.submitTestEvent, nil, perRequest},
+		{http.MethodGet, subscriptionsPath, privLogin, s.getSubscriptions, nil, perRequest},
+		{http.MethodPost, subscriptionsPath, privConfigureComponents, s.createSubscription, nil, perRequest},
+		{http.MethodPost, subscriptionsPath + "/Members", privConfigureComponents, s.createSubscription, nil, perRequest},
+		{http.MethodGet, subscription, privLogin, s.getSubscription, nil, perRequest},
+		{http.MethodPatch, subscription, privConfigureManager, s.patchSubscription, s.subscriptionOwner, perRequest},
+		{http.MethodDelete, subscription, privConfigureManager, s.deleteSubscription, s.subscriptionOwner, perRequest},
+		{http.MethodPost, subscription + "/Actions/EventDestination.SuspendSubscription", privConfigureManager, s.suspendSubscription, s.subscriptionOwner, perRequest},
+		{http.MethodPost, subscription + "/Actions/EventDestination.ResumeSubscription", privConfigureManager, s.resumeSubscription, s.subscriptionOwner, perRequest},
 
 		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil, forLife},
 		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil, perRequest},

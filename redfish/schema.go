@@ -66,6 +66,8 @@ var (
 	typeLogEntry             = schemaType{"LogEntry", "v1_21_0"}
 	typeEventService         = schemaType{"EventService", "v1_10_0"}
 	typeEvent                = schemaType{"Event", "v1_10_0"}
+	typeEventDestinationColl = schemaType{"EventDestinationCollection", ""}
+	typeEventDestination     = schemaType{"EventDestination", "v1_16_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -88,7 +90,7 @@ var servedTypes = []schemaType{
 	typeRoleCollection, typeRole,
 	typeResource, typeMessage,
 	typeLogServiceCollection, typeLogService, typeLogEntryCollection, typeLogEntry,
-	typeEventService, typeEvent,
+	typeEventService, typeEvent, typeEventDestinationColl, typeEventDestination,
 }
 
 // describedBy returns the JSON schema URI for an @odata.type value, for the

@@ -7,6 +7,7 @@ package redfish
 import (
 	"cmp"
 	"crypto/rand"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -77,6 +78,23 @@ type Config struct {
 	// whether a machine changed (default events.WatcherOptions'), once Run
 	// runs.
 	EventPoll time.Duration
+	// MaxEventSubscriptions bounds the push subscriptions (default 16).
+	MaxEventSubscriptions int
+	// EventDeliveryRetryAttempts is how often a failed delivery is retried
+	// before a subscription is suspended or deleted (default 3), and
+	// EventDeliveryRetryInterval the wait between tries (default 30 s).
+	EventDeliveryRetryAttempts int
+	EventDeliveryRetryInterval time.Duration
+	// EventDestinationsDenied are networks events are never sent to, on
+	// top of link-local, metadata services, loopback and this host's own
+	// addresses: the cluster's pod and service networks, say.
+	EventDestinationsDenied []netip.Prefix
+	// EventDestinationsAllowLoopback lets subscriptions send to loopback,
+	// for a receiver on the BMC's own host.
+	EventDestinationsAllowLoopback bool
+	// EventDestinationRoots verify destinations' certificates (default
+	// the system's roots).
+	EventDestinationRoots *x509.CertPool
 }
 
 // Observer learns what the service answered. Its method must be cheap and
@@ -119,6 +137,12 @@ type Server struct {
 	watcher     *events.Watcher
 	streams     eventStreams
 	eventBodies renderedEvents
+	// subscriptions are the EventService's members: push subscriptions,
+	// delivered through delivery and allowed by destinations, and SSE
+	// streams.
+	subscriptions subscriptionTable
+	destinations  *destinationGuard
+	delivery      deliveryClients
 
 	// rendered keeps GET answers until what they show changes.
 	rendered renderCache
@@ -152,6 +176,8 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("redfish: MaxSessionsPerAccount %d is negative", cfg.MaxSessionsPerAccount)
 	case cfg.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("redfish: MaxBodyBytes %d is negative", cfg.MaxBodyBytes)
+	case cfg.MaxEventSubscriptions < 0 || cfg.EventDeliveryRetryAttempts < 0 || cfg.EventDeliveryRetryInterval < 0:
+		return nil, errors.New("redfish: MaxEventSubscriptions, EventDeliveryRetryAttempts and EventDeliveryRetryInterval cannot be negative")
 	case cfg.RetryAfter != 0 && cfg.RetryAfter < time.Second:
 		return nil, fmt.Errorf("redfish: RetryAfter %v is under the one second Retry-After can express", cfg.RetryAfter)
 	}
@@ -214,6 +240,11 @@ func NewServer(cfg Config) (*Server, error) {
 		perSource:    map[string]int{},
 		stopped:      make(chan struct{}),
 	}
+	s.subscriptions = subscriptionTable{max: orDefault(cfg.MaxEventSubscriptions, defaultMaxSubscriptions), byID: map[string]*subscription{}}
+	s.destinations = &destinationGuard{allowLoopback: cfg.EventDestinationsAllowLoopback, denied: cfg.EventDestinationsDenied, ownAddresses: interfaceAddresses}
+	s.delivery = newDeliveryClients(s.destinations, cfg.EventDestinationRoots,
+		orDefault(cfg.EventDeliveryRetryAttempts, defaultDeliveryRetryAttempts),
+		orDefault(cfg.EventDeliveryRetryInterval, defaultDeliveryRetryInterval))
 	// Every write this service makes is logged, with the actor serveRoute
 	// puts in its context, and its change is an event before it returns.
 	s.backend = machine.InterceptBackend(cfg.Backend, machine.Chain(s.audit.Intercept, s.watcher.Intercept))

@@ -37,6 +37,9 @@ const (
 	// AccountsChanged: the BMC's accounts were replaced (credentials
 	// rotated). Machine is "".
 	AccountsChanged Kind = "AccountsChanged"
+	// Test: a client asked for an event to check that events reach it.
+	// Machine is ""; Detail holds what the protocol was given.
+	Test Kind = "Test"
 )
 
 // Event is one change.
@@ -49,6 +52,8 @@ type Event struct {
 	Power   machine.PowerState
 	Boot    machine.BootOverride
 	Image   string
+	// Detail is a Test event's content, as its protocol defines it.
+	Detail any
 }
 
 // Options configure a Feed. Zero fields take the defaults.
@@ -117,6 +122,19 @@ func (f *Feed) Last() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.last
+}
+
+// IDBefore is the ID after which the kept events are those of time t or
+// later, for a subscriber that wants what happened since t: the last ID
+// when none is that recent, the one before the oldest kept when all are.
+func (f *Feed) IDBefore(t time.Time) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	after := f.last
+	for i := len(f.history) - 1; i >= 0 && !f.history[i].Time.Before(t); i-- {
+		after = f.history[i].ID - 1
+	}
+	return after
 }
 
 // Subscription receives a feed's events on C, in order, until it is closed

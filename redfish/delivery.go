@@ -1,0 +1,315 @@
+package redfish
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/virtmetal/virtmetal/internal/events"
+)
+
+// Push delivery: each subscription has one goroutine that follows the
+// event feed from where it last delivered and POSTs each event it asked
+// for, retrying as its DeliveryRetryPolicy says. A destination that does
+// not answer holds only its own goroutine and one event: while it retries,
+// the feed drops it as a lagging subscriber, and it resumes from the
+// feed's bounded history, told by EventBufferExceeded when it fell beyond.
+const (
+	defaultDeliveryRetryAttempts = 3
+	defaultDeliveryRetryInterval = 30 * time.Second
+	// maxBackoff bounds RetryForeverWithBackoff's doubling, as a multiple
+	// of DeliveryRetryIntervalSeconds.
+	maxBackoff       = 32
+	deliveryTimeout  = 15 * time.Second
+	maxResponseBytes = 4 << 10
+)
+
+// EventDeliveryObserver, when the Config's Observer implements it, learns
+// the outcome of each POST to a subscription's destination: "delivered",
+// "failed" (refused by the destination or unreachable) or "refused" (the
+// service would not connect to the destination's address).
+type EventDeliveryObserver interface {
+	ObserveEventDelivery(outcome string)
+}
+
+// errDestinationRefused: the destination's address is one events are
+// never sent to.
+var errDestinationRefused = errors.New("event destination address refused")
+
+// metadataAddresses are cloud metadata services outside the link-local
+// range, which hold the node's credentials.
+var metadataAddresses = []netip.Addr{
+	netip.MustParseAddr("fd00:ec2::254"),   // AWS, IPv6
+	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
+}
+
+// destinationGuard decides which addresses a subscription may reach, so
+// that a subscription cannot be used to POST into what only the BMC can
+// reach: link-local (and with it 169.254.169.254), metadata services,
+// this host's own addresses and loopback, and what the operator denies.
+// It is checked on the address each connection dials, after resolution,
+// so a host name that resolves to a refused address is refused too.
+type destinationGuard struct {
+	allowLoopback bool
+	denied        []netip.Prefix
+	ownAddresses  func() []netip.Addr
+}
+
+func (g *destinationGuard) refuses(addr netip.Addr) error {
+	addr = addr.Unmap()
+	switch {
+	case !addr.IsValid() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLinkLocalUnicast() ||
+		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || slices.Contains(metadataAddresses, addr):
+		return fmt.Errorf("%w: %s is unspecified, multicast, link-local or a metadata service", errDestinationRefused, addr)
+	case addr.IsLoopback():
+		if g.allowLoopback {
+			return nil
+		}
+		return fmt.Errorf("%w: %s is loopback", errDestinationRefused, addr)
+	}
+	for _, p := range g.denied {
+		if p.Contains(addr) {
+			return fmt.Errorf("%w: %s is in the denied %s", errDestinationRefused, addr, p)
+		}
+	}
+	if slices.Contains(g.ownAddresses(), addr) {
+		return fmt.Errorf("%w: %s is this BMC's own address", errDestinationRefused, addr)
+	}
+	return nil
+}
+
+// control is the dialer's check of the address it is about to connect to.
+func (g *destinationGuard) control(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errDestinationRefused, err)
+	}
+	return g.refuses(ap.Addr())
+}
+
+// interfaceAddresses are this host's addresses.
+func interfaceAddresses() []netip.Addr {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var own []netip.Addr
+	for _, a := range addrs {
+		if prefix, err := netip.ParsePrefix(a.String()); err == nil {
+			own = append(own, prefix.Addr().Unmap())
+		}
+	}
+	return own
+}
+
+// deliveryClients POST events: one client that verifies the destination's
+// certificate, one that does not (VerifyCertificate false). Neither uses
+// a proxy from the environment, which would dial on the guard's behalf,
+// nor follows redirects.
+type deliveryClients struct {
+	verifying, trusting *http.Client
+	retryAttempts       int
+	retryInterval       time.Duration
+}
+
+func newDeliveryClients(guard *destinationGuard, roots *x509.CertPool, attempts int, interval time.Duration) deliveryClients {
+	client := func(verify bool) *http.Client {
+		dialer := &net.Dialer{Timeout: 5 * time.Second, Control: guard.control}
+		return &http.Client{
+			Timeout: deliveryTimeout,
+			Transport: &http.Transport{
+				DialContext:           dialer.DialContext,
+				TLSClientConfig:       &tls.Config{RootCAs: roots, InsecureSkipVerify: !verify, MinVersion: tls.VersionTLS12}, //nolint:gosec // the subscription's VerifyCertificate
+				TLSHandshakeTimeout:   5 * time.Second,
+				ResponseHeaderTimeout: 10 * time.Second,
+				MaxIdleConnsPerHost:   1,
+				IdleConnTimeout:       30 * time.Second,
+			},
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	return deliveryClients{verifying: client(true), trusting: client(false), retryAttempts: attempts, retryInterval: interval}
+}
+
+// startDelivery runs a push subscription's deliveries, of the events after
+// the given one, until it is deleted or the service stops.
+func (s *Server) startDelivery(sub *subscription, after uint64) {
+	go func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-sub.ended:
+			case <-s.streams.stopped:
+			}
+			cancel()
+		}()
+		s.deliver(ctx, sub, after)
+	}()
+}
+
+func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64) {
+	for ctx.Err() == nil {
+		if resumed := s.subscriptions.whileSuspended(sub); resumed != nil {
+			select {
+			case <-resumed:
+				after = s.events.Last()
+				if since, ok := s.subscriptions.takeReplay(sub); ok {
+					after = s.events.IDBefore(since)
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+		feed, complete := s.events.Subscribe(after)
+		if !complete && !s.pushLost(ctx, sub) {
+			feed.Close()
+			continue
+		}
+		after = s.drain(ctx, sub, feed, after)
+		feed.Close()
+	}
+}
+
+// drain delivers the feed's events until the feed drops the subscription
+// for lagging, a delivery gives up, the subscription is suspended or ctx
+// ends; it returns the last event dealt with.
+func (s *Server) drain(ctx context.Context, sub *subscription, feed *events.Subscription, after uint64) uint64 {
+	for {
+		select {
+		case e, open := <-feed.C:
+			if !open {
+				return after
+			}
+			if s.subscriptions.whileSuspended(sub) != nil {
+				return after
+			}
+			if rec, ok := recordOf(e); ok && sub.filter.matches(rec) {
+				payload, err := eventPayload(e, rec, sub.settings.Load().context)
+				if err != nil {
+					s.log.Error(err, "event not delivered", "subscription", sub.id, "event", e.ID)
+				} else if !s.push(ctx, sub, payload) {
+					return e.ID
+				}
+			}
+			after = e.ID
+		case <-ctx.Done():
+			return after
+		}
+	}
+}
+
+// pushLost tells the destination that events were lost, as the SSE stream
+// does, with Base's EventBufferExceeded.
+func (s *Server) pushLost(ctx context.Context, sub *subscription) bool {
+	payload, err := json.Marshal(lostEventsBody(sub.settings.Load().context))
+	return err == nil && s.push(ctx, sub, payload)
+}
+
+// push POSTs one event, retrying as the subscription's policy says. It
+// returns false when it gave up (the subscription is then suspended or
+// deleted), was suspended meanwhile, or ctx ended.
+func (s *Server) push(ctx context.Context, sub *subscription, payload []byte) bool {
+	interval := s.delivery.retryInterval
+	for attempt := 1; ; attempt++ {
+		err := s.postEvent(ctx, sub, payload)
+		s.observeDelivery(err)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		policy := sub.settings.Load().policy
+		if attempt > s.delivery.retryAttempts && (policy == retrySuspend || policy == retryTerminate) {
+			if policy == retryTerminate {
+				s.log.Info("event subscription deleted: its destination did not take an event", "subscription", sub.id, "attempts", attempt, "error", err.Error())
+				s.subscriptions.remove(sub.id)
+			} else {
+				s.log.Info("event subscription suspended: its destination did not take an event", "subscription", sub.id, "attempts", attempt, "error", err.Error())
+				s.subscriptions.suspend(sub)
+			}
+			return false
+		}
+		if policy == retryForeverBackingOf {
+			interval = min(2*interval, maxBackoff*s.delivery.retryInterval)
+		}
+		timer := time.NewTimer(interval)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return false
+		}
+		if s.subscriptions.whileSuspended(sub) != nil {
+			return false
+		}
+	}
+}
+
+func (s *Server) postEvent(ctx context.Context, sub *subscription, payload []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, sub.destination.String(), bytes.NewReader(payload))
+	if err != nil {
+		return err
+	}
+	req.Header = sub.headers.Clone()
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "virtmetal-bmc/"+s.firmwareVersion)
+	client := s.delivery.verifying
+	if !sub.settings.Load().verifyCertificate {
+		client = s.delivery.trusting
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponseBytes))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("the destination answered %s", resp.Status)
+	}
+	return nil
+}
+
+func (s *Server) observeDelivery(err error) {
+	o, ok := s.observer.(EventDeliveryObserver)
+	if !ok {
+		return
+	}
+	switch {
+	case err == nil:
+		o.ObserveEventDelivery("delivered")
+	case errors.Is(err, errDestinationRefused):
+		o.ObserveEventDelivery("refused")
+	default:
+		o.ObserveEventDelivery("failed")
+	}
+}
+
+// lostEventsBody is the Event that says events were lost before the
+// client could have them, with no id so that an SSE client's
+// Last-Event-ID stays what it was.
+func lostEventsBody(context string) map[string]any {
+	body := map[string]any{
+		"@odata.type": typeEvent.odataType(), "Id": "lost", "Name": "Event",
+		"Events": []any{map[string]any{
+			"EventType": "Other", "MemberId": "0", "MessageId": registryVersion + "." + msgEventBufferExceeded,
+			"Message": message{key: msgEventBufferExceeded}.text(), "MessageArgs": []string{}, "MessageSeverity": "Warning",
+		}},
+	}
+	if context != "" {
+		body["Context"] = context
+	}
+	return body
+}
