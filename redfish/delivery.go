@@ -263,7 +263,9 @@ func (s *Server) postEvent(ctx context.Context, sub *subscription, payload []byt
 	if err != nil {
 		return err
 	}
-	req.Header = sub.headers.Clone()
+	if sub.headers != nil {
+		req.Header = sub.headers.Clone()
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "virtmetal-bmc/"+s.firmwareVersion)
 	client := s.delivery.verifying
