@@ -62,8 +62,8 @@ func (s *Server) routes() []route {
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
 		// A subscription's id is a number; a DELETE of "SSE" is a 404.
 		subscription = subscriptionsPath + "/{subscriptionID:[0-9]+}"
-		sysLog  = sys + "/LogServices/" + logServiceID
-		mgrLog  = mgr + "/LogServices/" + logServiceID
+		sysLog       = sys + "/LogServices/" + logServiceID
+		mgrLog       = mgr + "/LogServices/" + logServiceID
 	)
 	return []route{
 		{http.MethodGet, "/redfish", privNoAuth, s.getVersions, nil, forLife},

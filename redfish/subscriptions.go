@@ -63,7 +63,7 @@ type subscription struct {
 	resumed     chan struct{} // closed when a suspended subscription resumes
 	replaySince time.Time     // where a resumed subscription starts, when replay
 	replay      bool
-	ended     chan struct{} // closed when it is deleted
+	ended       chan struct{} // closed when it is deleted
 }
 
 // subscriptionSettings are what PATCH may change, replaced whole so that a
@@ -106,8 +106,8 @@ type subscriptionTable struct {
 	max   int        // push subscriptions; SSE streams have their own bound
 	edits sync.Mutex // serialises PATCHes, each a read and a write of settings
 	mu    sync.Mutex
-	byID map[string]*subscription
-	last int
+	byID  map[string]*subscription
+	last  int
 }
 
 func (t *subscriptionTable) add(sub *subscription) bool {
