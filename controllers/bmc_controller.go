@@ -45,7 +45,7 @@ const (
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs/status,verbs=patch
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs/finalizers,verbs=update
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services;serviceaccounts,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=networking.k8s.io,resources=ingresses,verbs=get;list;watch;create;patch;delete

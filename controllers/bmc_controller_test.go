@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 )
 
 func workloadKey(vm types.NamespacedName) types.NamespacedName {
@@ -487,6 +489,47 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	}
 	if err := bmcClient.Create(ctx, event("default")); !apierrors.IsForbidden(err) {
 		t.Errorf("an Event in another namespace = %v, want Forbidden", err)
+	}
+
+	// Its state Secret, which the controller made, through the backend's
+	// own code as the bmc-server runs it; no other Secret.
+	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(vm.Namespace, "bmc-web1"), "system:serviceaccounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := kubevirt.New(cfg, vm.Namespace, "web1", kubevirt.Options{StateSecret: bmc.StateSecretName("web1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "its state Secret", func() error { return store.SaveState(ctx, "redfish-subscriptions", []byte(`{"version":1}`)) })
+	if data, err := store.LoadState(ctx, "redfish-subscriptions"); err != nil || string(data) != `{"version":1}` {
+		t.Errorf("LoadState as the BMC = %q, %v", data, err)
+	}
+	waitFor(t, "web2's state Secret", func() error {
+		return get(types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web2")}, &corev1.Secret{})
+	})
+	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web2")}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+		t.Errorf("read of another VM's state Secret = %v, want Forbidden", err)
+	}
+	if err := bmcClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: "minted"}}); !apierrors.IsForbidden(err) {
+		t.Errorf("creating a Secret = %v, want Forbidden", err)
+	}
+	// The controller puts back a drifted state Secret (its label taken
+	// off) and leaves what the BMC wrote in it.
+	stateKey := types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web1")}
+	update(t, stateKey, &corev1.Secret{}, func(obj client.Object) { obj.SetLabels(nil) })
+	waitFor(t, "the state Secret's labels put back", func() error {
+		secret := &corev1.Secret{}
+		if err := get(stateKey, secret); err != nil {
+			return err
+		}
+		if secret.Labels[v1beta1.LabelVM] != "web1" {
+			return fmt.Errorf("labels %v", secret.Labels)
+		}
+		return nil
+	})
+	if data, err := store.LoadState(ctx, "redfish-subscriptions"); err != nil || string(data) != `{"version":1}` {
+		t.Errorf("after the controller put the Secret back the BMC's state is %q, %v; want it kept", data, err)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/deploy/bmc"
 )
 
 const sharedName = "virtmetal-bmcs"
@@ -280,6 +281,12 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 		waitFor(t, "a served VM", func() error {
 			return bmcClient.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: vm.Name}}, patch)
 		})
+		// Each served VM has a state Secret of its own, which the shared
+		// bmc-server may write: its subscriptions are that VM's alone.
+		state := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmc.StateSecretName(vm.Name)}}
+		waitFor(t, "a served VM's state Secret", func() error {
+			return bmcClient.Patch(ctx, state, client.RawPatch(types.MergePatchType, []byte(`{"data":{"k":"dg=="}}`)))
+		})
 	}
 	tests := []struct {
 		name string
@@ -292,6 +299,9 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 		{"read the shared Secret through the API", func() error { return bmcClient.Get(ctx, sharedKey(ns), &corev1.Secret{}) }},
 		{"read a VM's Secret", func() error {
 			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, &corev1.Secret{})
+		}},
+		{"read the state Secret of a VM not served", func() error {
+			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: bmc.StateSecretName("other")}, &corev1.Secret{})
 		}},
 	}
 	for _, tc := range tests {

@@ -173,6 +173,8 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		})
 	}
 
+	w.Objects = append(w.Objects, stateSecret(meta(bmc.StateSecretName(b.Spec.VMName))))
+
 	if redfish {
 		ingress, url, err := bmcIngress(b, cfg, meta(workloadName(b.Spec.VMName)))
 		if err != nil {
@@ -207,9 +209,20 @@ func Shared(in WorkloadInput) (Workload, error) {
 		return w, nil
 	}
 	ingress.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name = sharedName
-	setControllerRef(ingress, b)
-	w.Objects, w.RedfishURL = []client.Object{ingress}, url
+	state := stateSecret(metav1.ObjectMeta{Name: bmc.StateSecretName(b.Spec.VMName), Namespace: b.Namespace, Labels: childLabels(b.Spec.VMName)})
+	w.Objects, w.RedfishURL = []client.Object{ingress, state}, url
+	for _, obj := range w.Objects {
+		setControllerRef(obj, b)
+	}
 	return w, nil
+}
+
+// stateSecret is where the VM's bmc-server keeps its event subscriptions.
+// It sets no data: the bmc-server writes that, and applying the Secret
+// again leaves what it wrote alone. Owned by the VirtualMachineBMC, the
+// subscriptions go with the BMC.
+func stateSecret(meta metav1.ObjectMeta) *corev1.Secret {
+	return &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"}, ObjectMeta: meta, Type: corev1.SecretTypeOpaque}
 }
 
 // servedShared says whether the namespace's shared bmc-server serves b.

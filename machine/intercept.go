@@ -122,9 +122,9 @@ func (i *intercepted) EjectMedia(ctx context.Context) error {
 }
 
 // InterceptBackend returns b whose machines are intercepted by around. It
-// keeps b's Readiness, Versioned and ChangeNotifier: without them, Ready is
-// nil, StateVersion says it cannot tell and Changed never closes, as the
-// contracts allow.
+// keeps b's Readiness, Versioned, ChangeNotifier and StateStore: without
+// them, Ready is nil, StateVersion says it cannot tell, Changed never
+// closes and the state store is not supported, as the contracts allow.
 func InterceptBackend(b Backend, around Interceptor) Backend {
 	return &interceptedBackend{b: b, around: around}
 }
@@ -138,6 +138,7 @@ var (
 	_ Readiness      = (*interceptedBackend)(nil)
 	_ Versioned      = (*interceptedBackend)(nil)
 	_ ChangeNotifier = (*interceptedBackend)(nil)
+	_ StateStore     = (*interceptedBackend)(nil)
 )
 
 // Changed is b's, or a channel that never closes when b cannot tell.
@@ -172,4 +173,20 @@ func (ib *interceptedBackend) StateVersion(id string) (uint64, bool) {
 		return v.StateVersion(id)
 	}
 	return 0, false
+}
+
+// LoadState is b's, or ErrNotSupported when b keeps no state.
+func (ib *interceptedBackend) LoadState(ctx context.Context, key string) ([]byte, error) {
+	if st, ok := ib.b.(StateStore); ok {
+		return st.LoadState(ctx, key)
+	}
+	return nil, Errorf(ErrNotSupported, "the backend keeps no state")
+}
+
+// SaveState is b's, or ErrNotSupported when b keeps no state.
+func (ib *interceptedBackend) SaveState(ctx context.Context, key string, data []byte) error {
+	if st, ok := ib.b.(StateStore); ok {
+		return st.SaveState(ctx, key, data)
+	}
+	return Errorf(ErrNotSupported, "the backend keeps no state")
 }

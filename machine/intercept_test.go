@@ -82,8 +82,8 @@ func TestInterceptSeesEveryCall(t *testing.T) {
 	}
 }
 
-// TestInterceptBackendKeepsOptionalInterfaces: Readiness and Versioned come
-// from the wrapped backend.
+// TestInterceptBackendKeepsOptionalInterfaces: Readiness, Versioned and
+// StateStore come from the wrapped backend.
 func TestInterceptBackendKeepsOptionalInterfaces(t *testing.T) {
 	pass := func(ctx context.Context, _ machine.Call, call func(context.Context) error) error {
 		return call(ctx)
@@ -105,7 +105,27 @@ func TestInterceptBackendKeepsOptionalInterfaces(t *testing.T) {
 	if err != nil || len(ids) != 1 {
 		t.Errorf("Machines = %v, %v", ids, err)
 	}
+	store := ib.(machine.StateStore)
+	if err := store.SaveState(t.Context(), "k", []byte("kept")); err != nil {
+		t.Fatalf("SaveState: %v", err)
+	}
+	if got, err := b.LoadState(t.Context(), "k"); err != nil || string(got) != "kept" {
+		t.Errorf("the backend's LoadState = %q, %v; want what was saved through the wrapper", got, err)
+	}
+	if got, err := store.LoadState(t.Context(), "k"); err != nil || string(got) != "kept" {
+		t.Errorf("LoadState = %q, %v", got, err)
+	}
+	stateless := machine.InterceptBackend(statelessBackend{b}, pass).(machine.StateStore)
+	if _, err := stateless.LoadState(t.Context(), "k"); !errors.Is(err, machine.ErrNotSupported) {
+		t.Errorf("LoadState of a backend that keeps no state = %v, want ErrNotSupported", err)
+	}
+	if err := stateless.SaveState(t.Context(), "k", nil); !errors.Is(err, machine.ErrNotSupported) {
+		t.Errorf("SaveState of a backend that keeps no state = %v, want ErrNotSupported", err)
+	}
 }
+
+// statelessBackend hides every optional interface of its backend.
+type statelessBackend struct{ machine.Backend }
 
 // TestChain runs the interceptors outermost first, each once, around one
 // call of the machine.

@@ -245,6 +245,23 @@ type ActionRecorder interface {
 	RecordAction(ctx context.Context, machineID, action string, failed bool, note string) error
 }
 
+// StateStore is implemented by backends that can keep a protocol's own
+// state (Redfish's event subscriptions) where it outlives the BMC's
+// process and where the BMC may write (KubeVirt: a Secret of the VM's
+// BMC, since subscriptions carry their destinations' credentials). The
+// protocol owns the bytes' format; a key names one protocol's record.
+type StateStore interface {
+	// LoadState returns what SaveState last saved under key, or nil and
+	// no error when nothing was. It returns an error wrapping
+	// ErrNotSupported when this backend has nowhere to keep state (the
+	// protocol then runs without), or ErrUnavailable when the store
+	// cannot be read now (the protocol tries again).
+	LoadState(ctx context.Context, key string) ([]byte, error)
+	// SaveState replaces what is kept under key; saving the bytes already
+	// kept changes nothing.
+	SaveState(ctx context.Context, key string, data []byte) error
+}
+
 // Versioned is implemented by backends that can tell, cheaply and without
 // a remote call, when a machine's state may have changed, so a protocol can
 // render its answers once per change rather than once per request.

@@ -240,6 +240,10 @@ func (s *Server) push(ctx context.Context, sub *subscription, payload []byte) bo
 				s.log.Info("event subscription suspended: its destination did not take an event", "subscription", sub.id, "attempts", attempt, "error", err.Error())
 				s.subscriptions.suspend(sub)
 			}
+			// The removal ends ctx; the save needs a context of its own.
+			saveCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deliveryTimeout)
+			s.saveSubscriptions(saveCtx)
+			cancel()
 			return false
 		}
 		if policy == retryForeverBackingOf {

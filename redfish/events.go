@@ -94,8 +94,11 @@ func (s *Server) StopEventStreams() {
 // Run watches the machines for the EventService until ctx ends: changes
 // made elsewhere than through this service (IPMI, another BMC, the guest,
 // the cluster's API) are reported within the watcher's poll. Without it
-// only this service's own writes are. It returns ctx's error.
+// only this service's own writes are. It also restores the kept push
+// subscriptions, so their deliveries resume before any client asks. It
+// returns ctx's error.
 func (s *Server) Run(ctx context.Context) error {
+	go s.restoreSubscriptionsWhenReachable(ctx)
 	return s.watcher.Run(ctx)
 }
 

@@ -140,9 +140,10 @@ type Server struct {
 	// subscriptions are the EventService's members: push subscriptions,
 	// delivered through delivery and allowed by destinations, and SSE
 	// streams.
-	subscriptions subscriptionTable
-	destinations  *destinationGuard
-	delivery      deliveryClients
+	subscriptions     subscriptionTable
+	subscriptionStore *subscriptionStore
+	destinations      *destinationGuard
+	delivery          deliveryClients
 
 	// rendered keeps GET answers until what they show changes.
 	rendered renderCache
@@ -241,6 +242,7 @@ func NewServer(cfg Config) (*Server, error) {
 		stopped:      make(chan struct{}),
 	}
 	s.subscriptions = subscriptionTable{max: orDefault(cfg.MaxEventSubscriptions, defaultMaxSubscriptions), byID: map[string]*subscription{}}
+	s.subscriptionStore = newSubscriptionStore(cfg.Backend, s.log.WithName("subscriptions"))
 	s.destinations = &destinationGuard{allowLoopback: cfg.EventDestinationsAllowLoopback, denied: cfg.EventDestinationsDenied, ownAddresses: interfaceAddresses}
 	s.delivery = newDeliveryClients(s.destinations, cfg.EventDestinationRoots,
 		orDefault(cfg.EventDeliveryRetryAttempts, defaultDeliveryRetryAttempts),

@@ -113,22 +113,48 @@ type subscriptionTable struct {
 func (t *subscriptionTable) add(sub *subscription) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if sub.kind == subscriptionRedfishEvent {
-		pushed := 0
-		for _, s := range t.byID {
-			if s.kind == subscriptionRedfishEvent {
-				pushed++
-			}
-		}
-		if pushed >= t.max {
-			return false
-		}
+	if !t.roomLocked(sub) {
+		return false
 	}
 	t.last++
-	sub.id = strconv.Itoa(t.last)
-	sub.ended = make(chan struct{})
-	t.byID[sub.id] = sub
+	t.insertLocked(sub, strconv.Itoa(t.last))
 	return true
+}
+
+// restore puts back a kept subscription under its old id, or under a new
+// one if an SSE stream opened before the restore took it.
+func (t *subscriptionTable) restore(sub *subscription, id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.roomLocked(sub) {
+		return false
+	}
+	if _, taken := t.byID[id]; taken {
+		t.last++
+		id = strconv.Itoa(t.last)
+	}
+	t.insertLocked(sub, id)
+	return true
+}
+
+// roomLocked says whether the limit on push subscriptions admits sub.
+func (t *subscriptionTable) roomLocked(sub *subscription) bool {
+	if sub.kind != subscriptionRedfishEvent {
+		return true
+	}
+	pushed := 0
+	for _, s := range t.byID {
+		if s.kind == subscriptionRedfishEvent {
+			pushed++
+		}
+	}
+	return pushed < t.max
+}
+
+func (t *subscriptionTable) insertLocked(sub *subscription, id string) {
+	sub.id = id
+	sub.ended = make(chan struct{})
+	t.byID[id] = sub
 }
 
 func (t *subscriptionTable) get(id string) (*subscription, bool) {
@@ -153,6 +179,10 @@ func (t *subscriptionTable) remove(id string) bool {
 func (t *subscriptionTable) ids() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.sortedIDsLocked()
+}
+
+func (t *subscriptionTable) sortedIDsLocked() []string {
 	ids := make([]string, 0, len(t.byID))
 	for id := range t.byID {
 		ids = append(ids, id)
@@ -213,7 +243,10 @@ func (t *subscriptionTable) whileSuspended(sub *subscription) <-chan struct{} {
 	return sub.resumed
 }
 
-func (s *Server) getSubscriptions(*call) (result, error) {
+func (s *Server) getSubscriptions(c *call) (result, error) {
+	if apiErr := s.subscriptionsLoaded(c.ctx()); apiErr != nil {
+		return result{}, apiErr
+	}
 	ids := s.subscriptions.ids()
 	paths := make([]string, len(ids))
 	for i, id := range ids {
@@ -223,6 +256,9 @@ func (s *Server) getSubscriptions(*call) (result, error) {
 }
 
 func (s *Server) subscriptionFor(c *call) (*subscription, *apiError) {
+	if apiErr := s.subscriptionsLoaded(c.ctx()); apiErr != nil {
+		return nil, apiErr
+	}
 	id := c.vars["subscriptionID"]
 	sub, ok := s.subscriptions.get(id)
 	if !ok {
@@ -519,6 +555,9 @@ func (s *Server) createSubscription(c *call) (result, error) {
 	if apiErr != nil {
 		return result{}, apiErr
 	}
+	if apiErr := s.subscriptionsLoaded(c.ctx()); apiErr != nil {
+		return result{}, apiErr
+	}
 	draft := &subscriptionDraft{subscriptionSettings: subscriptionSettings{policy: retrySuspend, verifyCertificate: true}}
 	var problems []message
 	for _, key := range []string{"Destination", "Protocol"} {
@@ -537,6 +576,7 @@ func (s *Server) createSubscription(c *call) (result, error) {
 		return result{}, s.retryLater(msgEventSubscriptionLimitExceeded)
 	}
 	s.startDelivery(sub, s.events.Last())
+	s.saveSubscriptions(c.ctx())
 	return result{
 		status: http.StatusCreated,
 		body:   s.subscriptionBody(sub),
@@ -592,14 +632,19 @@ func (s *Server) patchSubscription(c *call) (result, error) {
 		return result{}, badRequest(problems...)
 	}
 	sub.settings.Store(&edited.subscriptionSettings)
+	s.saveSubscriptions(c.ctx())
 	return result{body: s.subscriptionBody(sub)}, nil
 }
 
 func (s *Server) deleteSubscription(c *call) (result, error) {
+	if apiErr := s.subscriptionsLoaded(c.ctx()); apiErr != nil {
+		return result{}, apiErr
+	}
 	id := c.vars["subscriptionID"]
 	if !s.subscriptions.remove(id) {
 		return result{}, newError(http.StatusNotFound, msgResourceNotFound, "EventDestination", id)
 	}
+	s.saveSubscriptions(c.ctx())
 	return result{}, nil
 }
 
@@ -615,6 +660,7 @@ func (s *Server) suspendSubscription(c *call) (result, error) {
 		return result{}, newError(http.StatusBadRequest, msgActionNotSupported, "SuspendSubscription")
 	}
 	s.subscriptions.suspend(sub)
+	s.saveSubscriptions(c.ctx())
 	return result{}, nil
 }
 
@@ -648,6 +694,7 @@ func (s *Server) resumeSubscription(c *call) (result, error) {
 		}
 	}
 	s.subscriptions.resume(sub, s.now().Add(-buffered), buffered > 0)
+	s.saveSubscriptions(c.ctx())
 	return result{}, nil
 }
 

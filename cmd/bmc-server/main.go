@@ -54,6 +54,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/certs"
 	"github.com/virtmetal/virtmetal/internal/throttle"
@@ -208,7 +209,7 @@ func newBackend(ctx context.Context, o options, log logr.Logger) (machine.Backen
 // startKubeVirt starts the kubevirt backend of one VM, which runs its
 // informers until ctx ends.
 func startKubeVirt(ctx context.Context, cfg *rest.Config, namespace, vm string, log logr.Logger) (machine.Backend, error) {
-	b, err := kubevirt.New(cfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt")})
+	b, err := kubevirt.New(cfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm)})
 	if err != nil {
 		return nil, err
 	}

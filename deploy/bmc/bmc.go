@@ -53,10 +53,17 @@ type RBACParams struct {
 
 // rendering is what the template reads: RBACParams as lists either way.
 type rendering struct {
-	Namespace, ServiceAccount, VMName, ClusterName  string
-	Shared                                          bool
-	VMs, Media, Instancetypes, ClusterInstancetypes []string
+	Namespace, ServiceAccount, VMName, ClusterName          string
+	Shared                                                  bool
+	VMs, Media, States, Instancetypes, ClusterInstancetypes []string
 }
+
+// StateSecretName is the Secret a VM's bmc-server keeps its protocols'
+// state in (Redfish's event subscriptions, whose headers may carry a
+// destination's credentials, hence a Secret). The controller creates it;
+// the bmc-server may only get and patch it, since Kubernetes cannot limit
+// create by name.
+func StateSecretName(vm string) string { return vm + "-bmc-state" }
 
 // ClusterRBACName is the name of the ClusterRole and ClusterRoleBinding that
 // grant the cluster instancetypes; vm is "" for a shared bmc-server.
@@ -117,6 +124,7 @@ func (p RBACParams) rendering() (rendering, error) {
 	r.ClusterName = ClusterRBACName(p.Namespace, p.VMName)
 	for _, vm := range r.VMs {
 		r.Media = append(r.Media, vm+"-virtmetal-media")
+		r.States = append(r.States, StateSecretName(vm))
 	}
 	return r, nil
 }

@@ -62,6 +62,9 @@ func TestRBACObjects(t *testing.T) {
 				if slices.Contains(resources, "virtualmachines") && !slices.Equal(names, []string{tc.params.VMName}) {
 					t.Errorf("VM rule names %v", names)
 				}
+				if slices.Contains(resources, "secrets") && (!slices.Equal(names, []string{bmc.StateSecretName(tc.params.VMName)}) || !slices.Equal(verbs, []string{"get", "patch"})) {
+					t.Errorf("Secret rule grants %v on %v, want get and patch of the state Secret only", verbs, names)
+				}
 			}
 			slices.Sort(forcing)
 			if want := []string{"virtualmachines/restart", "virtualmachines/stop"}; !slices.Equal(forcing, want) {
@@ -129,6 +132,11 @@ func TestSharedRBAC(t *testing.T) {
 							continue
 						}
 						want = []string{"node-1-virtmetal-media", "node-2-virtmetal-media"}
+					case "secrets":
+						want = []string{"node-1-bmc-state", "node-2-bmc-state"}
+						if !slices.Equal(verbs, []string{"get", "patch"}) {
+							t.Errorf("state Secret rule grants %v, want get and patch only", verbs)
+						}
 					case "virtualmachineinstancetypes":
 						want = tc.params.Instancetypes
 					case "virtualmachineclusterinstancetypes":

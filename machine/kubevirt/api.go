@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,7 @@ type apiGroups struct {
 	// subresources.kubevirt.io), the only way to force a VM off at once.
 	subresources rest.Interface
 	events       rest.Interface // events.k8s.io/v1: the audit trail on the VM
+	core         rest.Interface // v1: the state Secret
 }
 
 func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Scheme) (apiGroups, error) {
@@ -51,6 +53,17 @@ func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Sch
 		return rest.RESTClientForConfigAndClient(c, httpClient)
 	}
 	var g apiGroups
+	core := rest.CopyConfig(cfg)
+	core.APIPath = "/api"
+	core.GroupVersion = &corev1.SchemeGroupVersion
+	core.NegotiatedSerializer = codecs
+	if core.UserAgent == "" {
+		core.UserAgent = rest.DefaultKubernetesUserAgent()
+	}
+	var err error
+	if g.core, err = rest.RESTClientForConfigAndClient(core, httpClient); err != nil {
+		return apiGroups{}, fmt.Errorf("REST client for %s: %w", corev1.SchemeGroupVersion, err)
+	}
 	for _, group := range []struct {
 		gv     schema.GroupVersion
 		client *rest.Interface

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -62,6 +63,10 @@ type Options struct {
 	// ReportingInstance names this process in the Events it records (its
 	// pod's name); empty means "bmc-server".
 	ReportingInstance string
+	// StateSecret is the Secret of the VM's namespace the backend keeps
+	// protocol state in (the controller's deploy/bmc.StateSecretName);
+	// empty keeps none.
+	StateSecret string
 }
 
 // Backend serves one VirtualMachine as one machine whose ID is the VM name.
@@ -75,6 +80,7 @@ type Backend struct {
 	mediaSC   string
 	// reportingInstance is Options.ReportingInstance.
 	reportingInstance string
+	stateSecret       string
 
 	api apiGroups // direct API access: writes and degraded reads
 	// subresourcesMissing is set while the cluster does not serve that API
@@ -133,7 +139,7 @@ func (b *Backend) Ready() error {
 func backendScheme() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme,
+		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme, corev1.AddToScheme,
 	} {
 		if err := add(s); err != nil {
 			panic(err) // static registrations: cannot fail
@@ -159,6 +165,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		changed:   make(chan struct{}, 1),
 
 		reportingInstance: cmp.Or(opts.ReportingInstance, "bmc-server"),
+		stateSecret:       opts.StateSecret,
 	}
 	if b.timeout == 0 {
 		b.timeout = 10 * time.Second

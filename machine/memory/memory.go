@@ -30,12 +30,17 @@ type Options struct {
 type Backend struct {
 	machines []*Machine
 	changes  *machine.Broadcast
+
+	stateMu    sync.Mutex
+	state      map[string][]byte
+	stateFault error
 }
 
 var (
 	_ machine.Backend        = (*Backend)(nil)
 	_ machine.Versioned      = (*Backend)(nil)
 	_ machine.ChangeNotifier = (*Backend)(nil)
+	_ machine.StateStore     = (*Backend)(nil)
 )
 
 // New creates a backend with opts.Machines machines, all powered off.
@@ -86,6 +91,40 @@ func (b *Backend) StateVersion(id string) (uint64, bool) {
 	defer m.mu.Unlock()
 	m.settle()
 	return m.generation, true
+}
+
+// LoadState returns what SaveState kept under key. The state lasts as long
+// as the backend: a protocol server made again on the same backend finds
+// it, as a restarted bmc-server finds a KubeVirt backend's.
+func (b *Backend) LoadState(_ context.Context, key string) ([]byte, error) {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	if b.stateFault != nil {
+		return nil, b.stateFault
+	}
+	return slices.Clone(b.state[key]), nil
+}
+
+// SaveState keeps data under key.
+func (b *Backend) SaveState(_ context.Context, key string, data []byte) error {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	if b.stateFault != nil {
+		return b.stateFault
+	}
+	if b.state == nil {
+		b.state = map[string][]byte{}
+	}
+	b.state[key] = slices.Clone(data)
+	return nil
+}
+
+// SetStateFault makes LoadState and SaveState return err until called
+// with nil, as a store that cannot be reached would.
+func (b *Backend) SetStateFault(err error) {
+	b.stateMu.Lock()
+	defer b.stateMu.Unlock()
+	b.stateFault = err
 }
 
 // Get returns the concrete machine with that ID, or nil. Tests use it to
