@@ -90,11 +90,14 @@ func (s *Server) getLogEntries(o logOwner) handlerFunc {
 		}
 		owner := o.path(id)
 		entries := s.audit.Entries(id)
-		members := make([]string, len(entries))
+		// The schema auto-expands the members: each is the whole entry,
+		// as clients read a log in one request.
+		members := make([]any, len(entries))
 		for i, e := range entries {
-			members[i] = logEntriesPath(owner) + "/" + strconv.FormatUint(e.ID, 10)
+			members[i] = logEntryBody(owner, e)
 		}
-		body := collection(typeLogEntryCollection, logEntriesPath(owner), "Log Entries", members)
+		body := collection(typeLogEntryCollection, logEntriesPath(owner), "Log Entries", nil)
+		body["Members"], body["Members@odata.count"] = members, len(members)
 		return result{body: body, etag: entriesETag(entries)}, nil
 	}
 }
@@ -119,22 +122,26 @@ func (s *Server) getLogEntry(o logOwner) handlerFunc {
 		if parseErr != nil || !ok {
 			return result{}, newError(http.StatusNotFound, msgResourceNotFound, "LogEntry", c.vars["entryID"])
 		}
-		owner := o.path(id)
-		body := resource(typeLogEntry, logEntriesPath(owner)+"/"+strconv.FormatUint(e.ID, 10), strconv.FormatUint(e.ID, 10), "Log Entry "+strconv.FormatUint(e.ID, 10))
-		body["EntryType"] = "Oem"
-		body["OemRecordFormat"] = logRecordFormat
-		body["Severity"] = string(e.Severity())
-		body["Created"] = e.Created.UTC().Format(time.RFC3339)
-		if !e.Updated.Equal(e.Created) {
-			body["Modified"] = e.Updated.UTC().Format(time.RFC3339)
-		}
-		body["Message"] = e.Message()
-		body["Persistency"] = false
-		if e.Machine != "" {
-			body["Links"] = map[string]any{"OriginOfCondition": link(systemPath(e.Machine))}
-		}
-		return result{body: body}, nil
+		return result{body: logEntryBody(o.path(id), e)}, nil
 	}
+}
+
+// logEntryBody is one entry of the log of the resource at owner.
+func logEntryBody(owner string, e auditlog.Entry) map[string]any {
+	body := resource(typeLogEntry, logEntriesPath(owner)+"/"+strconv.FormatUint(e.ID, 10), strconv.FormatUint(e.ID, 10), "Log Entry "+strconv.FormatUint(e.ID, 10))
+	body["EntryType"] = "Oem"
+	body["OemRecordFormat"] = logRecordFormat
+	body["Severity"] = string(e.Severity())
+	body["Created"] = e.Created.UTC().Format(time.RFC3339)
+	if !e.Updated.Equal(e.Created) {
+		body["Modified"] = e.Updated.UTC().Format(time.RFC3339)
+	}
+	body["Message"] = e.Message()
+	body["Persistency"] = false
+	if e.Machine != "" {
+		body["Links"] = map[string]any{"OriginOfCondition": link(systemPath(e.Machine))}
+	}
+	return body
 }
 
 func (s *Server) clearLog(o logOwner) handlerFunc {

@@ -189,10 +189,17 @@ func (l *bundleLoader) readDocument(name string) (map[string]any, error) {
 //     idRef and every X.vN file) becomes idRef alone. Crawled bodies only hold
 //     references there, never expanded resources, and compiling every
 //     version of every schema reachable from the service root takes minutes,
-//     because each one links to all the others.
+//     because each one links to all the others. The exception is an
+//     auto-expanded collection's members (LogEntryCollection), which are
+//     whole resources: they are checked against the newest version.
 func (l *bundleLoader) rewriteRefs(node any) error {
 	switch n := node.(type) {
 	case map[string]any:
+		if items, ok := n["items"].(map[string]any); ok && n["autoExpand"] == true {
+			if err := l.expandToNewestVersion(items); err != nil {
+				return err
+			}
+		}
 		if ref, ok := n["$ref"].(string); ok {
 			rewritten, err := l.rewriteRef(ref)
 			if err != nil {
@@ -212,6 +219,31 @@ func (l *bundleLoader) rewriteRefs(node any) error {
 			}
 		}
 	}
+	return nil
+}
+
+// expandToNewestVersion points an any-version reference at the newest
+// version's definition, the last branch of the DMTF's anyOf.
+func (l *bundleLoader) expandToNewestVersion(items map[string]any) error {
+	ref, ok := items["$ref"].(string)
+	rest, isDMTF := strings.CutPrefix(ref, dmtfSchemaPrefix)
+	if !ok || !isDMTF {
+		return nil
+	}
+	name, fragment, _ := strings.Cut(rest, "#")
+	definition, ok := strings.CutPrefix(fragment, "/definitions/")
+	if !ok || versionedName.MatchString(name) {
+		return nil
+	}
+	doc, err := l.document(name)
+	if err != nil {
+		return err
+	}
+	if !anyVersionDefinition(doc, definition) {
+		return nil
+	}
+	alternatives := anyOfAlternatives(doc, definition)
+	items["$ref"] = alternatives[len(alternatives)-1]
 	return nil
 }
 
