@@ -77,7 +77,8 @@ var suiteValidator struct {
 	err       error
 }
 
-func runSuite(t *testing.T, ts *httptest.Server, username, password string) *conformance.Report {
+// sharedValidator is the package's validator of the bundle's JSON schemas.
+func sharedValidator(t *testing.T) *schemacheck.Validator {
 	t.Helper()
 	dir := schemacheck.RequireBundle(t)
 	suiteValidator.once.Do(func() {
@@ -86,6 +87,13 @@ func runSuite(t *testing.T, ts *httptest.Server, username, password string) *con
 	if suiteValidator.err != nil {
 		t.Fatal(suiteValidator.err)
 	}
+	return suiteValidator.validator
+}
+
+func runSuite(t *testing.T, ts *httptest.Server, username, password string) *conformance.Report {
+	t.Helper()
+	dir := schemacheck.RequireBundle(t)
+	sharedValidator(t)
 	report, err := conformance.Run(t.Context(), conformance.Target{
 		BaseURL:   ts.URL,
 		Client:    ts.Client(),
