@@ -117,11 +117,21 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 
 func serveBMC(t testing.TB, backend machine.Backend) *httptest.Server {
 	t.Helper()
-	server, err := redfish.NewServer(redfish.Config{
+	return serveBMCWith(t, backend, nil)
+}
+
+// serveBMCWith is serveBMC with edit applied to the configuration.
+func serveBMCWith(t testing.TB, backend machine.Backend, edit func(*redfish.Config)) *httptest.Server {
+	t.Helper()
+	cfg := redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
 		Logger:   logr.Discard(),
-	})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	server, err := redfish.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

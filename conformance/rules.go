@@ -38,6 +38,8 @@ const (
 	ruleAccountWrites   = "account management"
 	ruleSessions        = "session life cycle"
 	rulePatch           = "patch"
+	ruleSubscriptions   = "subscriptions"
+	ruleEventDelivery   = "event delivery"
 )
 
 const (

@@ -105,6 +105,17 @@ func TestRedfishSchemaConformance(t *testing.T) {
 			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)
 		}
 	}
+	// Each open stream is a member of Subscriptions, crawled as an
+	// EventDestination.
+	streamMembers := 0
+	for _, path := range report.Visited {
+		if strings.HasPrefix(path, "/redfish/v1/EventService/Subscriptions/") {
+			streamMembers++
+		}
+	}
+	if streamMembers != 2 {
+		t.Errorf("the crawl reached %d members of Subscriptions, want one per open stream (2); visited %v", streamMembers, report.Visited)
+	}
 	for _, v := range report.Violations {
 		t.Errorf("%s", v)
 	}

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/virtmetal/virtmetal/conformance/schemacheck"
 )
@@ -49,9 +50,21 @@ type Target struct {
 	// SchemaDir is the DMTF bundle folder holding json-schema/ and csdl/.
 	SchemaDir string
 	// Writes allows the checks that change the service: a PATCH of the
-	// Boot object that writes back the value it read. Without it only
-	// reads and a login session (deleted at the end) are sent.
+	// Boot object that writes back the value it read, an SSE stream held
+	// open, a push subscription (deleted at the end) and a test event.
+	// Without it only reads and a login session (deleted at the end) are
+	// sent.
 	Writes bool
+	// EventListenAddress is where the receiver of the push subscription
+	// the suite makes (with writes allowed) listens, host:port, an address
+	// the service can reach, as the subscription's Destination names it.
+	// Default 127.0.0.1:0, used only when BaseURL is on loopback too (a
+	// service elsewhere would POST to its own loopback); otherwise no push
+	// subscription is made.
+	EventListenAddress string
+	// EventTimeout bounds the wait for a submitted test event (default
+	// 10 s).
+	EventTimeout time.Duration
 	// Validator, when set, is reused instead of compiling the bundle's
 	// schemas again; runs against several services share one.
 	Validator *schemacheck.Validator
@@ -159,7 +172,15 @@ func Run(ctx context.Context, t Target) (*Report, error) {
 		}
 	}
 	s := &session{target: t, validator: validator, report: &Report{Target: t.BaseURL}}
-	steps := []func(context.Context) error{
+	var steps []func(context.Context) error
+	if t.Writes {
+		// Before the crawl, so that it walks the members they make.
+		steps = append(steps, s.openEventSources)
+		defer s.closeEventSources(context.WithoutCancel(ctx))
+	} else {
+		s.report.NotRun = append(s.report.NotRun, "subscriptions: an SSE stream, a push subscription and a test event (needs writes allowed)")
+	}
+	steps = append(steps,
 		s.crawl,
 		s.checkMetadata,
 		s.checkServiceDocument,
@@ -169,9 +190,9 @@ func Run(ctx context.Context, t Target) (*Report, error) {
 		s.checkRoles,
 		s.checkAccounts,
 		s.checkSessionLifeCycle,
-	}
+	)
 	if t.Writes {
-		steps = append(steps, s.checkPatch)
+		steps = append(steps, s.checkSubscriptions, s.checkPatch)
 	} else {
 		s.report.NotRun = append(s.report.NotRun, "patch: PATCH body and If-Match (needs writes allowed)")
 	}
@@ -192,6 +213,8 @@ type session struct {
 	// it saw.
 	visited    []string
 	odataTypes []string
+	// events holds the event sources the run opened, nil when none.
+	events *eventSources
 }
 
 func (s *session) add(rule, uri string, outcome Outcome, reason string) {

@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -26,6 +28,13 @@ const suiteUser, suitePass = "admin", "suite-secret"
 // with a one-time PXE override and media inserted, behind wrap.
 func startSuiteBMC(t *testing.T, wrap func(http.Handler) http.Handler) *httptest.Server {
 	t.Helper()
+	return startSuiteBMCWith(t, wrap, nil)
+}
+
+// startSuiteBMCWith is startSuiteBMC with edit applied to the
+// configuration.
+func startSuiteBMCWith(t *testing.T, wrap func(http.Handler) http.Handler, edit func(*redfish.Config)) *httptest.Server {
+	t.Helper()
 	backend := memory.New(memory.Options{Machines: 2})
 	vm0 := backend.Get("vm-0")
 	if err := vm0.Reset(t.Context(), machine.ResetOn); err != nil {
@@ -37,11 +46,17 @@ func startSuiteBMC(t *testing.T, wrap func(http.Handler) http.Handler) *httptest
 	if err := vm0.InsertMedia(t.Context(), "http://127.0.0.1:8080/boot.iso"); err != nil {
 		t.Fatal(err)
 	}
-	server, err := redfish.NewServer(redfish.Config{
+	cfg := redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: suiteUser, Password: suitePass, Role: redfish.RoleAdministrator}},
 		Logger:   logr.Discard(),
-	})
+		// The suite's push subscription POSTs to its receiver on 127.0.0.1.
+		EventDestinationsAllowLoopback: true,
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	server, err := redfish.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +77,8 @@ var suiteValidator struct {
 	err       error
 }
 
-func runSuite(t *testing.T, ts *httptest.Server, username, password string) *conformance.Report {
+// sharedValidator is the package's validator of the bundle's JSON schemas.
+func sharedValidator(t *testing.T) *schemacheck.Validator {
 	t.Helper()
 	dir := schemacheck.RequireBundle(t)
 	suiteValidator.once.Do(func() {
@@ -71,6 +87,13 @@ func runSuite(t *testing.T, ts *httptest.Server, username, password string) *con
 	if suiteValidator.err != nil {
 		t.Fatal(suiteValidator.err)
 	}
+	return suiteValidator.validator
+}
+
+func runSuite(t *testing.T, ts *httptest.Server, username, password string) *conformance.Report {
+	t.Helper()
+	dir := schemacheck.RequireBundle(t)
+	sharedValidator(t)
 	report, err := conformance.Run(t.Context(), conformance.Target{
 		BaseURL:   ts.URL,
 		Client:    ts.Client(),
@@ -79,6 +102,9 @@ func runSuite(t *testing.T, ts *httptest.Server, username, password string) *con
 		SchemaDir: dir,
 		Writes:    true,
 		Validator: suiteValidator.validator,
+		// A delivery takes milliseconds here; the broken services that
+		// drop test events should not hold each run for long.
+		EventTimeout: 3 * time.Second,
 	})
 	if err != nil {
 		t.Fatalf("conformance run: %v", err)
@@ -104,7 +130,7 @@ func requireClean(t *testing.T, report *conformance.Report, minResources int) {
 	}
 	for _, rule := range []string{"schema", "$metadata", "service document", "HEAD", "OPTIONS", "annotations", "Members@odata.count",
 		"allowable values", "required properties", "error body", "authentication", "OData-Version", "query parameters",
-		"405 and Allow", "roles", "account ETag", "account management", "session life cycle", "patch"} {
+		"405 and Allow", "roles", "account ETag", "account management", "session life cycle", "patch", "subscriptions", "event delivery"} {
 		if rules[rule] == 0 {
 			t.Errorf("rule %q never ran", rule)
 		}
@@ -115,6 +141,17 @@ func requireClean(t *testing.T, report *conformance.Report, minResources int) {
 	if len(report.NotRun) != 0 {
 		t.Errorf("rules not run: %v", report.NotRun)
 	}
+	// The crawl walked both kinds of subscription the suite held open:
+	// the collection, the push member and the SSE stream's member.
+	walked := map[string]bool{}
+	for _, res := range report.Results {
+		if res.Rule == "schema" && strings.HasPrefix(res.URI, "/redfish/v1/EventService/Subscriptions") {
+			walked[res.URI] = true
+		}
+	}
+	if len(walked) < 3 {
+		t.Errorf("the crawl checked the schema of %v under Subscriptions, want the collection and two members", walked)
+	}
 }
 
 // TestSuiteOnMemoryBackend runs the whole suite, writes included, against
@@ -122,6 +159,29 @@ func requireClean(t *testing.T, report *conformance.Report, minResources int) {
 func TestSuiteOnMemoryBackend(t *testing.T) {
 	ts := startSuiteBMC(t, nil)
 	requireClean(t, runSuite(t, ts, suiteUser, suitePass), 32)
+}
+
+// TestSuiteWithLoopbackRefused: a service that refuses loopback
+// destinations, as virtmetal does by default, refuses the suite's push
+// subscription with a 400 naming Destination; that is a warning (the
+// deliveries could not be checked), and the SSE stream is still checked.
+func TestSuiteWithLoopbackRefused(t *testing.T) {
+	ts := startSuiteBMCWith(t, nil, func(cfg *redfish.Config) { cfg.EventDestinationsAllowLoopback = false })
+	report := runSuite(t, ts, suiteUser, suitePass)
+	var warned, streamChecked bool
+	for _, res := range report.Results {
+		switch {
+		case res.Outcome == conformance.Warn && res.Rule == "subscriptions" && strings.Contains(res.Reason, "refused the destination"):
+			warned = true
+		case res.Outcome == conformance.Pass && res.Rule == "event delivery" && strings.HasPrefix(res.URI, "SSE "):
+			streamChecked = true
+		case res.Outcome != conformance.Pass:
+			t.Errorf("%s %s %s: %s", res.Outcome, res.Rule, res.URI, res.Reason)
+		}
+	}
+	if !warned || !streamChecked {
+		t.Errorf("warned of the refused destination: %t; checked the test event on the SSE stream: %t", warned, streamChecked)
+	}
 }
 
 // TestSuiteCatchesBrokenServices: each rule fails when the service breaks
@@ -180,6 +240,14 @@ func TestSuiteCatchesBrokenServices(t *testing.T) {
 		{"protected URI open to all", openSystems, "authentication"},
 		{"wrong method answered before authentication", wrongMethodBeforeAuth, "authentication"},
 		{"form bodies taken as JSON", setRequestHeader("Content-Type", "application/json"), "415 for non-JSON bodies"},
+		{"a subscription DELETE that keeps it", ignoreMethodOn(http.MethodDelete, "/EventService/Subscriptions/"), "subscriptions"},
+		{"a subscription that forgets its Context", rewriteJSON(func(body map[string]any) {
+			if body["SubscriptionType"] == "RedfishEvent" {
+				delete(body, "Context")
+			}
+		}), "subscriptions"},
+		{"a bad subscription POST taken", ignoreBadSubscriptionPosts, "subscriptions"},
+		{"test events dropped", ignoreMethodOn(http.MethodPost, "/EventService.SubmitTestEvent"), "event delivery"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -324,6 +392,22 @@ func ignoreMethodOn(method, pathPart string) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// ignoreBadSubscriptionPosts answers 201 to a subscription POST without a
+// Destination, as a service that checks nothing would.
+func ignoreBadSubscriptionPosts(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/EventService/Subscriptions") {
+			body, _ := io.ReadAll(r.Body)
+			if !bytes.Contains(body, []byte(`"Destination"`)) {
+				w.WriteHeader(http.StatusCreated)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // openSystems answers an unauthenticated GET of the Systems collection as
