@@ -153,7 +153,7 @@ func TestGofishEventSubscription(t *testing.T) {
 		{"versioned MessageId", "Conformance.1.0.GofishTest", rfc3339, ""},
 		// Event's schema wants MessageId as Prefix.Major.Minor.Key, and so
 		// does SubmitTestEvent's parameter pattern in the CSDL.
-		{"unversioned MessageId", "Conformance.GofishTest", rfc3339, ""},
+		{"unversioned MessageId", "Conformance.GofishTest", rfc3339, "ActionParameterValueFormatError"},
 		// What SubmitTestingEvent sends as EventTimestamp.
 		{"time.String() timestamp", "Conformance.1.0.GofishTest", time.Now().String(), "ActionParameterValueFormatError"},
 	}

@@ -548,6 +548,10 @@ func knownMessageID(id string) bool {
 
 var messageIDPattern = regexp.MustCompile(`^[A-Za-z0-9]+(\.[0-9]+\.[0-9]+(\.[0-9]+)?)?\.[A-Za-z0-9]+$`)
 
+// testEventMessageID is what SubmitTestEvent takes: a versioned id, as the
+// Event a receiver gets must carry (Event's MessageId pattern).
+var testEventMessageID = regexp.MustCompile(`^[A-Za-z0-9]+\.[0-9]+\.[0-9]+\.[A-Za-z0-9]+$`)
+
 // createSubscription is the POST of a push subscription: 201 with its URI
 // in Location. Every problem of the body is told at once.
 func (s *Server) createSubscription(c *call) (result, error) {
@@ -754,7 +758,7 @@ func (s *Server) submitTestEvent(c *call) (result, error) {
 		return v
 	}
 	r := record{messageID: str("MessageId"), message: str("Message"), severity: str("MessageSeverity"), args: []string{}}
-	if r.messageID != "" && !messageIDPattern.MatchString(r.messageID) {
+	if r.messageID != "" && !testEventMessageID.MatchString(r.messageID) {
 		problems = append(problems, message{key: msgActionParameterValueFormat, args: []string{r.messageID, "MessageId", action}})
 	}
 	if r.severity == "" {
