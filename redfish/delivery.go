@@ -143,8 +143,11 @@ func newDeliveryClients(guard *destinationGuard, roots *x509.CertPool, attempts 
 }
 
 // startDelivery runs a push subscription's deliveries, of the events after
-// the given one, until it is deleted or the service stops.
+// the given one, until it is deleted or the service stops. It subscribes to
+// the feed before it returns, so an event published once the caller has
+// answered is never missed (after 0 means "from now", not "from the start").
 func (s *Server) startDelivery(sub *subscription, after uint64) {
+	feed, complete := s.events.Subscribe(after)
 	go func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -155,29 +158,39 @@ func (s *Server) startDelivery(sub *subscription, after uint64) {
 			}
 			cancel()
 		}()
-		s.deliver(ctx, sub, after)
+		s.deliver(ctx, sub, after, feed, complete)
 	}()
 }
 
-func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64) {
+// deliver drains feed, then subscribes again after each drain (a lag, a
+// suspension), until ctx ends.
+func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64, feed *events.Subscription, complete bool) {
 	for ctx.Err() == nil {
-		if resumed := s.subscriptions.whileSuspended(sub); resumed != nil {
-			select {
-			case <-resumed:
-				after = s.events.Last()
-				if since, ok := s.subscriptions.takeReplay(sub); ok {
-					after = s.events.IDBefore(since)
-				}
-			case <-ctx.Done():
-				return
-			}
-		}
-		feed, complete := s.events.Subscribe(after)
-		if !complete && !s.pushLost(ctx, sub) {
+		if feed != nil && s.subscriptions.isSuspended(sub) {
 			feed.Close()
-			continue
+			feed = nil
 		}
-		after = s.drain(ctx, sub, feed, after)
+		if feed == nil {
+			if resumed := s.subscriptions.whileSuspended(sub); resumed != nil {
+				select {
+				case <-resumed:
+					after = s.events.Last()
+					if since, ok := s.subscriptions.takeReplay(sub); ok {
+						after = s.events.IDBefore(since)
+					}
+				case <-ctx.Done():
+					return
+				}
+			}
+			feed, complete = s.events.Subscribe(after)
+		}
+		if complete || s.pushLost(ctx, sub) {
+			after = s.drain(ctx, sub, feed, after)
+		}
+		feed.Close()
+		feed = nil
+	}
+	if feed != nil {
 		feed.Close()
 	}
 }
