@@ -327,6 +327,7 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	srv.RegisterOnShutdown(handler.StopEventStreams)
 	if metrics != nil {
 		metrics.WatchEventStreams(handler.EventStreams)
+		metrics.WatchEventSubscriptions(handler.EventSubscriptions)
 	}
 	go func() { _ = handler.Run(ctx) }()
 	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/\n", scheme, listener.Addr())

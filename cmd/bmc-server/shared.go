@@ -62,6 +62,7 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 	if metrics != nil {
 		metrics.WatchReadiness(router)
 		metrics.WatchEventStreams(router.EventStreams)
+		metrics.WatchEventSubscriptions(router.EventSubscriptions)
 	}
 	vms, readErr := router.Reload(ctx)
 	srv, listener, scheme, err := listen(ctx, o, tune, withHealth(router, router), log)

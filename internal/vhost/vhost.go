@@ -272,6 +272,18 @@ func (r *Router) EventStreams() int {
 	return n
 }
 
+// EventSubscriptions is how many push subscriptions the VMs' services
+// hold, delivering and suspended.
+func (r *Router) EventSubscriptions() (enabled, suspended int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, vm := range r.vms {
+		e, s := vm.server.EventSubscriptions()
+		enabled, suspended = enabled+e, suspended+s
+	}
+	return enabled, suspended
+}
+
 // StopEventStreams ends every VM's SSE streams, so that a graceful
 // shutdown does not wait for them (http.Server.RegisterOnShutdown).
 func (r *Router) StopEventStreams() {
