@@ -55,6 +55,9 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		TrustedProxies: o.trustedProxies,
 		Grace:          o.grace,
 		Logger:         log,
+
+		EventDestinationsDenied:        o.eventDestinationsDenied,
+		EventDestinationsAllowLoopback: o.eventDestinationsAllowLoopback,
 	})
 	if err != nil {
 		return err

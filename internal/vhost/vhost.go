@@ -66,6 +66,11 @@ type Config struct {
 	Observer redfish.Observer
 	// Intercept, when set, runs every backend call (for metrics).
 	Intercept machine.Interceptor
+	// EventDestinationsDenied and EventDestinationsAllowLoopback are
+	// given to every VM's Redfish service (redfish.Config): where its
+	// push subscriptions may not, and may, send events.
+	EventDestinationsDenied        []netip.Prefix
+	EventDestinationsAllowLoopback bool
 }
 
 // Router is the http.Handler of the virtual hosts.
@@ -250,6 +255,9 @@ func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, 
 		Limiter:        r.cfg.Limiter,
 		TrustedProxies: r.cfg.TrustedProxies,
 		Observer:       r.cfg.Observer,
+
+		EventDestinationsDenied:        r.cfg.EventDestinationsDenied,
+		EventDestinationsAllowLoopback: r.cfg.EventDestinationsAllowLoopback,
 	})
 	if err != nil {
 		stop()
