@@ -27,6 +27,14 @@
 // ("node busy") say so. /healthz answers as long as the process runs. Failed
 // logins throttle the source address over both protocols. The process exits
 // non-zero if a listener fails.
+//
+// The EventService's push subscriptions never send to link-local, cloud
+// metadata, loopback or the BMC's own addresses, nor to the networks of
+// --event-destinations-denied: give it the cluster's pod and service
+// networks (unless the event receiver runs in the cluster), so that whoever
+// may subscribe cannot POST into the cluster from the BMC's pod.
+// --event-destinations-allow-loopback lifts the loopback refusal, for a
+// receiver on the BMC's own host.
 package main
 
 import (
@@ -123,6 +131,24 @@ type options struct {
 	maxConns       int
 	metricsListen  string
 	verbosity      int
+
+	eventDestinationsDenied        []netip.Prefix
+	eventDestinationsAllowLoopback bool
+}
+
+// prefixList is a flag.Func that appends comma-separated CIDRs to dst, so
+// that a repeated flag adds to the list.
+func prefixList(dst *[]netip.Prefix) func(string) error {
+	return func(v string) error {
+		for _, cidr := range strings.Split(v, ",") {
+			p, err := netip.ParsePrefix(strings.TrimSpace(cidr))
+			if err != nil {
+				return err
+			}
+			*dst = append(*dst, p)
+		}
+		return nil
+	}
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -142,16 +168,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.ipmiListen, "ipmi-listen", "", "UDP address to serve IPMI on, e.g. :623 (default: off); it serves the first machine")
 	fs.BoolVar(&o.ipmiV15, "ipmi-v15", false, "also serve IPMI 1.5 sessions (ipmitool -I lan); off because their MD5 auth codes allow offline password guessing")
 	fs.DurationVar(&o.grace, "credentials-grace", 10*time.Minute, "how long the previous password keeps working after --credentials-dir, or a VM's file in --vms-dir, changes it")
-	fs.Func("trusted-proxies", "comma-separated CIDRs of reverse proxies whose X-Forwarded-For names the client", func(v string) error {
-		for _, cidr := range strings.Split(v, ",") {
-			p, err := netip.ParsePrefix(strings.TrimSpace(cidr))
-			if err != nil {
-				return err
-			}
-			o.trustedProxies = append(o.trustedProxies, p)
-		}
-		return nil
-	})
+	fs.Func("trusted-proxies", "comma-separated CIDRs of reverse proxies whose X-Forwarded-For names the client", prefixList(&o.trustedProxies))
+	fs.Func("event-destinations-denied", "comma-separated CIDRs that event subscriptions never send to, e.g. the cluster's pod and service networks "+
+		"(link-local, metadata services and the BMC's own addresses always are, loopback unless --event-destinations-allow-loopback)", prefixList(&o.eventDestinationsDenied))
+	fs.BoolVar(&o.eventDestinationsAllowLoopback, "event-destinations-allow-loopback", false,
+		"let event subscriptions send to loopback, for a receiver on the BMC's own host or the DMTF Protocol Validator run locally; in a pod, loopback reaches its sidecars")
 	fs.IntVar(&o.maxConns, "max-connections-per-source", 32, "connections one client address may hold open (trusted proxies are not capped)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address to serve Prometheus metrics on at /metrics, plain HTTP without credentials, e.g. :9100 (default: off)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity (1 logs every request)")
@@ -251,6 +272,11 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	// first run sets it (tests run several in one process, whose earlier
 	// informers may still be logging).
 	klogOnce.Do(func() { klog.SetLogger(log.WithName("client-go")) })
+	if o.eventDestinationsAllowLoopback {
+		// Said once at start: whoever can subscribe can then POST to
+		// anything listening on loopback, in a pod its sidecars' ports.
+		log.Info("event subscriptions may send to loopback addresses", "eventDestinationsDenied", o.eventDestinationsDenied)
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// One limiter: a source that fails over Redfish is slowed over IPMI
@@ -292,6 +318,9 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 		TrustedProxies: o.trustedProxies,
 		Observer:       observer,
 		AuditLog:       audit,
+
+		EventDestinationsDenied:        o.eventDestinationsDenied,
+		EventDestinationsAllowLoopback: o.eventDestinationsAllowLoopback,
 	})
 	if err != nil {
 		return err
@@ -328,6 +357,7 @@ func runTuned(ctx context.Context, args []string, getenv func(string) string, st
 	srv.RegisterOnShutdown(handler.StopEventStreams)
 	if metrics != nil {
 		metrics.WatchEventStreams(handler.EventStreams)
+		metrics.WatchEventSubscriptions(handler.EventSubscriptions)
 	}
 	go func() { _ = handler.Run(ctx) }()
 	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/\n", scheme, listener.Addr())

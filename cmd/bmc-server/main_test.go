@@ -7,9 +7,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -93,6 +95,11 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"extra"}, "unexpected"},
 		{[]string{"--backend", "kubevirt", "--vm", "node-1"}, "needs --namespace and --vm"},
 		{[]string{"--trusted-proxies", "10.0.0.0/8,not-a-cidr"}, "not-a-cidr"},
+		{[]string{"--event-destinations-denied", "10.244.0.0/16,not-a-cidr"}, "not-a-cidr"},
+		{[]string{"--event-destinations-denied", "10.96.0.1"}, `"10.96.0.1"): no '/'`},
+		{[]string{"--event-destinations-denied", "10.96.0.0/33"}, "33"},
+		{[]string{"--event-destinations-denied", "10.96.0.0/12,"}, `""`},
+		{[]string{"--event-destinations-allow-loopback=maybe"}, "maybe"},
 		{[]string{"--max-connections-per-source", "0"}, "at least 1"},
 		{[]string{"--credentials-grace", "-1m"}, "negative"},
 		{[]string{"--namespace", "ns", "--vms-dir", "d"}, "--vms-dir needs --backend kubevirt"},
@@ -123,6 +130,42 @@ func TestParseFlags(t *testing.T) {
 	}
 	if _, err := newBackend(t.Context(), options{backend: "vmware", machines: 1}, logr.Discard()); err == nil {
 		t.Error("unknown backend: want an error")
+	}
+}
+
+// TestEventDestinationFlags: the CIDRs events are never sent to, and
+// whether loopback is allowed, as parsed; bad CIDRs are TestParseFlags'.
+func TestEventDestinationFlags(t *testing.T) {
+	tests := []struct {
+		name         string
+		args         []string
+		wantDenied   []netip.Prefix
+		wantLoopback bool
+	}{
+		{name: "defaults"},
+		{name: "pod and service networks", args: []string{"--event-destinations-denied", "10.244.0.0/16,10.96.0.0/12"},
+			wantDenied: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.96.0.0/12")}},
+		{name: "spaces and IPv6", args: []string{"--event-destinations-denied", " fd00:10:244::/56 , 10.244.0.0/16"},
+			wantDenied: []netip.Prefix{netip.MustParsePrefix("fd00:10:244::/56"), netip.MustParsePrefix("10.244.0.0/16")}},
+		{name: "repeated flag adds", args: []string{"--event-destinations-denied", "10.244.0.0/16", "--event-destinations-denied=192.168.0.0/24"},
+			wantDenied: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("192.168.0.0/24")}},
+		{name: "one host", args: []string{"--event-destinations-denied", "10.96.0.10/32"}, wantDenied: []netip.Prefix{netip.MustParsePrefix("10.96.0.10/32")}},
+		{name: "loopback allowed", args: []string{"--event-destinations-allow-loopback"}, wantLoopback: true},
+		{name: "loopback explicitly refused", args: []string{"--event-destinations-allow-loopback=false"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseFlags(tt.args, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(o.eventDestinationsDenied, tt.wantDenied) {
+				t.Errorf("denied %v, want %v", o.eventDestinationsDenied, tt.wantDenied)
+			}
+			if o.eventDestinationsAllowLoopback != tt.wantLoopback {
+				t.Errorf("allow loopback %v, want %v", o.eventDestinationsAllowLoopback, tt.wantLoopback)
+			}
+		})
 	}
 }
 

@@ -55,6 +55,9 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		TrustedProxies: o.trustedProxies,
 		Grace:          o.grace,
 		Logger:         log,
+
+		EventDestinationsDenied:        o.eventDestinationsDenied,
+		EventDestinationsAllowLoopback: o.eventDestinationsAllowLoopback,
 	})
 	if err != nil {
 		return err
@@ -62,6 +65,7 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 	if metrics != nil {
 		metrics.WatchReadiness(router)
 		metrics.WatchEventStreams(router.EventStreams)
+		metrics.WatchEventSubscriptions(router.EventSubscriptions)
 	}
 	vms, readErr := router.Reload(ctx)
 	srv, listener, scheme, err := listen(ctx, o, tune, withHealth(router, router), log)

@@ -5,15 +5,17 @@
 // machine.Interceptor, throttle.Stats), so they stay free of Prometheus.
 //
 // Labels are bounded by construction: routes are the route table's path
-// patterns (an unknown URI is ""), operations the Machine methods, and
-// outcomes the backend contract's sentinel errors. Machines are not a label:
-// a shared bmc-server serves thousands of VMs.
+// patterns (an unknown URI is ""), operations the Machine methods,
+// outcomes the backend contract's sentinel errors, and event deliveries'
+// outcomes the few redfish.EventDeliveryObserver tells. Machines are not
+// a label: a shared bmc-server serves thousands of VMs.
 package bmcmetrics
 
 import (
 	"context"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -34,7 +36,13 @@ type Metrics struct {
 	duration     *prometheus.HistogramVec
 	calls        *prometheus.CounterVec
 	callDuration *prometheus.HistogramVec
+	deliveries   *prometheus.CounterVec
 }
+
+// deliveryOutcomes are the outcomes redfish.EventDeliveryObserver tells;
+// anything else counts as "other", so the label stays bounded whatever
+// the protocol package adds later.
+var deliveryOutcomes = []string{"delivered", "failed", "refused"}
 
 // New returns the metrics with the Go runtime's and the process's.
 func New() *Metrics {
@@ -58,8 +66,19 @@ func New() *Metrics {
 			Help:    "Time a backend call took, by operation.",
 			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"operation"}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "event_deliveries_total",
+			Help: "POSTs of events to push subscriptions' destinations, each try counted, by outcome: delivered (the destination answered 2xx), " +
+				"failed (it answered otherwise or could not be reached; the subscription's DeliveryRetryPolicy retries or gives up), " +
+				"refused (its address is one events are never sent to: nothing was sent), other.",
+		}, []string{"outcome"}),
 	}
-	m.registry.MustRegister(m.requests, m.duration, m.calls, m.callDuration,
+	// Every outcome is exported from the start, so that a rate or an
+	// alert on failures has a series before the first one.
+	for _, o := range slices.Concat(deliveryOutcomes, []string{"other"}) {
+		m.deliveries.WithLabelValues(o)
+	}
+	m.registry.MustRegister(m.requests, m.duration, m.calls, m.callDuration, m.deliveries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -73,6 +92,14 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) ObserveRequest(route, method string, status int, took time.Duration) {
 	m.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 	m.duration.WithLabelValues(route, method).Observe(took.Seconds())
+}
+
+// ObserveEventDelivery implements redfish.EventDeliveryObserver.
+func (m *Metrics) ObserveEventDelivery(outcome string) {
+	if !slices.Contains(deliveryOutcomes, outcome) {
+		outcome = "other"
+	}
+	m.deliveries.WithLabelValues(outcome).Inc()
 }
 
 // Intercept is a machine.Interceptor that times every backend call and
@@ -153,6 +180,25 @@ func (m *Metrics) WatchEventStreams(streams func() int) {
 		Namespace: namespace, Subsystem: "redfish", Name: "event_streams",
 		Help: "Open server-sent event streams of the EventService.",
 	}, func() float64 { return float64(streams()) }))
+}
+
+// WatchEventSubscriptions exports the push subscriptions, those
+// delivering and those suspended (redfish.Server.EventSubscriptions, or
+// the sum over a shared BMC's VMs).
+func (m *Metrics) WatchEventSubscriptions(subscriptions func() (enabled, suspended int)) {
+	for _, state := range []string{"enabled", "suspended"} {
+		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "event_subscriptions",
+			Help:        "Push subscriptions of the EventService (SSE streams not included), enabled or suspended: a suspended one is sent nothing until a client resumes it.",
+			ConstLabels: prometheus.Labels{"state": state},
+		}, func() float64 {
+			enabled, suspended := subscriptions()
+			if state == "enabled" {
+				return float64(enabled)
+			}
+			return float64(suspended)
+		}))
+	}
 }
 
 // WatchIPMI exports the IPMI session table: sessions returns the active

@@ -2,9 +2,11 @@ package bmcmetrics_test
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +36,7 @@ type fixture struct {
 	streams int    // open SSE streams
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T, tweaks ...func(*redfish.Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, metrics: bmcmetrics.New(), ready: &readiness{}}
 	backend := memory.New(memory.Options{})
@@ -44,16 +46,22 @@ func newFixture(t *testing.T) *fixture {
 	f.metrics.WatchReadiness(f.ready)
 	f.metrics.WatchIPMI(func() (int, int) { return f.ipmi[0], f.ipmi[1] })
 	f.metrics.WatchEventStreams(func() int { return f.streams })
-	srv, err := redfish.NewServer(redfish.Config{
+	cfg := redfish.Config{
 		Backend:  machine.InterceptBackend(backend, f.metrics.Intercept),
 		Accounts: []redfish.Account{{Username: user, Password: password, Role: redfish.RoleAdministrator}},
 		Limiter:  limiter,
 		Observer: f.metrics,
-	})
+	}
+	for _, tweak := range tweaks {
+		tweak(&cfg)
+	}
+	srv, err := redfish.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.server = srv
+	t.Cleanup(srv.StopEventStreams) // ends push deliveries too
+	f.metrics.WatchEventSubscriptions(srv.EventSubscriptions)
 	return f
 }
 
@@ -189,5 +197,128 @@ func TestGaugesFollowTheirSource(t *testing.T) {
 	}
 	if _, ok := f.scrape()["go_goroutines"]; !ok {
 		t.Error("the Go runtime's metrics are missing")
+	}
+}
+
+// receiver is an event destination on loopback that counts what it is
+// sent and answers with status.
+type receiver struct {
+	ts       *httptest.Server
+	received atomic.Int32
+	status   int
+}
+
+func newReceiver(t *testing.T, status int) *receiver {
+	r := &receiver{status: status}
+	r.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		r.received.Add(1)
+		w.WriteHeader(r.status)
+	}))
+	t.Cleanup(r.ts.Close)
+	return r
+}
+
+// TestEventDeliveries: each try of a POST to a subscription's destination
+// counts by its outcome (one try and one retry here), the subscriptions
+// gauge follows the subscription into suspension when its tries are
+// spent, and a destination the guard refuses is sent nothing.
+func TestEventDeliveries(t *testing.T) {
+	tests := []struct {
+		name          string
+		status        int    // the receiver's answer
+		host          string // the Destination's host, with the receiver's port
+		allowLoopback bool
+		want          map[string]float64 // by outcome
+		wantEnabled   float64
+		wantSuspended float64
+		wantReceived  int32
+	}{
+		{name: "delivered", status: http.StatusNoContent, host: "127.0.0.1", allowLoopback: true,
+			want: map[string]float64{"delivered": 1}, wantEnabled: 1, wantReceived: 1},
+		{name: "failed, retried, suspended", status: http.StatusServiceUnavailable, host: "127.0.0.1", allowLoopback: true,
+			want: map[string]float64{"failed": 2}, wantSuspended: 1, wantReceived: 2},
+		// A name is taken at POST; the guard refuses the loopback address
+		// it resolves to when the delivery dials.
+		{name: "refused by the guard", status: http.StatusNoContent, host: "localhost",
+			want: map[string]float64{"refused": 2}, wantSuspended: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newReceiver(t, tt.status)
+			f := newFixture(t, func(c *redfish.Config) {
+				c.EventDestinationsAllowLoopback = tt.allowLoopback
+				c.EventDeliveryRetryAttempts = 1
+				c.EventDeliveryRetryInterval = 10 * time.Millisecond
+			})
+			outcomes := []string{"delivered", "failed", "refused", "other"}
+			for _, o := range outcomes {
+				if got := f.value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": o}); got != 0 {
+					t.Fatalf("%s before any delivery = %v, want a series at 0", o, got)
+				}
+			}
+			// An event before the subscription: on a feed without one, a
+			// new subscription's delivery starts "from now" whenever its
+			// goroutine gets to subscribe, and can miss an event published
+			// just after the POST (redfish's race, not the metrics').
+			if code := f.do(http.MethodPost, "/redfish/v1/EventService/Actions/EventService.SubmitTestEvent", `{"MessageId":"Test.1.0.BeforeSubscribing"}`, password); code/100 != 2 {
+				t.Fatalf("SubmitTestEvent: %d", code)
+			}
+			_, port, _ := net.SplitHostPort(r.ts.Listener.Addr().String())
+			destination := "http://" + net.JoinHostPort(tt.host, port) + "/events"
+			if code := f.do(http.MethodPost, "/redfish/v1/EventService/Subscriptions", `{"Destination":"`+destination+`","Protocol":"Redfish"}`, password); code != http.StatusCreated {
+				t.Fatalf("POST a subscription: %d", code)
+			}
+			if got := f.value("virtmetal_bmc_event_subscriptions", map[string]string{"state": "enabled"}); got != 1 {
+				t.Errorf("enabled subscriptions = %v before any event, want 1", got)
+			}
+			if code := f.do(http.MethodPost, "/redfish/v1/EventService/Actions/EventService.SubmitTestEvent", `{"MessageId":"Test.1.0.Hello"}`, password); code/100 != 2 {
+				t.Fatalf("SubmitTestEvent: %d", code)
+			}
+			total := func() (n float64) {
+				for _, o := range outcomes {
+					n += f.value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": o})
+				}
+				return n
+			}
+			var want float64
+			for _, n := range tt.want {
+				want += n
+			}
+			suspended := func() float64 {
+				return f.value("virtmetal_bmc_event_subscriptions", map[string]string{"state": "suspended"})
+			}
+			for deadline := time.Now().Add(5 * time.Second); total() < want || suspended() != tt.wantSuspended; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("after 5 s: %v tries counted, %v suspended; want %v and %v", total(), suspended(), want, tt.wantSuspended)
+				}
+			}
+			for _, o := range outcomes {
+				if got := f.value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": o}); got != tt.want[o] {
+					t.Errorf("%s = %v, want %v", o, got, tt.want[o])
+				}
+			}
+			if got := f.value("virtmetal_bmc_event_subscriptions", map[string]string{"state": "enabled"}); got != tt.wantEnabled {
+				t.Errorf("enabled subscriptions = %v, want %v", got, tt.wantEnabled)
+			}
+			if got := r.received.Load(); got != tt.wantReceived {
+				t.Errorf("the receiver was sent %d POSTs, want %d", got, tt.wantReceived)
+			}
+		})
+	}
+}
+
+// TestUnknownDeliveryOutcome: an outcome the metrics do not know counts as
+// other rather than growing the label's values.
+func TestUnknownDeliveryOutcome(t *testing.T) {
+	f := newFixture(t)
+	f.metrics.ObserveEventDelivery("throttled")
+	f.metrics.ObserveEventDelivery("delivered")
+	for outcome, want := range map[string]float64{"other": 1, "delivered": 1, "failed": 0} {
+		if got := f.value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": outcome}); got != want {
+			t.Errorf("%s = %v, want %v", outcome, got, want)
+		}
+	}
+	if _, ok := f.scrape().Value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": "throttled"}); ok {
+		t.Error("an unknown outcome became a label value")
 	}
 }

@@ -66,6 +66,11 @@ type Config struct {
 	Observer redfish.Observer
 	// Intercept, when set, runs every backend call (for metrics).
 	Intercept machine.Interceptor
+	// EventDestinationsDenied and EventDestinationsAllowLoopback are
+	// given to every VM's Redfish service (redfish.Config): where its
+	// push subscriptions may not, and may, send events.
+	EventDestinationsDenied        []netip.Prefix
+	EventDestinationsAllowLoopback bool
 }
 
 // Router is the http.Handler of the virtual hosts.
@@ -250,6 +255,9 @@ func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, 
 		Limiter:        r.cfg.Limiter,
 		TrustedProxies: r.cfg.TrustedProxies,
 		Observer:       r.cfg.Observer,
+
+		EventDestinationsDenied:        r.cfg.EventDestinationsDenied,
+		EventDestinationsAllowLoopback: r.cfg.EventDestinationsAllowLoopback,
 	})
 	if err != nil {
 		stop()
@@ -270,6 +278,18 @@ func (r *Router) EventStreams() int {
 		n += vm.server.EventStreams()
 	}
 	return n
+}
+
+// EventSubscriptions is how many push subscriptions the VMs' services
+// hold, delivering and suspended.
+func (r *Router) EventSubscriptions() (enabled, suspended int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, vm := range r.vms {
+		e, s := vm.server.EventSubscriptions()
+		enabled, suspended = enabled+e, suspended+s
+	}
+	return enabled, suspended
 }
 
 // StopEventStreams ends every VM's SSE streams, so that a graceful

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -674,5 +675,102 @@ func TestEventStreamsStayWithTheirVM(t *testing.T) {
 	f.reload(t, t.Context(), 2)
 	if id, origin := stream.Next(t, 5*time.Second).Record(t); id != "ResourceEvent.1.0.0.ResourceChanged" || origin != "/redfish/v1/AccountService" {
 		t.Errorf("after web1's rotation: %s from %s, want ResourceChanged of the AccountService", id, origin)
+	}
+}
+
+// post sends a JSON body to host with the given credentials.
+func (f *fixture) post(t *testing.T, host, path, user, pass, body string) int {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	r.Host = host
+	n := sources.Add(1)
+	r.RemoteAddr = fmt.Sprintf("10.%d.%d.%d:40000", n>>16&255, n>>8&255, n&255)
+	r.Header.Set("Content-Type", "application/json")
+	r.SetBasicAuth(user, pass)
+	rec := httptest.NewRecorder()
+	f.router.ServeHTTP(rec, r)
+	return rec.Code
+}
+
+// TestEventDestinationsReachEveryVM: every VM's service takes the
+// Config's event destination rules, and its push subscriptions hear its
+// own VM's events only; EventSubscriptions sums over the VMs. Only
+// loopback is ever sent anything.
+func TestEventDestinationsReachEveryVM(t *testing.T) {
+	var mu sync.Mutex
+	var contexts []string
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var body struct{ Context string }
+		_ = json.NewDecoder(req.Body).Decode(&body)
+		mu.Lock()
+		defer mu.Unlock()
+		contexts = append(contexts, body.Context)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(receiver.Close)
+	received := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(contexts)
+	}
+	tests := []struct {
+		name        string
+		tweak       func(*vhost.Config)
+		destination string
+		wantStatus  int
+		wantEnabled int // EventSubscriptions, over both VMs
+	}{
+		{"loopback allowed", func(c *vhost.Config) { c.EventDestinationsAllowLoopback = true }, receiver.URL, http.StatusCreated, 2},
+		{"loopback refused by default", nil, receiver.URL, http.StatusBadRequest, 0},
+		{"a denied network", func(c *vhost.Config) {
+			c.EventDestinationsAllowLoopback = true
+			c.EventDestinationsDenied = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+		}, "http://192.0.2.7/events", http.StatusBadRequest, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.tweak)
+			f.dir.write(t, map[string]string{
+				"web1": vmFile("maas1", "pw1", web1Host),
+				"web2": vmFile("maas2", "pw2", web2Host),
+			})
+			f.reload(t, t.Context(), 2)
+			t.Cleanup(f.router.StopEventStreams) // ends push deliveries too
+			for _, vm := range []struct{ name, host, user, pass string }{
+				{"web1", web1Host, "maas1", "pw1"},
+				{"web2", web2Host, "maas2", "pw2"},
+			} {
+				// An event before the subscription: on a feed without one,
+				// a new subscription's delivery starts "from now" whenever
+				// its goroutine gets to subscribe, and can miss an event
+				// published just after the POST (redfish's race, not ours).
+				if code := f.post(t, vm.host, "/redfish/v1/EventService/Actions/EventService.SubmitTestEvent", vm.user, vm.pass,
+					`{"MessageId":"Test.1.0.BeforeSubscribing"}`); code/100 != 2 {
+					t.Fatalf("SubmitTestEvent at %s: %d", vm.name, code)
+				}
+				code := f.post(t, vm.host, "/redfish/v1/EventService/Subscriptions", vm.user, vm.pass,
+					`{"Destination":"`+tt.destination+`","Protocol":"Redfish","Context":"`+vm.name+`"}`)
+				if code != tt.wantStatus {
+					t.Fatalf("subscribing at %s's host: %d, want %d", vm.name, code, tt.wantStatus)
+				}
+			}
+			enabled, suspended := f.router.EventSubscriptions()
+			if enabled != tt.wantEnabled || suspended != 0 {
+				t.Errorf("EventSubscriptions = %d enabled, %d suspended; want %d, 0", enabled, suspended, tt.wantEnabled)
+			}
+			if tt.wantStatus != http.StatusCreated {
+				return
+			}
+			before := len(received())
+			if code := f.post(t, web1Host, "/redfish/v1/EventService/Actions/EventService.SubmitTestEvent", "maas1", "pw1",
+				`{"MessageId":"Test.1.0.Hello"}`); code/100 != 2 {
+				t.Fatalf("SubmitTestEvent at web1: %d", code)
+			}
+			eventually(t, "web1's subscription sent the test event", func() bool { return len(received()) > before })
+			time.Sleep(100 * time.Millisecond) // would web2's subscription hear it too?
+			if got := received()[before:]; !slices.Equal(got, []string{"web1"}) {
+				t.Errorf("the test event at web1 reached the subscriptions %v, want web1's only", got)
+			}
+		})
 	}
 }
