@@ -62,8 +62,21 @@ var metadataAddresses = []netip.Addr{
 // so a host name that resolves to a refused address is refused too.
 type destinationGuard struct {
 	allowLoopback bool
-	denied        []netip.Prefix
+	denied        []netip.Prefix // IPv4 ones as IPv4, as refuses compares
 	ownAddresses  func() []netip.Addr
+}
+
+// unmappedPrefixes writes an IPv4-mapped IPv6 prefix (::ffff:10.0.0.0/104)
+// as the IPv4 prefix it means, since addresses are compared unmapped.
+func unmappedPrefixes(prefixes []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, len(prefixes))
+	for i, p := range prefixes {
+		if p.Addr().Is4In6() && p.Bits() >= 96 {
+			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+		}
+		out[i] = p.Masked()
+	}
+	return out
 }
 
 func (g *destinationGuard) refuses(addr netip.Addr) error {
@@ -72,16 +85,18 @@ func (g *destinationGuard) refuses(addr netip.Addr) error {
 	case !addr.IsValid() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLinkLocalUnicast() ||
 		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || slices.Contains(metadataAddresses, addr):
 		return fmt.Errorf("%w: %s is unspecified, multicast, link-local or a metadata service", errDestinationRefused, addr)
-	case addr.IsLoopback():
-		if g.allowLoopback {
-			return nil
-		}
-		return fmt.Errorf("%w: %s is loopback", errDestinationRefused, addr)
 	}
+	// What the operator denies wins over allowLoopback.
 	for _, p := range g.denied {
 		if p.Contains(addr) {
 			return fmt.Errorf("%w: %s is in the denied %s", errDestinationRefused, addr, p)
 		}
+	}
+	if addr.IsLoopback() {
+		if g.allowLoopback {
+			return nil
+		}
+		return fmt.Errorf("%w: %s is loopback", errDestinationRefused, addr)
 	}
 	if slices.Contains(g.ownAddresses(), addr) {
 		return fmt.Errorf("%w: %s is this BMC's own address", errDestinationRefused, addr)

@@ -243,7 +243,7 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s.subscriptions = subscriptionTable{max: orDefault(cfg.MaxEventSubscriptions, defaultMaxSubscriptions), byID: map[string]*subscription{}}
 	s.subscriptionStore = newSubscriptionStore(cfg.Backend, s.log.WithName("subscriptions"))
-	s.destinations = &destinationGuard{allowLoopback: cfg.EventDestinationsAllowLoopback, denied: cfg.EventDestinationsDenied, ownAddresses: interfaceAddresses}
+	s.destinations = &destinationGuard{allowLoopback: cfg.EventDestinationsAllowLoopback, denied: unmappedPrefixes(cfg.EventDestinationsDenied), ownAddresses: interfaceAddresses}
 	s.delivery = newDeliveryClients(s.destinations, cfg.EventDestinationRoots,
 		orDefault(cfg.EventDeliveryRetryAttempts, defaultDeliveryRetryAttempts),
 		orDefault(cfg.EventDeliveryRetryInterval, defaultDeliveryRetryInterval))
