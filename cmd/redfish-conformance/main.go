@@ -4,7 +4,7 @@
 // exits 1 when a rule fails, 2 when the run itself cannot go on.
 //
 //	REDFISH_USERNAME=admin REDFISH_PASSWORD=... redfish-conformance \
-//	    --url https://bmc.example:443 --schemas ../shared/redfish-schemas [--insecure] [--write] [--json]
+//	    --url https://bmc.example:443 --schemas ../shared/redfish-schemas [--insecure] [--write [--event-listen HOST:PORT]] [--json]
 //
 // Credentials come from the environment, never the command line, where any
 // local user could read them.
@@ -57,7 +57,8 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 	url := fs.String("url", "", "the service, scheme://host[:port]")
 	schemas := fs.String("schemas", "", "DMTF schema bundle folder with json-schema/ and csdl/ (default: $REDFISH_SCHEMA_DIR or ../shared/redfish-schemas above the module)")
 	insecure := fs.Bool("insecure", false, "accept any TLS certificate (BMCs mostly have self-signed ones)")
-	writes := fs.Bool("write", false, "also run the checks that PATCH a system (writing back the value they read)")
+	writes := fs.Bool("write", false, "also run the checks that write: PATCH a system (writing back the value it read), open an event stream, make a push subscription, send it a test event and delete it")
+	eventListen := fs.String("event-listen", "", "with --write, host:port the push subscription's receiver listens on, an address the service can reach (default 127.0.0.1:0, used only for a service on loopback)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	timeout := fs.Duration("timeout", 30*time.Second, "timeout of each request")
 	if err := fs.Parse(args); err != nil {
@@ -86,6 +87,8 @@ func check(ctx context.Context, args []string, getenv func(string) string, stdou
 		Password:  password,
 		SchemaDir: dir,
 		Writes:    *writes,
+
+		EventListenAddress: *eventListen,
 	})
 	if err != nil {
 		return err

@@ -56,6 +56,7 @@ func TestRun(t *testing.T) {
 		{"failure exits 1 with the URI and reason", []string{"--url", broken, "--insecure", "--schemas", bundle}, env, 1, "FAIL response headers /redfish/v1/Systems\n    no Cache-Control header", ""},
 		{"untrusted certificate", []string{"--url", healthy, "--schemas", bundle}, env, 2, "", "certificate"},
 		{"no URL", []string{"--schemas", bundle}, env, 2, "", "--url is required"},
+		{"event receiver where it cannot listen", []string{"--url", healthy, "--insecure", "--write", "--event-listen", "192.0.2.1:1", "--schemas", bundle}, env, 2, "", "192.0.2.1:1"},
 		{"no credentials", []string{"--url", healthy, "--insecure", "--schemas", bundle}, noEnv, 2, "", "REDFISH_USERNAME"},
 	}
 	for _, tt := range tests {
