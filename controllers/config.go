@@ -7,6 +7,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -38,6 +39,11 @@ type Config struct {
 	// Workload is how BMCs run: WorkloadPodPerVM (also when empty) or
 	// WorkloadShared.
 	Workload string
+	// EventDestinationsDenied are networks no bmc-server sends events to
+	// (its --event-destinations-denied): the cluster's pod and service
+	// networks, so that a tenant's event subscription cannot POST into
+	// another tenant's pods or the cluster's services.
+	EventDestinationsDenied []netip.Prefix
 }
 
 // Workload modes.
@@ -63,7 +69,34 @@ const (
 	configKeyIPMIDefault       = "ipmiDefault"
 	configKeyBMCImage          = "bmcImage"
 	configKeyWorkload          = "workload"
+	// Comma-separated CIDRs.
+	configKeyEventDestinationsDenied = "eventDestinationsDenied"
 )
+
+// ParseNetworks reads comma-separated CIDRs; "" is none.
+func ParseNetworks(value string) ([]netip.Prefix, error) {
+	var networks []netip.Prefix
+	for _, cidr := range strings.Split(value, ",") {
+		if cidr = strings.TrimSpace(cidr); cidr == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(cidr)
+		if err != nil {
+			return nil, err
+		}
+		networks = append(networks, p.Masked())
+	}
+	return networks, nil
+}
+
+// networksArg is a list of networks as bmc-server's flags take it.
+func networksArg(networks []netip.Prefix) string {
+	cidrs := make([]string, len(networks))
+	for i, p := range networks {
+		cidrs[i] = p.String()
+	}
+	return strings.Join(cidrs, ",")
+}
 
 // Validate reports a Config that cannot work.
 func (c Config) Validate() error {
@@ -144,6 +177,12 @@ func (c Config) overlay(data map[string]string) (Config, error) {
 			c.BMCImage = value
 		case configKeyWorkload:
 			c.Workload = value
+		case configKeyEventDestinationsDenied:
+			networks, err := ParseNetworks(value)
+			if err != nil {
+				return c, fmt.Errorf("%s: %w", key, err)
+			}
+			c.EventDestinationsDenied = networks
 		default:
 			return c, fmt.Errorf("unknown key %q", key)
 		}

@@ -243,6 +243,8 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 			resources: sharedResources(len(vms)),
 			secret:    sharedName,
 			mountPath: sharedVMsMountPath,
+
+			eventDestinationsDenied: cfg.EventDestinationsDenied,
 		}),
 		&corev1.Service{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},

@@ -39,15 +39,25 @@ func sharedKey(namespace string) types.NamespacedName {
 // ConfigMap: the flags' pod-per-vm) for the rest of the test.
 func setWorkload(t *testing.T, mode string) {
 	t.Helper()
+	if mode == "" {
+		setConfig(t, nil)
+		return
+	}
+	setConfig(t, map[string]string{"workload": mode})
+}
+
+// setConfig makes the controller's ConfigMap hold data, or removes it.
+func setConfig(t *testing.T, data map[string]string) {
+	t.Helper()
 	ctx := context.Background()
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: configNamespace, Name: configName}}
-	if mode == "" {
+	if data == nil {
 		if err := admin.Delete(ctx, cm); client.IgnoreNotFound(err) != nil {
 			t.Fatal(err)
 		}
 		return
 	}
-	cm.Data = map[string]string{"workload": mode}
+	cm.Data = data
 	err := admin.Create(ctx, cm)
 	if apierrors.IsAlreadyExists(err) {
 		err = admin.Update(ctx, cm)
@@ -664,4 +674,31 @@ func TestSharedWritesInBatches(t *testing.T) {
 	if writes == 0 || writes > allowed {
 		t.Errorf("%d writes of the shared Secret for %d VMs, want %d at most", writes, n, allowed)
 	}
+}
+
+// TestEventDestinationsDeniedReachEveryBMC: the ConfigMap's denied event
+// networks are on the command line of every bmc-server, one VM's and a
+// namespace's shared one, so that no tenant's subscription can POST into
+// the cluster's networks.
+func TestEventDestinationsDeniedReachEveryBMC(t *testing.T) {
+	vm := enrolledVM(t, "denied-nets", "web1")
+	const denied = "10.244.0.0/16,10.96.0.0/12"
+	args := func(key types.NamespacedName) func() error {
+		return func() error {
+			d := &appsv1.Deployment{}
+			if err := get(key, d); err != nil {
+				return err
+			}
+			got := strings.Join(d.Spec.Template.Spec.Containers[0].Args, " ")
+			if !strings.Contains(got, "--event-destinations-denied "+denied) {
+				return fmt.Errorf("args %s", got)
+			}
+			return nil
+		}
+	}
+	setConfig(t, map[string]string{"eventDestinationsDenied": "10.244.0.0/16, 10.96.0.0/12"})
+	waitFor(t, "the denied networks on the VM's bmc-server", args(workloadKey(vm)))
+	setConfig(t, map[string]string{"eventDestinationsDenied": denied, "workload": "shared"})
+	waitFor(t, "the denied networks on the shared bmc-server", args(sharedKey(vm.Namespace)))
+	setConfig(t, nil)
 }

@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -163,6 +164,8 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		resources:      resources,
 		secret:         credentialsSecretName(b),
 		mountPath:      credentialsMountPath,
+
+		eventDestinationsDenied: cfg.EventDestinationsDenied,
 	}))
 
 	if len(servicePorts) > 0 {
@@ -239,6 +242,8 @@ type bmcPod struct {
 	resources             corev1.ResourceRequirements
 	// secret is mounted read-only at mountPath.
 	secret, mountPath string
+	// eventDestinationsDenied is Config.EventDestinationsDenied.
+	eventDestinationsDenied []netip.Prefix
 }
 
 func defaultResources() corev1.ResourceRequirements {
@@ -250,6 +255,15 @@ func defaultResources() corev1.ResourceRequirements {
 
 // bmcDeployment is a hardened one-replica bmc-server Deployment whose pods
 // carry meta's labels.
+// bmcArgs are the pod's arguments and those every bmc-server gets.
+func bmcArgs(p bmcPod) []string {
+	args := append(slices.Clone(p.args), "--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort))
+	if len(p.eventDestinationsDenied) > 0 {
+		args = append(args, "--event-destinations-denied", networksArg(p.eventDestinationsDenied))
+	}
+	return args
+}
+
 func bmcDeployment(meta metav1.ObjectMeta, p bmcPod) *appsv1.Deployment {
 	probe := func(path string) *corev1.Probe {
 		return &corev1.Probe{
@@ -293,7 +307,7 @@ func bmcDeployment(meta metav1.ObjectMeta, p bmcPod) *appsv1.Deployment {
 					Containers: []corev1.Container{{
 						Name:  "bmc-server",
 						Image: p.image,
-						Args:  append(slices.Clone(p.args), "--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort)),
+						Args:  bmcArgs(p),
 						Ports: append(slices.Clone(p.ports),
 							corev1.ContainerPort{Name: "metrics", ContainerPort: metricsContainerPort, Protocol: corev1.ProtocolTCP}),
 						SecurityContext: &corev1.SecurityContext{

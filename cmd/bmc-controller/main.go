@@ -9,8 +9,8 @@
 // webhook networking): identities are then set by the reconcile loop, before
 // a VM's next start. --config NAMESPACE/NAME names a ConfigMap whose keys
 // (namespaceSelector, domain, ingressClass, tlsIssuer, tlsClusterIssuer,
-// ipmiDefault, bmcImage, workload) override the flags while the controller
-// runs. --workload shared serves the Redfish-only BMCs of a namespace from
+// ipmiDefault, bmcImage, workload, eventDestinationsDenied) override the
+// flags while the controller runs. --workload shared serves the Redfish-only BMCs of a namespace from
 // one bmc-server instead of one per VM.
 package main
 
@@ -83,6 +83,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&c.IPMIDefault, "ipmi-default", false, "serve IPMI for VirtualMachineBMCs that do not say")
 	fs.StringVar(&c.BMCImage, "bmc-image", "", "container image of bmc-server (required)")
 	fs.StringVar(&c.Workload, "workload", controllers.WorkloadPodPerVM, `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
+	fs.Func("event-destinations-denied", "comma-separated CIDRs no bmc-server sends events to: the cluster's pod and service networks, so that a tenant's subscription cannot reach another's pods or the cluster's services", func(v string) error {
+		networks, err := controllers.ParseNetworks(v)
+		c.EventDestinationsDenied = append(c.EventDestinationsDenied, networks...)
+		return err
+	})
 	fs.StringVar(&o.macRange, "mac-range", "02:00:00:00:00:00-02:00:00:ff:ff:ff", `locally administered MACs for interfaces without one, "START-END"; "" assigns none (KubeMacPool)`)
 	fs.StringVar(&o.configMap, "config", "", "NAMESPACE/NAME of a ConfigMap that overrides these flags at run time")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")
