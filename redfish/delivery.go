@@ -161,18 +161,22 @@ func (s *Server) startDelivery(sub *subscription, after uint64) {
 
 func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64) {
 	for ctx.Err() == nil {
+		var feed *events.Subscription
+		complete := true
 		if resumed := s.subscriptions.whileSuspended(sub); resumed != nil {
 			select {
 			case <-resumed:
 				after = s.events.Last()
 				if since, ok := s.subscriptions.takeReplay(sub); ok {
-					after = s.events.IDBefore(since)
+					feed = s.events.SubscribeSince(since)
 				}
 			case <-ctx.Done():
 				return
 			}
 		}
-		feed, complete := s.events.Subscribe(after)
+		if feed == nil {
+			feed, complete = s.events.Subscribe(after)
+		}
 		if !complete && !s.pushLost(ctx, sub) {
 			feed.Close()
 			continue
