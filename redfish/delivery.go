@@ -145,6 +145,9 @@ func newDeliveryClients(guard *destinationGuard, roots *x509.CertPool, attempts 
 // startDelivery runs a push subscription's deliveries, of the events after
 // the given one, until it is deleted or the service stops.
 func (s *Server) startDelivery(sub *subscription, after uint64) {
+	// The feed is joined before the POST is answered: joined later, from
+	// an empty feed (after 0, "from now"), the first events would be lost.
+	first, _ := s.events.Subscribe(after)
 	go func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -155,11 +158,13 @@ func (s *Server) startDelivery(sub *subscription, after uint64) {
 			}
 			cancel()
 		}()
-		s.deliver(ctx, sub, after)
+		s.deliver(ctx, sub, after, first)
 	}()
 }
 
-func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64) {
+func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64, first *events.Subscription) {
+	after = s.drain(ctx, sub, first, after)
+	first.Close()
 	for ctx.Err() == nil {
 		var feed *events.Subscription
 		complete := true
