@@ -171,12 +171,16 @@ func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64, f
 		if resumed := s.subscriptions.whileSuspended(sub); resumed != nil {
 			select {
 			case <-resumed:
-				after = s.events.Last()
-				if since, ok := s.subscriptions.takeReplay(sub); ok {
-					feed = s.events.SubscribeSince(since)
-				}
 			case <-ctx.Done():
 				return
+			}
+		}
+		// A resume seen here or not (suspended and resumed while a push
+		// was under way) starts where it says.
+		if since, replay, resumed := s.subscriptions.takeReplay(sub); resumed {
+			after = s.events.Last()
+			if replay {
+				feed = s.events.SubscribeSince(since)
 			}
 		}
 		if feed == nil {
@@ -201,7 +205,7 @@ func (s *Server) drain(ctx context.Context, sub *subscription, feed *events.Subs
 			if !open {
 				return after
 			}
-			if s.subscriptions.whileSuspended(sub) != nil {
+			if s.subscriptions.interrupted(sub) {
 				return after
 			}
 			if rec, ok := recordOf(e); ok && sub.filter.matches(rec) {

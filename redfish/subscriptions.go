@@ -63,6 +63,7 @@ type subscription struct {
 	resumed     chan struct{} // closed when a suspended subscription resumes
 	replaySince time.Time     // where a resumed subscription starts, when replay
 	replay      bool
+	unseen      bool          // resumed, and its delivery has not yet seen it
 	ended       chan struct{} // closed when it is deleted
 }
 
@@ -183,19 +184,29 @@ func (t *subscriptionTable) resume(sub *subscription, since time.Time, replay bo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if sub.suspended {
-		sub.suspended, sub.replaySince, sub.replay = false, since, replay
+		sub.suspended, sub.replaySince, sub.replay, sub.unseen = false, since, replay, true
 		close(sub.resumed)
 	}
 }
 
 // takeReplay is where a resumed subscription starts: the time its
-// ResumeSubscription asked for, or false for now.
-func (t *subscriptionTable) takeReplay(sub *subscription) (time.Time, bool) {
+// ResumeSubscription asked for, or replay false for now; resumed is false
+// when there was no resume since the last call.
+func (t *subscriptionTable) takeReplay(sub *subscription) (since time.Time, replay, resumed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	since, replay := sub.replaySince, sub.replay
-	sub.replay = false
-	return since, replay
+	since, replay, resumed = sub.replaySince, sub.replay, sub.unseen
+	sub.replay, sub.unseen = false, false
+	return since, replay, resumed
+}
+
+// interrupted tells a delivery to stop following the feed: the
+// subscription is suspended, or was suspended and resumed since the
+// delivery last looked, and must start where the resume says.
+func (t *subscriptionTable) interrupted(sub *subscription) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return sub.suspended || sub.unseen
 }
 
 func (t *subscriptionTable) isSuspended(sub *subscription) bool {
