@@ -86,16 +86,21 @@ func (f subscriptionFilter) matches(r record) bool {
 	in := func(list []string, values ...string) bool {
 		return slices.ContainsFunc(values, func(v string) bool { return slices.Contains(list, v) })
 	}
+	// The schema: "the MessageId major and minor version details should
+	// be ignored".
+	inIDs := func(list []string) bool {
+		return slices.ContainsFunc(list, func(id string) bool { return record{messageID: id}.unversionedID() == r.unversionedID() })
+	}
 	switch {
 	case len(f.registryPrefixes) > 0 && !in(f.registryPrefixes, r.registryPrefix()):
 		return false
-	case len(f.messageIDs) > 0 && !in(f.messageIDs, r.messageID, r.unversionedID()):
+	case len(f.messageIDs) > 0 && !inIDs(f.messageIDs):
 		return false
 	case len(f.resourceTypes) > 0 && !in(f.resourceTypes, r.resourceType):
 		return false
 	case len(f.originResources) > 0 && !in(f.originResources, r.origin):
 		return false
-	case in(f.excludeMessageIDs, r.messageID, r.unversionedID()), in(f.excludeRegistryPrefixes, r.registryPrefix()):
+	case inIDs(f.excludeMessageIDs), in(f.excludeRegistryPrefixes, r.registryPrefix()):
 		return false
 	}
 	return true

@@ -325,6 +325,12 @@ func TestSubscriptionFilters(t *testing.T) {
 			[]string{"ResourcePoweredOn vm-0", "ResourcePoweredOn vm-1", "ResourcePoweredOn vm-0"}},
 		{"MessageIds with version", `"MessageIds":["ResourceEvent.1.3.0.ResourcePoweredOff","Test.1.0.Alpha"]`, powerOffVM1,
 			[]string{"Alpha vm-1", "ResourcePoweredOff vm-0", "ResourcePoweredOff vm-1"}},
+		// The schema: "the MessageId major and minor version details
+		// should be ignored".
+		{"MessageIds with another version", `"MessageIds":["ResourceEvent.1.3.ResourcePoweredOff","Test.1.1.Alpha"]`, powerOffVM1,
+			[]string{"Alpha vm-1", "ResourcePoweredOff vm-0", "ResourcePoweredOff vm-1"}},
+		{"ExcludeMessageIds with another version", `"ExcludeMessageIds":["ResourceEvent.1.0.ResourcePoweredOn","Test.2.0.0.Alpha"]`, powerOffVM1,
+			[]string{"Success ", "ResourceChanged Cd", "ResourcePoweredOff vm-0", "ResourcePoweredOff vm-1"}},
 		{"ResourceTypes VirtualMedia", `"ResourceTypes":["VirtualMedia"]`, eject, []string{"ResourceChanged Cd", "ResourceChanged Cd"}},
 		{"ResourceTypes ComputerSystem", `"ResourceTypes":["ComputerSystem"]`, powerOffVM1,
 			[]string{"ResourcePoweredOn vm-0", "ResourcePoweredOn vm-1", "ResourcePoweredOff vm-0", "ResourcePoweredOff vm-1"}},
