@@ -177,8 +177,8 @@ func (s *Server) startDelivery(sub *subscription, after uint64) {
 	}()
 }
 
-// deliver drains feed, then subscribes again after each drain (a lag, a
-// suspension), until ctx ends.
+// deliver drains feed, then joins the feed again after each drain (a lag,
+// a suspension, a resume), until ctx ends.
 func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64, feed *events.Subscription, complete bool) {
 	for ctx.Err() == nil {
 		if feed != nil && s.subscriptions.isSuspended(sub) {
@@ -189,15 +189,22 @@ func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64, f
 			if resumed := s.subscriptions.whileSuspended(sub); resumed != nil {
 				select {
 				case <-resumed:
-					after = s.events.Last()
-					if since, ok := s.subscriptions.takeReplay(sub); ok {
-						after = s.events.IDBefore(since)
-					}
 				case <-ctx.Done():
 					return
 				}
 			}
-			feed, complete = s.events.Subscribe(after)
+			complete = true
+			// A resume, seen here or not (suspended and resumed while a
+			// push was under way), starts where it says.
+			if since, replay, resumed := s.subscriptions.takeReplay(sub); resumed {
+				after = s.events.Last()
+				if replay {
+					feed = s.events.SubscribeSince(since)
+				}
+			}
+			if feed == nil {
+				feed, complete = s.events.Subscribe(after)
+			}
 		}
 		if complete || s.pushLost(ctx, sub) {
 			after = s.drain(ctx, sub, feed, after)
@@ -220,7 +227,7 @@ func (s *Server) drain(ctx context.Context, sub *subscription, feed *events.Subs
 			if !open {
 				return after
 			}
-			if s.subscriptions.whileSuspended(sub) != nil {
+			if s.subscriptions.interrupted(sub) {
 				return after
 			}
 			if rec, ok := recordOf(e); ok && sub.filter.matches(rec) {

@@ -63,6 +63,7 @@ type subscription struct {
 	resumed     chan struct{} // closed when a suspended subscription resumes
 	replaySince time.Time     // where a resumed subscription starts, when replay
 	replay      bool
+	unseen      bool          // resumed, and its delivery has not yet seen it
 	ended       chan struct{} // closed when it is deleted
 }
 
@@ -85,16 +86,21 @@ func (f subscriptionFilter) matches(r record) bool {
 	in := func(list []string, values ...string) bool {
 		return slices.ContainsFunc(values, func(v string) bool { return slices.Contains(list, v) })
 	}
+	// The schema: "the MessageId major and minor version details should
+	// be ignored".
+	inIDs := func(list []string) bool {
+		return slices.ContainsFunc(list, func(id string) bool { return record{messageID: id}.unversionedID() == r.unversionedID() })
+	}
 	switch {
 	case len(f.registryPrefixes) > 0 && !in(f.registryPrefixes, r.registryPrefix()):
 		return false
-	case len(f.messageIDs) > 0 && !in(f.messageIDs, r.messageID, r.unversionedID()):
+	case len(f.messageIDs) > 0 && !inIDs(f.messageIDs):
 		return false
 	case len(f.resourceTypes) > 0 && !in(f.resourceTypes, r.resourceType):
 		return false
 	case len(f.originResources) > 0 && !in(f.originResources, r.origin):
 		return false
-	case in(f.excludeMessageIDs, r.messageID, r.unversionedID()), in(f.excludeRegistryPrefixes, r.registryPrefix()):
+	case inIDs(f.excludeMessageIDs), in(f.excludeRegistryPrefixes, r.registryPrefix()):
 		return false
 	}
 	return true
@@ -213,19 +219,29 @@ func (t *subscriptionTable) resume(sub *subscription, since time.Time, replay bo
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if sub.suspended {
-		sub.suspended, sub.replaySince, sub.replay = false, since, replay
+		sub.suspended, sub.replaySince, sub.replay, sub.unseen = false, since, replay, true
 		close(sub.resumed)
 	}
 }
 
 // takeReplay is where a resumed subscription starts: the time its
-// ResumeSubscription asked for, or false for now.
-func (t *subscriptionTable) takeReplay(sub *subscription) (time.Time, bool) {
+// ResumeSubscription asked for, or replay false for now; resumed is false
+// when there was no resume since the last call.
+func (t *subscriptionTable) takeReplay(sub *subscription) (since time.Time, replay, resumed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	since, replay := sub.replaySince, sub.replay
-	sub.replay = false
-	return since, replay
+	since, replay, resumed = sub.replaySince, sub.replay, sub.unseen
+	sub.replay, sub.unseen = false, false
+	return since, replay, resumed
+}
+
+// interrupted tells a delivery to stop following the feed: the
+// subscription is suspended, or was suspended and resumed since the
+// delivery last looked, and must start where the resume says.
+func (t *subscriptionTable) interrupted(sub *subscription) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return sub.suspended || sub.unseen
 }
 
 func (t *subscriptionTable) isSuspended(sub *subscription) bool {

@@ -96,8 +96,6 @@ func memberIDs(body map[string]any) []string {
 	return ids
 }
 
-const subscriptionsURI = "/redfish/v1/EventService/Subscriptions"
-
 // TestSubscriptionsSurviveARestart: push subscriptions, with what PATCH
 // and SuspendSubscription made of them, are there again after the BMC
 // restarts on the same backend, still deliver with their headers, and ids

@@ -47,6 +47,41 @@ func TestSubscribeResumes(t *testing.T) {
 	}
 }
 
+// TestSubscribeSince: a subscriber that wants what happened since a time
+// gets the kept events of that time or later, from the feed's very first
+// one when all are that recent.
+func TestSubscribeSince(t *testing.T) {
+	start := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	now := start
+	f := events.NewFeed(events.Options{History: 4, Now: func() time.Time { return now }})
+	for range 3 {
+		f.Publish(events.Event{Kind: events.AccountsChanged})
+		now = now.Add(time.Minute)
+	}
+	tests := []struct {
+		since   time.Time
+		wantIDs []uint64
+	}{
+		{start.Add(-time.Hour), []uint64{1, 2, 3}}, // all, the first included
+		{start.Add(time.Minute), []uint64{2, 3}},   // from one of that time on
+		{start.Add(90 * time.Second), []uint64{3}},
+		{now, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.since.Format(time.TimeOnly), func(t *testing.T) {
+			s := f.SubscribeSince(tt.since)
+			defer s.Close()
+			var got []uint64
+			for len(s.C) > 0 {
+				got = append(got, (<-s.C).ID)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.wantIDs) {
+				t.Errorf("replayed %v, want %v", got, tt.wantIDs)
+			}
+		})
+	}
+}
+
 func TestSlowSubscriberIsDroppedNotWaitedFor(t *testing.T) {
 	f := events.NewFeed(events.Options{History: 1000})
 	slow, _ := f.Subscribe(0)

@@ -124,19 +124,6 @@ func (f *Feed) Last() uint64 {
 	return f.last
 }
 
-// IDBefore is the ID after which the kept events are those of time t or
-// later, for a subscriber that wants what happened since t: the last ID
-// when none is that recent, the one before the oldest kept when all are.
-func (f *Feed) IDBefore(t time.Time) uint64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	after := f.last
-	for i := len(f.history) - 1; i >= 0 && !f.history[i].Time.Before(t); i-- {
-		after = f.history[i].ID - 1
-	}
-	return after
-}
-
 // Subscription receives a feed's events on C, in order, until it is closed
 // or dropped for falling behind; C is then closed.
 type Subscription struct {
@@ -172,13 +159,31 @@ func (f *Feed) Subscribe(after uint64) (s *Subscription, complete bool) {
 			}
 		}
 	}
+	return f.subscribeLocked(replay), complete
+}
+
+// SubscribeSince starts a subscription whose first events are the kept
+// ones of time t or later, for a subscriber that wants what happened since
+// t. (Subscribe cannot start before the feed's first event: its 0 means
+// from now.)
+func (f *Feed) SubscribeSince(t time.Time) *Subscription {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := len(f.history)
+	for i > 0 && !f.history[i-1].Time.Before(t) {
+		i--
+	}
+	return f.subscribeLocked(f.history[i:])
+}
+
+func (f *Feed) subscribeLocked(replay []Event) *Subscription {
 	c := make(chan Event, subscriberBuffer+len(replay))
 	for _, e := range replay {
 		c <- e
 	}
-	s = &Subscription{C: c, c: c, feed: f}
+	s := &Subscription{C: c, c: c, feed: f}
 	f.subs[s] = struct{}{}
-	return s, complete
+	return s
 }
 
 // Close ends the subscription; it is safe to call more than once.
