@@ -32,16 +32,6 @@ import (
 // collect, is deleted.
 const clusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
 
-// Event reasons.
-const (
-	reasonCredentialsCreated = "CredentialsCreated"
-	reasonCredentialsRotated = "CredentialsRotated"
-	reasonWorkloadFailed     = "WorkloadFailed"
-	reasonHostNotAllowed     = "HostNotAllowed"
-	reasonVMNotFound         = "VMNotFound"
-	reasonSecretNotAllowed   = "SecretNotAllowed"
-)
-
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs/status,verbs=patch
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs/finalizers,verbs=update
@@ -79,111 +69,169 @@ type BMCReconciler struct {
 	statuses writtenStatuses[v1beta1.VirtualMachineBMCStatus]
 }
 
+// bmcScope is what one reconcile of a VirtualMachineBMC read and decided.
+// Its phases fill it in order; the status written at the end reports it.
+type bmcScope struct {
+	bmc      *v1beta1.VirtualMachineBMC
+	config   Config
+	vm       *kubevirtv1.VirtualMachine
+	workload Workload
+	applied  map[string]client.Object // the workload as the API server holds it, by Go type
+	status   *statusBuilder
+	result   ctrl.Result
+}
+
+// bmcPhase is one step of a reconcile. done ends the reconcile without an
+// error: the status says why it cannot go on.
+type bmcPhase func(ctx context.Context, s *bmcScope) (done bool, err error)
+
 // Reconcile implements reconcile.Reconciler.
-func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	bmcObj := &v1beta1.VirtualMachineBMC{}
-	if err := r.Client.Get(ctx, req.NamespacedName, bmcObj); err != nil {
+func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
+	b := &v1beta1.VirtualMachineBMC{}
+	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.statuses.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if !bmcObj.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, bmcObj)
+	if !b.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.finalize(ctx, b)
 	}
+	s := &bmcScope{bmc: b, status: newStatus(b)}
+	// Every return records what this reconcile reached, a failure
+	// included, so a failed apply never leaves the last success showing.
+	// A conflict is a stale cache, not a failure: its retry reports.
+	defer func() {
+		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
+			return
+		}
+		if err != nil {
+			s.status.keepUnreached()
+		}
+		err = errors.Join(err, r.writeStatus(ctx, b, s.status))
+	}()
+	for _, phase := range []bmcPhase{r.readConfig, r.findVM, r.reconcileCredentials, r.renderWorkload, r.applyWorkload, r.reportWorkload} {
+		if done, err := phase(ctx, s); err != nil || done {
+			return s.result, err
+		}
+	}
+	return s.result, nil
+}
+
+func (r *BMCReconciler) readConfig(ctx context.Context, s *bmcScope) (bool, error) {
 	cfg, err := r.Config.Get(ctx)
 	if err != nil {
-		return ctrl.Result{}, err
+		return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonConfigInvalid, err)
 	}
-	st := newStatus(bmcObj)
+	s.config = cfg
+	return false, nil
+}
 
-	vm := &kubevirtv1.VirtualMachine{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: bmcObj.Namespace, Name: bmcObj.Spec.VMName}, vm); err != nil {
+func (r *BMCReconciler) findVM(ctx context.Context, s *bmcScope) (bool, error) {
+	b, vm := s.bmc, &kubevirtv1.VirtualMachine{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.VMName}, vm); err != nil {
 		if !apierrors.IsNotFound(err) {
-			return ctrl.Result{}, err
+			return false, s.status.fail(v1beta1.ConditionVMFound, reasonReadFailed, err)
 		}
 		// The VM's watch brings the BMC back here when it appears.
-		st.set(v1beta1.ConditionVMFound, false, reasonVMNotFound, "VirtualMachine %s does not exist", bmcObj.Spec.VMName)
-		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonVMNotFound, "Reconcile", "VirtualMachine %s does not exist", bmcObj.Spec.VMName)
-		return ctrl.Result{}, r.writeStatus(ctx, bmcObj, st)
+		s.status.set(v1beta1.ConditionVMFound, false, reasonVMNotFound, "VirtualMachine %s does not exist", b.Spec.VMName)
+		r.warn(b, nil, reasonVMNotFound, "Reconcile", "VirtualMachine %s does not exist", b.Spec.VMName)
+		return true, nil
 	}
-	st.set(v1beta1.ConditionVMFound, true, "Found", "VirtualMachine %s exists", vm.Name)
+	s.vm = vm
+	s.status.set(v1beta1.ConditionVMFound, true, reasonFound, "VirtualMachine %s exists", vm.Name)
+	return false, nil
+}
 
+func (r *BMCReconciler) reconcileCredentials(ctx context.Context, s *bmcScope) (bool, error) {
 	// The shared bmc-server's Secret holds every VM's credentials: a
 	// tenant's BMC must not mount or serve it as its own.
-	if bmcObj.Spec.CredentialsSecret == sharedName {
-		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretNotAllowed, "Secret %s is the shared bmc-server's, not credentials", sharedName)
-		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonSecretNotAllowed, "Reconcile", "Secret %s is the shared bmc-server's, not credentials", sharedName)
-		return ctrl.Result{}, r.writeStatus(ctx, bmcObj, st)
+	if s.bmc.Spec.CredentialsSecret == sharedName {
+		s.status.set(v1beta1.ConditionCredentialsReady, false, reasonSecretNotAllowed, "Secret %s is the shared bmc-server's, not credentials", sharedName)
+		r.warn(s.bmc, nil, reasonSecretNotAllowed, "Reconcile", "Secret %s is the shared bmc-server's, not credentials", sharedName)
+		return true, nil
 	}
-
-	if err := r.ensureCredentials(ctx, bmcObj, vm, st); err != nil {
-		return ctrl.Result{}, errors.Join(err, r.writeStatus(ctx, bmcObj, st))
+	if err := r.ensureCredentials(ctx, s.bmc, s.vm, s.status); err != nil {
+		return false, s.status.fail(v1beta1.ConditionCredentialsReady, reasonCredentialsFailed, err)
 	}
+	return false, nil
+}
 
-	w, err := r.Workload(WorkloadInput{BMC: bmcObj, VM: vm, Config: cfg})
+func (r *BMCReconciler) renderWorkload(ctx context.Context, s *bmcScope) (bool, error) {
+	w, err := r.Workload(WorkloadInput{BMC: s.bmc, VM: s.vm, Config: s.config})
 	if err != nil {
-		r.Events.Eventf(bmcObj, vm, corev1.EventTypeWarning, reasonWorkloadFailed, "Render", "%v", err)
-		st.set(v1beta1.ConditionDeploymentAvailable, false, reasonWorkloadFailed, "%v", err)
-		return ctrl.Result{}, errors.Join(err, r.writeStatus(ctx, bmcObj, st))
+		r.warn(s.bmc, s.vm, reasonWorkloadFailed, "Render", "%v", err)
+		return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
 	}
-	if err := r.keepHostOfOlderClaim(ctx, bmcObj, cfg, &w); err != nil {
-		return ctrl.Result{}, err
+	if err := r.keepHostOfOlderClaim(ctx, s.bmc, s.config, &w); err != nil {
+		return false, s.status.fail(v1beta1.ConditionIngressReady, reasonReadFailed, err)
 	}
-	if len(w.ClusterObjects) > 0 && controllerutil.AddFinalizer(bmcObj, clusterRBACFinalizer) {
-		if err := r.Client.Update(ctx, bmcObj); err != nil {
-			return ctrl.Result{}, err
+	s.workload = w
+	return false, nil
+}
+
+func (r *BMCReconciler) applyWorkload(ctx context.Context, s *bmcScope) (bool, error) {
+	b, w := s.bmc, s.workload
+	if len(w.ClusterObjects) > 0 && controllerutil.AddFinalizer(b, clusterRBACFinalizer) {
+		if err := r.Client.Update(ctx, b); err != nil {
+			return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
 		}
 	}
-	actual := map[string]client.Object{}
+	s.applied = map[string]client.Object{}
 	for _, obj := range slices.Concat(w.Objects, w.ClusterObjects) {
 		got, err := (applier{r.Client, r.Scheme}).ensure(ctx, obj)
 		if err != nil {
-			r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonWorkloadFailed, "Apply", "%v", err)
-			return ctrl.Result{}, err
+			r.warn(b, nil, reasonWorkloadFailed, "Apply", "%v", err)
+			return false, s.status.fail(conditionOfKind(obj), reasonWorkloadFailed, err)
 		}
-		actual[fmt.Sprintf("%T", obj)] = got
+		s.applied[fmt.Sprintf("%T", obj)] = got
 	}
-	if err := r.removeUnwanted(ctx, bmcObj, w); err != nil {
-		return ctrl.Result{}, err
-	}
+	return false, r.removeUnwanted(ctx, s)
+}
 
-	var result ctrl.Result
+// reportWorkload sets the conditions of the applied workload.
+func (r *BMCReconciler) reportWorkload(ctx context.Context, s *bmcScope) (bool, error) {
+	b, vm, w, st := s.bmc, s.vm, s.workload, s.status
 	st.status.RedfishURL = w.RedfishURL
 	st.status.IPMIAddress = w.IPMIAddress
-	_, hasService := actual[fmt.Sprintf("%T", &corev1.Service{})]
+	_, hasService := s.applied[fmt.Sprintf("%T", &corev1.Service{})]
 	switch {
 	case w.Shared:
 		// The shared reconciler creates it; its availability event
 		// brings this BMC back.
 		d := &appsv1.Deployment{}
-		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: bmcObj.Namespace, Name: sharedName}, d); client.IgnoreNotFound(err) != nil {
-			return ctrl.Result{}, err
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, d); client.IgnoreNotFound(err) != nil {
+			return false, st.fail(v1beta1.ConditionDeploymentAvailable, reasonReadFailed, err)
 		}
 		st.deployment(d)
-		st.set(v1beta1.ConditionServiceReady, true, "Shared", "Service %s serves the BMC", sharedName)
+		st.set(v1beta1.ConditionServiceReady, true, reasonShared, "Service %s serves the BMC", sharedName)
 	case hasService:
-		st.deployment(actual[fmt.Sprintf("%T", &appsv1.Deployment{})])
-		st.set(v1beta1.ConditionServiceReady, true, "Created", "Service %s serves the BMC", workloadName(vm.Name))
+		st.deployment(s.applied[fmt.Sprintf("%T", &appsv1.Deployment{})])
+		st.set(v1beta1.ConditionServiceReady, true, reasonCreated, "Service %s serves the BMC", workloadName(vm.Name))
 	default:
-		st.deployment(actual[fmt.Sprintf("%T", &appsv1.Deployment{})])
-		st.set(v1beta1.ConditionServiceReady, true, "Disabled", "neither Redfish nor IPMI is on")
+		st.deployment(s.applied[fmt.Sprintf("%T", &appsv1.Deployment{})])
+		st.set(v1beta1.ConditionServiceReady, true, reasonDisabled, "neither Redfish nor IPMI is on")
 	}
 	switch {
 	case errors.Is(w.IngressProblem, errHostTaken):
 		// No event tells of the holder going: look again now and then.
-		result.RequeueAfter = time.Minute
-		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonHostTaken, "Render", "%v", w.IngressProblem)
+		s.result.RequeueAfter = time.Minute
+		r.warn(b, nil, reasonHostTaken, "Render", "%v", w.IngressProblem)
 		st.set(v1beta1.ConditionIngressReady, false, reasonHostTaken, "%v", w.IngressProblem)
 	case w.IngressProblem != nil:
-		r.Events.Eventf(bmcObj, nil, corev1.EventTypeWarning, reasonHostNotAllowed, "Render", "%v", w.IngressProblem)
+		r.warn(b, nil, reasonHostNotAllowed, "Render", "%v", w.IngressProblem)
 		st.set(v1beta1.ConditionIngressReady, false, reasonHostNotAllowed, "%v", w.IngressProblem)
 	case w.RedfishURL == "":
-		st.set(v1beta1.ConditionIngressReady, true, "Disabled", "Redfish is off")
+		st.set(v1beta1.ConditionIngressReady, true, reasonDisabled, "Redfish is off")
 	default:
-		st.set(v1beta1.ConditionIngressReady, true, "Created", "Redfish is served at %s", w.RedfishURL)
+		st.set(v1beta1.ConditionIngressReady, true, reasonCreated, "Redfish is served at %s", w.RedfishURL)
 	}
-	return result, r.writeStatus(ctx, bmcObj, st)
+	return false, nil
+}
+
+// warn records a Warning Event on the VirtualMachineBMC.
+func (r *BMCReconciler) warn(b *v1beta1.VirtualMachineBMC, related runtime.Object, why reason, action, format string, args ...any) {
+	r.Events.Eventf(b, related, corev1.EventTypeWarning, string(why), action, format, args...)
 }
 
 // keepHostOfOlderClaim leaves the Ingress out of w when an older
@@ -232,19 +280,19 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 		case err != nil:
 			return err
 		default:
-			r.Events.Eventf(b, secret, corev1.EventTypeNormal, reasonCredentialsCreated, "Create", "created credentials Secret %s", name)
+			r.Events.Eventf(b, secret, corev1.EventTypeNormal, string(reasonCredentialsCreated), "Create", "created credentials Secret %s", name)
 		}
 	case apierrors.IsNotFound(err):
-		st.set(v1beta1.ConditionCredentialsReady, false, "SecretNotFound", "Secret %s does not exist", name)
+		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretNotFound, "Secret %s does not exist", name)
 		return nil
 	case err != nil:
 		return err
 	}
 	if len(secret.Data[v1beta1.SecretUsernameKey]) == 0 || len(secret.Data[v1beta1.SecretPasswordKey]) == 0 {
-		st.set(v1beta1.ConditionCredentialsReady, false, "SecretInvalid", "Secret %s needs non-empty %q and %q", name, v1beta1.SecretUsernameKey, v1beta1.SecretPasswordKey)
+		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretInvalid, "Secret %s needs non-empty %q and %q", name, v1beta1.SecretUsernameKey, v1beta1.SecretPasswordKey)
 		return nil
 	}
-	st.set(v1beta1.ConditionCredentialsReady, true, "Found", "Secret %s holds the credentials", name)
+	st.set(v1beta1.ConditionCredentialsReady, true, reasonFound, "Secret %s holds the credentials", name)
 
 	want := b.Annotations[v1beta1.AnnotationRotateCredentials]
 	if want == "" || want == b.Status.CredentialsRotation {
@@ -255,7 +303,7 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 		return nil
 	}
 	if secret.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue {
-		st.set(v1beta1.ConditionCredentialsReady, true, "RotationRefused", "Secret %s is not managed by virtmetal: rotate it yourself", name)
+		st.set(v1beta1.ConditionCredentialsReady, true, reasonRotationRefused, "Secret %s is not managed by virtmetal: rotate it yourself", name)
 		return nil
 	}
 	// The user name stays: bmc-server accepts the previous password for a
@@ -270,7 +318,7 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 		return err
 	}
 	st.status.CredentialsRotation = want
-	r.Events.Eventf(b, secret, corev1.EventTypeNormal, reasonCredentialsRotated, "Rotate", "new password in Secret %s", name)
+	r.Events.Eventf(b, secret, corev1.EventTypeNormal, string(reasonCredentialsRotated), "Rotate", "new password in Secret %s", name)
 	return nil
 }
 
@@ -278,7 +326,8 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 // no longer asks for: the Service and Ingress when their protocols are off,
 // the Deployment, Service and RBAC of a VM the shared bmc-server serves,
 // cluster RBAC when the VM no longer has a cluster instancetype.
-func (r *BMCReconciler) removeUnwanted(ctx context.Context, b *v1beta1.VirtualMachineBMC, w Workload) error {
+func (r *BMCReconciler) removeUnwanted(ctx context.Context, s *bmcScope) error {
+	b, w := s.bmc, s.workload
 	name := types.NamespacedName{Namespace: b.Namespace, Name: workloadName(b.Spec.VMName)}
 	for _, candidate := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
 		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
@@ -289,16 +338,18 @@ func (r *BMCReconciler) removeUnwanted(ctx context.Context, b *v1beta1.VirtualMa
 			if apierrors.IsNotFound(err) {
 				continue
 			}
-			return err
+			return s.status.fail(conditionOfKind(candidate), reasonReadFailed, err)
 		}
 		if metav1.IsControlledBy(candidate, b) {
 			if err := r.Client.Delete(ctx, candidate); client.IgnoreNotFound(err) != nil {
-				return err
+				return s.status.fail(conditionOfKind(candidate), reasonWorkloadFailed, err)
 			}
 		}
 	}
 	if len(w.ClusterObjects) == 0 && controllerutil.ContainsFinalizer(b, clusterRBACFinalizer) {
-		return r.finalize(ctx, b)
+		if err := r.finalize(ctx, b); err != nil {
+			return s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
+		}
 	}
 	return nil
 }
@@ -319,65 +370,6 @@ func (r *BMCReconciler) finalize(ctx context.Context, b *v1beta1.VirtualMachineB
 	return r.Client.Update(ctx, b)
 }
 
-// statusBuilder collects the controller's part of a status.
-type statusBuilder struct {
-	generation int64
-	status     v1beta1.VirtualMachineBMCStatus // only the controller's fields
-	previous   []metav1.Condition
-}
-
-func newStatus(b *v1beta1.VirtualMachineBMC) *statusBuilder {
-	return &statusBuilder{
-		generation: b.Generation,
-		previous:   b.Status.Conditions,
-		status:     v1beta1.VirtualMachineBMCStatus{CredentialsRotation: b.Status.CredentialsRotation},
-	}
-}
-
-func (s *statusBuilder) set(conditionType string, ok bool, reason, format string, args ...any) {
-	status := metav1.ConditionFalse
-	if ok {
-		status = metav1.ConditionTrue
-	}
-	c := metav1.Condition{
-		Type: conditionType, Status: status, Reason: reason,
-		Message: fmt.Sprintf(format, args...), ObservedGeneration: s.generation,
-	}
-	// Keep the transition time of a condition whose status did not change.
-	if old := meta.FindStatusCondition(s.previous, conditionType); old != nil && old.Status == status {
-		c.LastTransitionTime = old.LastTransitionTime
-	} else {
-		c.LastTransitionTime = metav1.Now()
-	}
-	meta.SetStatusCondition(&s.status.Conditions, c)
-}
-
-func (s *statusBuilder) deployment(obj client.Object) {
-	// A Deployment created by this reconcile (nil) is not available either:
-	// one message for both, so the next reconcile writes no status.
-	d, _ := obj.(*appsv1.Deployment)
-	if d == nil || !deploymentAvailable(d) {
-		s.set(v1beta1.ConditionDeploymentAvailable, false, "Unavailable", "bmc-server is not available yet")
-		return
-	}
-	s.set(v1beta1.ConditionDeploymentAvailable, true, "Available", "bmc-server is available")
-}
-
-func deploymentAvailable(d *appsv1.Deployment) bool {
-	for _, c := range d.Status.Conditions {
-		if c.Type == appsv1.DeploymentAvailable {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-// controllerConditions are the conditions Ready sums up.
-var controllerConditions = []string{
-	v1beta1.ConditionVMFound, v1beta1.ConditionCredentialsReady, v1beta1.ConditionDeploymentAvailable,
-	v1beta1.ConditionServiceReady, v1beta1.ConditionIngressReady,
-}
-
 // writeStatus applies the controller's part of the status (server-side
 // apply, so the MaaS reconciler's fields stay), and sends nothing when it
 // is what the object already says.
@@ -389,9 +381,9 @@ func (r *BMCReconciler) writeStatus(ctx context.Context, b *v1beta1.VirtualMachi
 		}
 	}
 	if len(notReady) == 0 {
-		s.set(v1beta1.ConditionReady, true, "Ready", "the BMC serves its VM")
+		s.set(v1beta1.ConditionReady, true, reasonReady, "the BMC serves its VM")
 	} else {
-		s.set(v1beta1.ConditionReady, false, "NotReady", "not yet: %v", notReady)
+		s.set(v1beta1.ConditionReady, false, reasonNotReady, "not yet: %v", notReady)
 	}
 	s.status.ObservedGeneration = b.Generation
 	key := client.ObjectKeyFromObject(b)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -705,4 +706,91 @@ func serviceAccountClient(t *testing.T, namespace, name string) client.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestFailedApplyIsReported: a workload object the API server refuses
+// (here a Service, by an admission policy of the namespace) shows in the
+// status at once, as a False condition carrying the refusal, with Ready
+// False and the conditions reached before it kept; once the refusal goes,
+// a retry makes the condition True again.
+func TestFailedApplyIsReported(t *testing.T) {
+	sharedManager(t)
+	ctx := context.Background()
+	ns := namespace(t, "refused", true)
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "no-services-in-refused"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"services"}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "no Service is admitted here"}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        policy.Name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: ns},
+			}},
+		},
+	}
+	for _, obj := range []client.Object{policy, binding} {
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The policy is in force once a Service of the namespace is refused.
+	waitFor(t, "the policy in force", func() error {
+		probe := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
+		}
+		if err := admin.Create(ctx, probe, client.DryRunAll); err == nil {
+			return errors.New("a Service is still admitted")
+		}
+		return nil
+	})
+	key := client.ObjectKeyFromObject(createVM(t, newVM(ns, "web1")))
+	condition := func(b *v1beta1.VirtualMachineBMC, conditionType string) metav1.Condition {
+		if c := meta.FindStatusCondition(b.Status.Conditions, conditionType); c != nil {
+			return *c
+		}
+		return metav1.Condition{}
+	}
+	waitFor(t, "the refused Service in the status", func() error {
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(key, b); err != nil {
+			return err
+		}
+		service, ready, vm := condition(b, v1beta1.ConditionServiceReady), condition(b, v1beta1.ConditionReady), condition(b, v1beta1.ConditionVMFound)
+		if service.Status != metav1.ConditionFalse || service.Reason != "WorkloadFailed" || !strings.Contains(service.Message, "no Service is admitted here") {
+			return fmt.Errorf("ServiceReady %+v", service)
+		}
+		if ready.Status != metav1.ConditionFalse || !strings.Contains(ready.Message, v1beta1.ConditionServiceReady) {
+			return fmt.Errorf("Ready %+v", ready)
+		}
+		if vm.Status != metav1.ConditionTrue {
+			return fmt.Errorf("VMFound %+v, reached before the failure", vm)
+		}
+		return nil
+	})
+	if err := admin.Delete(ctx, binding); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the Service once the policy is gone", func() error {
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(key, b); err != nil {
+			return err
+		}
+		if c := condition(b, v1beta1.ConditionServiceReady); c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("ServiceReady %+v", c)
+		}
+		return get(workloadKey(key), &corev1.Service{})
+	})
+	_ = admin.Delete(ctx, policy)
 }

@@ -28,13 +28,6 @@ type IdentityStamper interface {
 	Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) (warnings []string, err error)
 }
 
-// Event reasons of enrolment.
-const (
-	reasonEnrolled         = "Enrolled"
-	reasonUnenrolled       = "Unenrolled"
-	reasonIdentityRepaired = "IdentityRepaired"
-)
-
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 
@@ -105,11 +98,11 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	// One Event for what this reconcile did.
 	switch {
 	case created != "" && repaired != "":
-		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created %s; %s", created, repaired)
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, string(reasonEnrolled), "Enrol", "created %s; %s", created, repaired)
 	case created != "":
-		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonEnrolled, "Enrol", "created %s", created)
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, string(reasonEnrolled), "Enrol", "created %s", created)
 	case repaired != "":
-		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonIdentityRepaired, "Stamp", "%s", repaired)
+		r.Events.Eventf(vm, nil, corev1.EventTypeNormal, string(reasonIdentityRepaired), "Stamp", "%s", repaired)
 	}
 	return ctrl.Result{RequeueAfter: wait}, nil
 }
@@ -189,7 +182,7 @@ func (r *EnrolmentReconciler) unenrol(ctx context.Context, vm *kubevirtv1.Virtua
 	if client.IgnoreNotFound(err) != nil {
 		return err
 	}
-	r.Events.Eventf(vm, nil, corev1.EventTypeNormal, reasonUnenrolled, "Unenrol", "removed VirtualMachineBMC %s", vm.Name)
+	r.Events.Eventf(vm, nil, corev1.EventTypeNormal, string(reasonUnenrolled), "Unenrol", "removed VirtualMachineBMC %s", vm.Name)
 	return nil
 }
 

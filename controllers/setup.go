@@ -87,128 +87,54 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1beta1.VirtualMachineBMC{}, indexCustomHost, customHost); err != nil {
 		return nil, err
 	}
-	c := mgr.GetClient()
+	m := mappers{c: mgr.GetClient()}
 	recorder := mgr.GetEventRecorder("virtmetal-controller")
 	enrolment := &EnrolmentReconciler{
-		Client: c, Scheme: mgr.GetScheme(), Config: opts.Config, Identity: opts.Identity, Events: recorder,
+		Client: m.c, Scheme: mgr.GetScheme(), Config: opts.Config, Identity: opts.Identity, Events: recorder,
+	}
+	if err := enrolment.setup(mgr, m, opts); err != nil {
+		return nil, err
 	}
 	bmcs := &BMCReconciler{
-		Client: c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
+		Client: m.c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
 		Workload: opts.Workload, Events: recorder,
 	}
+	if err := bmcs.setup(mgr, m, opts); err != nil {
+		return nil, err
+	}
 	shared := &SharedReconciler{
-		Client: c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
+		Client: m.c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
 		Resync: opts.SharedResync,
 	}
-	concurrency := controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}
+	if err := shared.setup(mgr, m, opts); err != nil {
+		return nil, err
+	}
+	return enrolment, nil
+}
 
-	allVMs := func(ctx context.Context, namespace string) []reconcile.Request {
-		var vms kubevirtv1.VirtualMachineList
-		if err := c.List(ctx, &vms, client.InNamespace(namespace)); err != nil {
-			return nil
-		}
-		requests := make([]reconcile.Request, 0, len(vms.Items))
-		for _, vm := range vms.Items {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vm)})
-		}
-		return requests
-	}
-	allBMCs := func(ctx context.Context, _ client.Object) []reconcile.Request {
-		var list v1beta1.VirtualMachineBMCList
-		if err := c.List(ctx, &list); err != nil {
-			return nil
-		}
-		requests := make([]reconcile.Request, 0, len(list.Items))
-		for _, b := range list.Items {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
-		}
-		return requests
-	}
-	// A VirtualMachineBMC and its VM share namespace and name.
-	sameName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
-		return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(obj)}}
-	})
-	byVMLabel := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, obj client.Object) []reconcile.Request {
-		vm := obj.GetLabels()[v1beta1.LabelVM]
-		if vm == "" {
-			return nil
-		}
-		namespace := obj.GetNamespace()
-		if namespace == "" {
-			namespace = obj.GetLabels()[v1beta1.LabelNamespace]
-		}
-		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: namespace, Name: vm}}}
-	})
-	configChanged := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, _ client.Object) []reconcile.Request {
-		return allVMs(ctx, "")
-	})
-	bmcsInNamespace := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, obj client.Object) []reconcile.Request {
-		var list v1beta1.VirtualMachineBMCList
-		if err := c.List(ctx, &list, client.InNamespace(obj.GetNamespace())); err != nil {
-			return nil
-		}
-		requests := make([]reconcile.Request, 0, len(list.Items))
-		for _, b := range list.Items {
-			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
-		}
-		return requests
-	})
-	ownNamespace := func(_ context.Context, obj client.Object) []string { return []string{obj.GetNamespace()} }
-	labelledNamespace := func(_ context.Context, obj client.Object) []string {
-		return []string{obj.GetLabels()[v1beta1.LabelNamespace]}
-	}
-	// Namespaces that may have a shared bmc-server, or should lose one.
-	bmcNamespaces := func(ctx context.Context, _ client.Object) []string {
-		var bmcs v1beta1.VirtualMachineBMCList
-		var secrets corev1.SecretList
-		if err := c.List(ctx, &bmcs); err != nil {
-			return nil
-		}
-		if err := c.List(ctx, &secrets, client.MatchingLabels{v1beta1.LabelShared: "true"}); err != nil {
-			return nil
-		}
-		namespaces := map[string]bool{}
-		for _, b := range bmcs.Items {
-			namespaces[b.Namespace] = true
-		}
-		for _, s := range secrets.Items {
-			namespaces[s.Namespace] = true
-		}
-		return slices.Collect(maps.Keys(namespaces))
-	}
-	sharedOnly := builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
-		return obj.GetLabels()[v1beta1.LabelShared] == "true"
-	}))
-	// A BMC's status follows the shared Deployment's availability, not
-	// its every status update. A missing Deployment reads as one not
-	// available, so creating one (never available yet) changes no status:
-	// waking every BMC of the namespace for it would only rewrite statuses
-	// from a cache that has not caught up with the last write.
-	sharedAvailability := builder.WithPredicates(predicate.NewPredicateFuncs(func(obj client.Object) bool {
-		return obj.GetLabels()[v1beta1.LabelShared] == "true"
-	}), predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool { return deploymentAvailable(e.Object.(*appsv1.Deployment)) },
-		UpdateFunc: func(e event.UpdateEvent) bool {
-			before, after := e.ObjectOld.(*appsv1.Deployment), e.ObjectNew.(*appsv1.Deployment)
-			return deploymentAvailable(before) != deploymentAvailable(after)
-		},
-		DeleteFunc:  func(e event.DeleteEvent) bool { return deploymentAvailable(e.Object.(*appsv1.Deployment)) },
-		GenericFunc: func(event.GenericEvent) bool { return true },
-	})
+func concurrency(opts Options) controller.Options {
+	return controller.Options{MaxConcurrentReconciles: opts.MaxConcurrentReconciles}
+}
 
-	enrolmentBuilder := ctrl.NewControllerManagedBy(mgr).Named("enrolment").
+func (r *EnrolmentReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) error {
+	b := ctrl.NewControllerManagedBy(mgr).Named("enrolment").
 		For(&kubevirtv1.VirtualMachine{}).
-		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, ns client.Object) []reconcile.Request {
-			return allVMs(ctx, ns.GetName())
-		}), builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(m.vmsOfNamespace), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// Enrolment cares whether the VM's VirtualMachineBMC exists and is
 		// its own (a label), not about its spec or status.
-		Watches(&v1beta1.VirtualMachineBMC{}, sameName, builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		Watches(&v1beta1.VirtualMachineBMC{}, handler.EnqueueRequestsFromMapFunc(sameName), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// The BMC reconciler may recreate credentials from a stale cache
 		// after enrolment removed them: enrolment looks again.
-		Watches(&corev1.Secret{}, byVMLabel).
-		WithOptions(concurrency)
-	bmcBuilder := ctrl.NewControllerManagedBy(mgr).Named("virtualmachinebmc").
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
+		WithOptions(concurrency(opts))
+	if opts.Config.ConfigMap.Name != "" {
+		b = b.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(m.allVMs))
+	}
+	return b.Complete(r)
+}
+
+func (r *BMCReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) error {
+	b := ctrl.NewControllerManagedBy(mgr).Named("virtualmachinebmc").
 		For(&v1beta1.VirtualMachineBMC{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
@@ -216,15 +142,22 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 		Owns(&networkingv1.Ingress{}).
 		Owns(&rbacv1.Role{}).
 		Owns(&rbacv1.RoleBinding{}).
-		Watches(&kubevirtv1.VirtualMachine{}, sameName).
-		Watches(&corev1.Secret{}, byVMLabel).
-		Watches(&rbacv1.ClusterRole{}, byVMLabel).
-		Watches(&rbacv1.ClusterRoleBinding{}, byVMLabel).
-		Watches(&appsv1.Deployment{}, bmcsInNamespace, sharedAvailability).
-		WithOptions(concurrency)
-	// Every event about a namespace's BMCs reaches the shared reconciler
-	// late (delayed): a thousand of them make one reconcile.
-	sharedBuilder := ctrl.NewControllerManagedBy(mgr).Named("shared").
+		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(sameName)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
+		Watches(&rbacv1.ClusterRole{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
+		Watches(&rbacv1.ClusterRoleBinding{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
+		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(m.bmcsOfNamespace), sharedAvailability).
+		WithOptions(concurrency(opts))
+	if opts.Config.ConfigMap.Name != "" {
+		b = b.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(m.allBMCs))
+	}
+	return b.Complete(r)
+}
+
+// setup: every event about a namespace's BMCs reaches the shared
+// reconciler late (delayed), so a thousand of them make one reconcile.
+func (r *SharedReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) error {
+	b := ctrl.NewControllerManagedBy(mgr).Named("shared").
 		Watches(&v1beta1.VirtualMachineBMC{}, delayed(ownNamespace), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kubevirtv1.VirtualMachine{}, delayed(ownNamespace), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Secret{}, delayed(ownNamespace)).
@@ -235,20 +168,120 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 		Watches(&rbacv1.RoleBinding{}, delayed(ownNamespace), sharedOnly).
 		Watches(&rbacv1.ClusterRole{}, delayed(labelledNamespace), sharedOnly).
 		Watches(&rbacv1.ClusterRoleBinding{}, delayed(labelledNamespace), sharedOnly).
-		WithOptions(concurrency)
+		WithOptions(concurrency(opts))
 	if opts.Config.ConfigMap.Name != "" {
-		enrolmentBuilder = enrolmentBuilder.Watches(&corev1.ConfigMap{}, configChanged)
-		bmcBuilder = bmcBuilder.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(allBMCs))
-		sharedBuilder = sharedBuilder.Watches(&corev1.ConfigMap{}, delayed(bmcNamespaces))
+		b = b.Watches(&corev1.ConfigMap{}, delayed(m.namespacesWithBMCs))
 	}
-	if err := enrolmentBuilder.Complete(enrolment); err != nil {
-		return nil, err
-	}
-	if err := bmcBuilder.Complete(bmcs); err != nil {
-		return nil, err
-	}
-	if err := sharedBuilder.Complete(shared); err != nil {
-		return nil, err
-	}
-	return enrolment, nil
+	return b.Complete(r)
 }
+
+// mappers turn a watched object into the requests it concerns, reading
+// the manager's cache.
+type mappers struct{ c client.Client }
+
+func (m mappers) vmsOfNamespace(ctx context.Context, ns client.Object) []reconcile.Request {
+	return m.vms(ctx, ns.GetName())
+}
+
+// allVMs: the config changed, every VM is enrolled again.
+func (m mappers) allVMs(ctx context.Context, _ client.Object) []reconcile.Request {
+	return m.vms(ctx, "")
+}
+
+func (m mappers) vms(ctx context.Context, namespace string) []reconcile.Request {
+	var vms kubevirtv1.VirtualMachineList
+	if err := m.c.List(ctx, &vms, client.InNamespace(namespace)); err != nil {
+		return nil
+	}
+	requests := make([]reconcile.Request, 0, len(vms.Items))
+	for _, vm := range vms.Items {
+		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&vm)})
+	}
+	return requests
+}
+
+func (m mappers) allBMCs(ctx context.Context, _ client.Object) []reconcile.Request {
+	return m.bmcs(ctx)
+}
+
+func (m mappers) bmcsOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
+	return m.bmcs(ctx, client.InNamespace(obj.GetNamespace()))
+}
+
+func (m mappers) bmcs(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
+	var list v1beta1.VirtualMachineBMCList
+	if err := m.c.List(ctx, &list, opts...); err != nil {
+		return nil
+	}
+	requests := make([]reconcile.Request, 0, len(list.Items))
+	for _, b := range list.Items {
+		requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+	}
+	return requests
+}
+
+// namespacesWithBMCs are the namespaces that may have a shared
+// bmc-server, or should lose one.
+func (m mappers) namespacesWithBMCs(ctx context.Context, _ client.Object) []string {
+	var bmcs v1beta1.VirtualMachineBMCList
+	var secrets corev1.SecretList
+	if err := m.c.List(ctx, &bmcs); err != nil {
+		return nil
+	}
+	if err := m.c.List(ctx, &secrets, client.MatchingLabels{v1beta1.LabelShared: "true"}); err != nil {
+		return nil
+	}
+	namespaces := map[string]bool{}
+	for _, b := range bmcs.Items {
+		namespaces[b.Namespace] = true
+	}
+	for _, s := range secrets.Items {
+		namespaces[s.Namespace] = true
+	}
+	return slices.Collect(maps.Keys(namespaces))
+}
+
+// sameName: a VirtualMachineBMC and its VM share namespace and name.
+func sameName(_ context.Context, obj client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: client.ObjectKeyFromObject(obj)}}
+}
+
+// byVMLabel: an object made for a VM names it in a label (and, when
+// cluster-scoped, its namespace in another).
+func byVMLabel(_ context.Context, obj client.Object) []reconcile.Request {
+	vm := obj.GetLabels()[v1beta1.LabelVM]
+	if vm == "" {
+		return nil
+	}
+	namespace := obj.GetNamespace()
+	if namespace == "" {
+		namespace = obj.GetLabels()[v1beta1.LabelNamespace]
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: namespace, Name: vm}}}
+}
+
+func ownNamespace(_ context.Context, obj client.Object) []string { return []string{obj.GetNamespace()} }
+
+func labelledNamespace(_ context.Context, obj client.Object) []string {
+	return []string{obj.GetLabels()[v1beta1.LabelNamespace]}
+}
+
+func isShared(obj client.Object) bool { return obj.GetLabels()[v1beta1.LabelShared] == "true" }
+
+var (
+	sharedOnly = builder.WithPredicates(predicate.NewPredicateFuncs(isShared))
+	// A BMC's status follows the shared Deployment's availability, not
+	// its every status update. A missing Deployment reads as one not
+	// available, so creating one (never available yet) changes no status:
+	// waking every BMC of the namespace for it would only rewrite statuses
+	// from a cache that has not caught up with the last write.
+	sharedAvailability = builder.WithPredicates(predicate.NewPredicateFuncs(isShared), predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool { return deploymentAvailable(e.Object.(*appsv1.Deployment)) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			before, after := e.ObjectOld.(*appsv1.Deployment), e.ObjectNew.(*appsv1.Deployment)
+			return deploymentAvailable(before) != deploymentAvailable(after)
+		},
+		DeleteFunc:  func(e event.DeleteEvent) bool { return deploymentAvailable(e.Object.(*appsv1.Deployment)) },
+		GenericFunc: func(event.GenericEvent) bool { return true },
+	})
+)

@@ -45,8 +45,6 @@ const (
 	// Role are written once per batch rather than once per VM. The queue
 	// keeps one entry per namespace, at the earliest time asked.
 	sharedBatchDelay = time.Second
-	// reasonHostTaken: two VMs asked for one host name.
-	reasonHostTaken = "HostTaken"
 )
 
 // sharedCredentials is one VM's entry (key: the VM's name) of the Secret
