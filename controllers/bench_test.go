@@ -65,12 +65,12 @@ func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // plus the test's client) at that point.
 func BenchmarkEnrolExistingVMs(b *testing.B) {
 	stopSharedManager() // two managers would enrol the same VMs
-	for _, mode := range []string{controllers.WorkloadPodPerVM, controllers.WorkloadShared} {
-		b.Run(mode, func(b *testing.B) { benchmarkEnrolment(b, mode) })
+	for _, mode := range []controllers.WorkloadMode{controllers.WorkloadPodPerVM, controllers.WorkloadShared} {
+		b.Run(string(mode), func(b *testing.B) { benchmarkEnrolment(b, mode) })
 	}
 }
 
-func benchmarkEnrolment(b *testing.B, mode string) {
+func benchmarkEnrolment(b *testing.B, mode controllers.WorkloadMode) {
 	ctx := context.Background()
 	for i := range b.N {
 		b.StopTimer()

@@ -10,7 +10,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,10 +26,10 @@ import (
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 )
 
-// clusterRBACFinalizer holds a VirtualMachineBMC until its cluster-scoped
-// RBAC (for a VM with a cluster instancetype), which no owner reference can
-// collect, is deleted.
-const clusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
+// legacyClusterRBACFinalizer held a VirtualMachineBMC until its cluster
+// RBAC was deleted, in versions before that RBAC was owned by the
+// Namespace (clusterrbac.go). The controller removes it where it is left.
+const legacyClusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
 
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=bmc.virtmetal.io,resources=virtualmachinebmcs/status,verbs=patch
@@ -67,6 +66,8 @@ type BMCReconciler struct {
 	Events    events.EventRecorder
 
 	statuses writtenStatuses[v1beta1.VirtualMachineBMCStatus]
+	// sharedHealth tells of the shared reconciler's failures (Setup sets it).
+	sharedHealth *sharedHealth
 }
 
 // bmcScope is what one reconcile of a VirtualMachineBMC read and decided.
@@ -89,13 +90,18 @@ type bmcPhase func(ctx context.Context, s *bmcScope) (done bool, err error)
 func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, err error) {
 	b := &v1beta1.VirtualMachineBMC{}
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
-		if apierrors.IsNotFound(err) {
-			r.statuses.forget(req.NamespacedName)
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		r.statuses.forget(req.NamespacedName)
+		// The BMC is named after its VM.
+		return ctrl.Result{}, deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(req.Namespace, req.Name), req.Namespace, req.Name)
+	}
+	if controllerutil.RemoveFinalizer(b, legacyClusterRBACFinalizer) {
+		return ctrl.Result{}, r.Client.Update(ctx, b) // its update event brings it back
 	}
 	if !b.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, b)
+		return ctrl.Result{}, nil // the garbage collector takes its objects; the NotFound above its cluster RBAC
 	}
 	s := &bmcScope{bmc: b, status: newStatus(b)}
 	// Every return records what this reconcile reached, a failure
@@ -172,10 +178,8 @@ func (r *BMCReconciler) renderWorkload(ctx context.Context, s *bmcScope) (bool, 
 
 func (r *BMCReconciler) applyWorkload(ctx context.Context, s *bmcScope) (bool, error) {
 	b, w := s.bmc, s.workload
-	if len(w.ClusterObjects) > 0 && controllerutil.AddFinalizer(b, clusterRBACFinalizer) {
-		if err := r.Client.Update(ctx, b); err != nil {
-			return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
-		}
+	if err := ownByNamespace(ctx, r.Client, b.Namespace, w.ClusterObjects); err != nil {
+		return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonReadFailed, err)
 	}
 	s.applied = map[string]client.Object{}
 	for _, obj := range slices.Concat(w.Objects, w.ClusterObjects) {
@@ -203,7 +207,11 @@ func (r *BMCReconciler) reportWorkload(ctx context.Context, s *bmcScope) (bool, 
 		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, d); client.IgnoreNotFound(err) != nil {
 			return false, st.fail(v1beta1.ConditionDeploymentAvailable, reasonReadFailed, err)
 		}
-		st.deployment(d)
+		if err := r.sharedHealth.failure(b.Namespace); err != nil {
+			st.set(v1beta1.ConditionDeploymentAvailable, false, reasonSharedServerFailed, "shared bmc-server %s: %v", sharedName, err)
+		} else {
+			st.deployment(d)
+		}
 		st.set(v1beta1.ConditionServiceReady, true, reasonShared, "Service %s serves the BMC", sharedName)
 	case hasService:
 		st.deployment(s.applied[fmt.Sprintf("%T", &appsv1.Deployment{})])
@@ -268,9 +276,7 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	err := reader.Get(ctx, key, secret)
 	switch {
 	case apierrors.IsNotFound(err) && b.Spec.CredentialsSecret == "":
-		if secret, err = newCredentialsSecret(vm, r.Scheme); err != nil {
-			return err
-		}
+		secret = newCredentialsSecret(vm)
 		switch err := r.Client.Create(ctx, secret); {
 		case apierrors.IsAlreadyExists(err):
 			// Enrolment created it and the cache has not shown it yet.
@@ -288,7 +294,7 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	case err != nil:
 		return err
 	}
-	if len(secret.Data[v1beta1.SecretUsernameKey]) == 0 || len(secret.Data[v1beta1.SecretPasswordKey]) == 0 {
+	if _, _, ok := v1beta1.CredentialsOf(secret); !ok {
 		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretInvalid, "Secret %s needs non-empty %q and %q", name, v1beta1.SecretUsernameKey, v1beta1.SecretPasswordKey)
 		return nil
 	}
@@ -329,8 +335,7 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 func (r *BMCReconciler) removeUnwanted(ctx context.Context, s *bmcScope) error {
 	b, w := s.bmc, s.workload
 	name := types.NamespacedName{Namespace: b.Namespace, Name: workloadName(b.Spec.VMName)}
-	for _, candidate := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
-		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+	for _, candidate := range workloadKinds() {
 		if slices.ContainsFunc(w.Objects, func(o client.Object) bool { return fmt.Sprintf("%T", o) == fmt.Sprintf("%T", candidate) }) {
 			continue
 		}
@@ -346,28 +351,12 @@ func (r *BMCReconciler) removeUnwanted(ctx context.Context, s *bmcScope) error {
 			}
 		}
 	}
-	if len(w.ClusterObjects) == 0 && controllerutil.ContainsFinalizer(b, clusterRBACFinalizer) {
-		if err := r.finalize(ctx, b); err != nil {
+	if len(w.ClusterObjects) == 0 {
+		if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(b.Namespace, b.Spec.VMName), b.Namespace, b.Spec.VMName); err != nil {
 			return s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
 		}
 	}
 	return nil
-}
-
-// finalize deletes the BMC's cluster-scoped RBAC and lets it go.
-func (r *BMCReconciler) finalize(ctx context.Context, b *v1beta1.VirtualMachineBMC) error {
-	if !controllerutil.ContainsFinalizer(b, clusterRBACFinalizer) {
-		return nil
-	}
-	name := bmc.ClusterRBACName(b.Namespace, b.Spec.VMName)
-	for _, obj := range []client.Object{&rbacv1.ClusterRoleBinding{}, &rbacv1.ClusterRole{}} {
-		obj.SetName(name)
-		if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-			return err
-		}
-	}
-	controllerutil.RemoveFinalizer(b, clusterRBACFinalizer)
-	return r.Client.Update(ctx, b)
 }
 
 // writeStatus applies the controller's part of the status (server-side

@@ -715,45 +715,10 @@ func serviceAccountClient(t *testing.T, namespace, name string) client.Client {
 // a retry makes the condition True again.
 func TestFailedApplyIsReported(t *testing.T) {
 	sharedManager(t)
-	ctx := context.Background()
 	ns := namespace(t, "refused", true)
-	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "no-services-in-refused"},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
-				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"services"}},
-				},
-			}}},
-			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: "no Service is admitted here"}},
-		},
-	}
-	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: policy.Name},
-		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
-			PolicyName:        policy.Name,
-			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
-			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
-				MatchLabels: map[string]string{corev1.LabelMetadataName: ns},
-			}},
-		},
-	}
-	for _, obj := range []client.Object{policy, binding} {
-		if err := admin.Create(ctx, obj); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The policy is in force once a Service of the namespace is refused.
-	waitFor(t, "the policy in force", func() error {
-		probe := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"},
-			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
-		}
-		if err := admin.Create(ctx, probe, client.DryRunAll); err == nil {
-			return errors.New("a Service is still admitted")
-		}
-		return nil
+	lift := refuse(t, ns, "services", "no Service is admitted here", &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
 	})
 	key := client.ObjectKeyFromObject(createVM(t, newVM(ns, "web1")))
 	condition := func(b *v1beta1.VirtualMachineBMC, conditionType string) metav1.Condition {
@@ -779,9 +744,7 @@ func TestFailedApplyIsReported(t *testing.T) {
 		}
 		return nil
 	})
-	if err := admin.Delete(ctx, binding); err != nil {
-		t.Fatal(err)
-	}
+	lift()
 	waitFor(t, "the Service once the policy is gone", func() error {
 		b := &v1beta1.VirtualMachineBMC{}
 		if err := get(key, b); err != nil {
@@ -792,5 +755,108 @@ func TestFailedApplyIsReported(t *testing.T) {
 		}
 		return get(workloadKey(key), &corev1.Service{})
 	})
-	_ = admin.Delete(ctx, policy)
+}
+
+// refuse makes the API server refuse every create and update of resource
+// (a core kind's plural) in namespace, with message, until the returned
+// lift is called (or the test ends). probe, a valid object of that kind in
+// namespace, tells when the refusal is in force (created as a dry run).
+func refuse(t *testing.T, namespace, resource, message string, probe client.Object) (lift func()) {
+	t.Helper()
+	ctx := context.Background()
+	name := "refuse-" + resource + "-in-" + namespace
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{"", "apps"}, APIVersions: []string{"v1"}, Resources: []string{resource}},
+				},
+			}}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: message}},
+		},
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{NamespaceSelector: &metav1.LabelSelector{
+				MatchLabels: map[string]string{corev1.LabelMetadataName: namespace},
+			}},
+		},
+	}
+	for _, obj := range []client.Object{policy, binding} {
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lift = func() {
+		for _, obj := range []client.Object{binding, policy} {
+			if err := admin.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(lift)
+	waitFor(t, "the refusal in force", func() error {
+		if err := admin.Create(ctx, probe.DeepCopyObject().(client.Object), client.DryRunAll); err == nil {
+			return fmt.Errorf("%s still admitted", resource)
+		}
+		return nil
+	})
+	return lift
+}
+
+// TestClusterRBACIsOwnedByItsNamespace: a BMC's cluster RBAC is owned by
+// its Namespace in pod-per-VM mode as in shared mode, and a
+// VirtualMachineBMC left with the finalizer of earlier versions loses it
+// (so its deletion is not held) while its cluster RBAC stays served.
+func TestClusterRBACIsOwnedByItsNamespace(t *testing.T) {
+	sharedManager(t)
+	ctx := context.Background()
+	ns := namespace(t, "cluster-owner", false)
+	vm := newVM(ns, "web1")
+	vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
+	createVM(t, vm)
+	b := &v1beta1.VirtualMachineBMC{}
+	b.Namespace, b.Name, b.Spec.VMName = ns, vm.Name, vm.Name
+	b.Finalizers = []string{"bmc.virtmetal.io/cluster-rbac"}
+	if err := admin.Create(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	namespaceObj := &corev1.Namespace{}
+	if err := admin.Get(ctx, types.NamespacedName{Name: ns}, namespaceObj); err != nil {
+		t.Fatal(err)
+	}
+	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-owner-web1"}
+	waitFor(t, "cluster RBAC owned by the Namespace, no finalizer", func() error {
+		for _, obj := range []client.Object{&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
+			if err := get(name, obj); err != nil {
+				return err
+			}
+			if owners := obj.GetOwnerReferences(); len(owners) != 1 || owners[0].Kind != "Namespace" || owners[0].UID != namespaceObj.UID {
+				return fmt.Errorf("%T owners %+v", obj, owners)
+			}
+		}
+		got := &v1beta1.VirtualMachineBMC{}
+		if err := get(client.ObjectKeyFromObject(b), got); err != nil {
+			return err
+		}
+		if len(got.Finalizers) != 0 {
+			return fmt.Errorf("finalizers %v", got.Finalizers)
+		}
+		return nil
+	})
+	// The VM leaves its cluster instancetype: the RBAC goes, the BMC stays.
+	update(t, client.ObjectKeyFromObject(vm), &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
+		obj.(*kubevirtv1.VirtualMachine).Spec.Instancetype = nil
+	})
+	waitFor(t, "cluster RBAC removed with the instancetype", func() error {
+		if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
+			return err
+		}
+		return gone(name, &rbacv1.ClusterRoleBinding{})
+	})
 }

@@ -38,6 +38,9 @@ const (
 	reasonConfigInvalid     reason = "ConfigInvalid"     // the controller's ConfigMap cannot be read or used
 	reasonReadFailed        reason = "ReadFailed"        // the API server did not answer a read
 	reasonCredentialsFailed reason = "CredentialsFailed" // creating or rotating the Secret failed
+	// reasonSharedServerFailed: the namespace's shared bmc-server could
+	// not be kept (also an Event on each VirtualMachineBMC it serves).
+	reasonSharedServerFailed reason = "SharedServerFailed"
 )
 
 // Event-only reasons.

@@ -38,7 +38,7 @@ type Config struct {
 	BMCImage string
 	// Workload is how BMCs run: WorkloadPodPerVM (also when empty) or
 	// WorkloadShared.
-	Workload string
+	Workload WorkloadMode
 	// EventDestinationsDenied are networks no bmc-server sends events to
 	// (its --event-destinations-denied): the cluster's pod and service
 	// networks, so that a tenant's event subscription cannot POST into
@@ -46,14 +46,17 @@ type Config struct {
 	EventDestinationsDenied []netip.Prefix
 }
 
+// WorkloadMode is how BMCs run.
+type WorkloadMode string
+
 // Workload modes.
 const (
 	// WorkloadPodPerVM runs one bmc-server Deployment per VM.
-	WorkloadPodPerVM = "pod-per-vm"
+	WorkloadPodPerVM WorkloadMode = "pod-per-vm"
 	// WorkloadShared runs one bmc-server per namespace for the VMs it can
 	// serve (Redfish without IPMI), which costs the API server a few writes
 	// per VM instead of a dozen.
-	WorkloadShared = "shared"
+	WorkloadShared WorkloadMode = "shared"
 )
 
 // shared says whether the shared workload mode is on.
@@ -152,13 +155,10 @@ func (s *ConfigSource) Get(ctx context.Context) (Config, error) {
 
 func (c Config) overlay(data map[string]string) (Config, error) {
 	for key, value := range data {
+		var err error
 		switch key {
 		case configKeyNamespaceSelector:
-			selector, err := labels.Parse(value)
-			if err != nil {
-				return c, fmt.Errorf("%s: %w", key, err)
-			}
-			c.NamespaceSelector = selector
+			err = parseInto(value, func(s string) (labels.Selector, error) { return labels.Parse(s) }, &c.NamespaceSelector)
 		case configKeyDomain:
 			c.Domain = value
 		case configKeyIngressClass:
@@ -168,24 +168,28 @@ func (c Config) overlay(data map[string]string) (Config, error) {
 		case configKeyClusterIssuer:
 			c.ClusterIssuer = value
 		case configKeyIPMIDefault:
-			on, err := strconv.ParseBool(value)
-			if err != nil {
-				return c, fmt.Errorf("%s: %w", key, err)
-			}
-			c.IPMIDefault = on
+			err = parseInto(value, strconv.ParseBool, &c.IPMIDefault)
 		case configKeyBMCImage:
 			c.BMCImage = value
 		case configKeyWorkload:
-			c.Workload = value
+			c.Workload = WorkloadMode(value)
 		case configKeyEventDestinationsDenied:
-			networks, err := ParseNetworks(value)
-			if err != nil {
-				return c, fmt.Errorf("%s: %w", key, err)
-			}
-			c.EventDestinationsDenied = networks
+			err = parseInto(value, ParseNetworks, &c.EventDestinationsDenied)
 		default:
 			return c, fmt.Errorf("unknown key %q", key)
 		}
+		if err != nil {
+			return c, fmt.Errorf("%s: %w", key, err)
+		}
 	}
 	return c, nil
+}
+
+// parseInto sets *into to value parsed, leaving it as it was on an error.
+func parseInto[T any](value string, parse func(string) (T, error), into *T) error {
+	parsed, err := parse(value)
+	if err == nil {
+		*into = parsed
+	}
+	return err
 }

@@ -7,9 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 )
@@ -18,7 +16,7 @@ import (
 // and password, owned by the VM (not its VirtualMachineBMC), so that a
 // deleted and recreated VirtualMachineBMC keeps the credentials MaaS
 // already has.
-func newCredentialsSecret(vm *kubevirtv1.VirtualMachine, scheme *runtime.Scheme) (*corev1.Secret, error) {
+func newCredentialsSecret(vm *kubevirtv1.VirtualMachine) *corev1.Secret {
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: v1beta1.CredentialsSecretName(vm.Name), Namespace: vm.Namespace, Labels: childLabels(vm.Name)},
 		Type:       corev1.SecretTypeOpaque,
@@ -27,7 +25,8 @@ func newCredentialsSecret(vm *kubevirtv1.VirtualMachine, scheme *runtime.Scheme)
 			v1beta1.SecretPasswordKey: []byte(newPassword()),
 		},
 	}
-	return secret, controllerutil.SetOwnerReference(vm, secret, scheme)
+	setOwner(secret, vmKind, vm, collectedWith)
+	return secret
 }
 
 // newUsername returns a random user name: a BMC user name that can be

@@ -11,13 +11,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 )
@@ -38,7 +36,6 @@ type IdentityStamper interface {
 // repairs VMs that existed before, or were admitted without the webhook.
 type EnrolmentReconciler struct {
 	Client   client.Client // the manager's cached client
-	Scheme   *runtime.Scheme
 	Config   *ConfigSource
 	Identity IdentityStamper
 	Events   events.EventRecorder
@@ -127,10 +124,7 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 	var created []string
 	secretKey := types.NamespacedName{Namespace: vm.Namespace, Name: v1beta1.CredentialsSecretName(vm.Name)}
 	if err := r.Client.Get(ctx, secretKey, &corev1.Secret{}); apierrors.IsNotFound(err) {
-		secret, err := newCredentialsSecret(vm, r.Scheme)
-		if err != nil {
-			return "", 0, err
-		}
+		secret := newCredentialsSecret(vm)
 		switch err := r.Client.Create(ctx, secret); {
 		case err == nil:
 			created = append(created, "credentials Secret "+secret.Name)
@@ -146,9 +140,7 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 		ObjectMeta: metav1.ObjectMeta{Name: vm.Name, Namespace: vm.Namespace, Labels: bmcLabels},
 		Spec:       v1beta1.VirtualMachineBMCSpec{VMName: vm.Name},
 	}
-	if err := controllerutil.SetControllerReference(vm, b, r.Scheme); err != nil {
-		return "", 0, err
-	}
+	setOwner(b, vmKind, vm, controlledBy)
 	err = r.Client.Create(ctx, b)
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", 0, err

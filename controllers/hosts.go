@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // indexCustomHost indexes VirtualMachineBMCs by the host their spec asks
@@ -42,7 +43,7 @@ func hostHolder(ctx context.Context, c client.Reader, b *v1beta1.VirtualMachineB
 		return nil, err
 	}
 	// The BMC named vm has vm's default host unless its spec names another.
-	if vm, ok := strings.CutSuffix(host, "."+b.Namespace+"."+domain); ok && !strings.Contains(vm, ".") {
+	if vm, ok := strings.CutSuffix(host, "."+bmcspec.Zone(b.Namespace, domain)); ok && !strings.Contains(vm, ".") {
 		var byDefault v1beta1.VirtualMachineBMC
 		err := c.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: vm}, &byDefault)
 		switch {

@@ -84,7 +84,6 @@ func TestEnrolmentDoesNotCreateTwiceWhileTheCacheLags(t *testing.T) {
 	}).Build()
 	r := &EnrolmentReconciler{
 		Client:   c,
-		Scheme:   scheme,
 		Config:   &ConfigSource{Defaults: Config{NamespaceSelector: labels.SelectorFromSet(labels.Set{"enrolled": "yes"})}, Reader: c},
 		Identity: stampNothing{},
 		Events:   events.NewFakeRecorder(10),

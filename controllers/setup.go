@@ -8,8 +8,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 )
@@ -35,19 +34,12 @@ var managedSelector = labels.SelectorFromSet(labels.Set{v1beta1.LabelManagedBy: 
 // one config ConfigMap, and VMs without their managed fields. That keeps
 // the controller's memory to its own objects, not the cluster's Secrets.
 func CacheOptions(configMap types.NamespacedName) cache.Options {
-	managed := cache.ByObject{Label: managedSelector}
 	byObject := map[client.Object]cache.ByObject{
-		&corev1.Secret{}:             managed,
-		&corev1.Service{}:            managed,
-		&corev1.ServiceAccount{}:     managed,
-		&appsv1.Deployment{}:         managed,
-		&networkingv1.Ingress{}:      managed,
-		&rbacv1.Role{}:               managed,
-		&rbacv1.RoleBinding{}:        managed,
-		&rbacv1.ClusterRole{}:        managed,
-		&rbacv1.ClusterRoleBinding{}: managed,
 		&kubevirtv1.VirtualMachine{}: {Transform: cache.TransformStripManagedFields()},
 		&v1beta1.VirtualMachineBMC{}: {Transform: cache.TransformStripManagedFields()},
+	}
+	for _, obj := range slices.Concat([]client.Object{&corev1.Secret{}}, workloadKinds(), clusterRBACKinds()) {
+		byObject[obj] = cache.ByObject{Label: managedSelector}
 	}
 	if configMap.Name != "" {
 		byObject[&corev1.ConfigMap{}] = cache.ByObject{
@@ -90,21 +82,22 @@ func Setup(mgr ctrl.Manager, opts Options) (*EnrolmentReconciler, error) {
 	m := mappers{c: mgr.GetClient()}
 	recorder := mgr.GetEventRecorder("virtmetal-controller")
 	enrolment := &EnrolmentReconciler{
-		Client: m.c, Scheme: mgr.GetScheme(), Config: opts.Config, Identity: opts.Identity, Events: recorder,
+		Client: m.c, Config: opts.Config, Identity: opts.Identity, Events: recorder,
 	}
 	if err := enrolment.setup(mgr, m, opts); err != nil {
 		return nil, err
 	}
+	health := newSharedHealth()
 	bmcs := &BMCReconciler{
 		Client: m.c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
-		Workload: opts.Workload, Events: recorder,
+		Workload: opts.Workload, Events: recorder, sharedHealth: health,
 	}
 	if err := bmcs.setup(mgr, m, opts); err != nil {
 		return nil, err
 	}
 	shared := &SharedReconciler{
 		Client: m.c, APIReader: mgr.GetAPIReader(), Scheme: mgr.GetScheme(), Config: opts.Config,
-		Resync: opts.SharedResync,
+		Resync: opts.SharedResync, Events: recorder, health: health,
 	}
 	if err := shared.setup(mgr, m, opts); err != nil {
 		return nil, err
@@ -136,18 +129,19 @@ func (r *EnrolmentReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) e
 func (r *BMCReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) error {
 	b := ctrl.NewControllerManagedBy(mgr).Named("virtualmachinebmc").
 		For(&v1beta1.VirtualMachineBMC{}).
-		Owns(&appsv1.Deployment{}).
-		Owns(&corev1.Service{}).
-		Owns(&corev1.ServiceAccount{}).
-		Owns(&networkingv1.Ingress{}).
-		Owns(&rbacv1.Role{}).
-		Owns(&rbacv1.RoleBinding{}).
 		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(sameName)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
-		Watches(&rbacv1.ClusterRole{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
-		Watches(&rbacv1.ClusterRoleBinding{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(m.bmcsOfNamespace), sharedAvailability).
 		WithOptions(concurrency(opts))
+	for _, obj := range workloadKinds() {
+		b = b.Owns(obj)
+	}
+	for _, obj := range clusterRBACKinds() {
+		b = b.Watches(obj, handler.EnqueueRequestsFromMapFunc(byVMLabel))
+	}
+	if r.sharedHealth != nil {
+		b = b.WatchesRawSource(source.Channel(r.sharedHealth.changed, handler.EnqueueRequestsFromMapFunc(m.bmcsOfNamespace)))
+	}
 	if opts.Config.ConfigMap.Name != "" {
 		b = b.Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(m.allBMCs))
 	}
@@ -161,14 +155,13 @@ func (r *SharedReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) erro
 		Watches(&v1beta1.VirtualMachineBMC{}, delayed(ownNamespace), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&kubevirtv1.VirtualMachine{}, delayed(ownNamespace), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&corev1.Secret{}, delayed(ownNamespace)).
-		Watches(&appsv1.Deployment{}, delayed(ownNamespace), sharedOnly).
-		Watches(&corev1.Service{}, delayed(ownNamespace), sharedOnly).
-		Watches(&corev1.ServiceAccount{}, delayed(ownNamespace), sharedOnly).
-		Watches(&rbacv1.Role{}, delayed(ownNamespace), sharedOnly).
-		Watches(&rbacv1.RoleBinding{}, delayed(ownNamespace), sharedOnly).
-		Watches(&rbacv1.ClusterRole{}, delayed(labelledNamespace), sharedOnly).
-		Watches(&rbacv1.ClusterRoleBinding{}, delayed(labelledNamespace), sharedOnly).
 		WithOptions(concurrency(opts))
+	for _, obj := range workloadKinds() {
+		b = b.Watches(obj, delayed(ownNamespace), sharedOnly)
+	}
+	for _, obj := range clusterRBACKinds() {
+		b = b.Watches(obj, delayed(labelledNamespace), sharedOnly)
+	}
 	if opts.Config.ConfigMap.Name != "" {
 		b = b.Watches(&corev1.ConfigMap{}, delayed(m.namespacesWithBMCs))
 	}

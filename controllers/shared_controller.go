@@ -10,15 +10,13 @@ import (
 	"slices"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -30,6 +28,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 const (
@@ -47,19 +46,10 @@ const (
 	sharedBatchDelay = time.Second
 )
 
-// sharedCredentials is one VM's entry (key: the VM's name) of the Secret
-// sharedName: the contract with bmc-server --vms-dir, which routes a
-// request to the VM whose hosts hold its Host header.
-type sharedCredentials struct {
-	Username string   `json:"username"`
-	Password string   `json:"password"`
-	Hosts    []string `json:"hosts"`
-}
-
 // sharedVM is a VM the shared bmc-server serves.
 type sharedVM struct {
 	name                              string
-	credentials                       sharedCredentials
+	credentials                       bmcspec.SharedVM // its entry of the Secret sharedName
 	instancetype, clusterInstancetype string
 }
 
@@ -88,9 +78,16 @@ type SharedReconciler struct {
 	// whose credentials are in a user-named Secret: the cache holds only
 	// the controller's Secrets, so no event tells of that one's change.
 	Resync time.Duration
+	// Events tells each VirtualMachineBMC the server serves of a failure.
+	Events events.EventRecorder
+
+	health *sharedHealth // Setup shares it with the BMC reconciler
 }
 
-// Reconcile implements reconcile.Reconciler for a namespace.
+// Reconcile implements reconcile.Reconciler for a namespace. A failure is
+// told on the namespace's shared VirtualMachineBMCs, as a condition (the
+// BMC reconciler's, through sharedHealth) and, once per new failure, an
+// Event on each.
 func (r *SharedReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	cfg, err := r.Config.Get(ctx)
 	if err != nil {
@@ -100,14 +97,26 @@ func (r *SharedReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if err := r.Client.List(ctx, &list, client.InNamespace(req.Namespace)); err != nil {
 		return ctrl.Result{}, err
 	}
-	vms, unwatched, err := r.served(ctx, cfg, list.Items)
+	result, err := r.reconcile(ctx, cfg, req.Namespace, list.Items)
+	if r.health != nil && r.health.record(ctx, req.Namespace, err) && err != nil && r.Events != nil {
+		for i := range list.Items {
+			if b := &list.Items[i]; servedShared(b, cfg) {
+				r.Events.Eventf(b, nil, corev1.EventTypeWarning, string(reasonSharedServerFailed), "Apply", "shared bmc-server %s: %v", sharedName, err)
+			}
+		}
+	}
+	return result, err
+}
+
+func (r *SharedReconciler) reconcile(ctx context.Context, cfg Config, namespace string, bmcs []v1beta1.VirtualMachineBMC) (ctrl.Result, error) {
+	vms, unwatched, err := r.served(ctx, cfg, bmcs)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if len(vms) == 0 {
-		return ctrl.Result{}, r.remove(ctx, req.Namespace)
+		return ctrl.Result{}, r.remove(ctx, namespace)
 	}
-	if err := r.apply(ctx, cfg, req.Namespace, vms); err != nil {
+	if err := r.apply(ctx, cfg, namespace, vms); err != nil {
 		return ctrl.Result{}, err
 	}
 	if unwatched {
@@ -161,15 +170,16 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 			}
 			return nil, false, err
 		}
-		user, password := secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey]
-		if len(user) == 0 || len(password) == 0 {
+		user, password, ok := v1beta1.CredentialsOf(secret)
+		if !ok {
 			continue
 		}
+		instancetype, clusterInstancetype := instancetypes(vm)
 		vms = append(vms, sharedVM{
 			name:                b.Spec.VMName,
-			credentials:         sharedCredentials{Username: string(user), Password: string(password), Hosts: []string{host}},
-			instancetype:        instancetypeName(vm, "VirtualMachineInstancetype"),
-			clusterInstancetype: instancetypeName(vm, "VirtualMachineClusterInstancetype"),
+			credentials:         bmcspec.SharedVM{Username: user, Password: password, Hosts: []string{host}},
+			instancetype:        instancetype,
+			clusterInstancetype: clusterInstancetype,
 		})
 	}
 	slices.SortFunc(vms, func(a, b sharedVM) int { return cmp.Compare(a.name, b.name) })
@@ -213,44 +223,29 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 	if err != nil {
 		return err
 	}
-	if len(clusterObjects) > 0 {
-		// The Namespace owns them, so that deleting it takes them too.
-		ns := &corev1.Namespace{}
-		if err := r.Client.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
+	if err := ownByNamespace(ctx, r.Client, namespace, clusterObjects); err != nil {
+		return err
+	}
+	if len(clusterObjects) == 0 {
+		if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(namespace, ""), namespace, ""); err != nil {
 			return err
 		}
-		yes := true
-		for _, obj := range clusterObjects {
-			obj.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "v1", Kind: "Namespace", Name: ns.Name, UID: ns.UID, Controller: &yes}})
-		}
-	} else if err := r.deleteClusterRBAC(ctx, namespace); err != nil {
-		return err
 	}
 	meta := metav1.ObjectMeta{Name: sharedName, Namespace: namespace, Labels: sharedLabels()}
 	objects = append(objects,
 		bmcDeployment(meta, bmcPod{
+			namespace:      namespace,
 			serviceAccount: sharedName,
 			image:          cfg.BMCImage,
-			args: []string{
-				"--backend", "kubevirt",
-				"--namespace", namespace,
-				"--vms-dir", sharedVMsMountPath,
-				"--listen", fmt.Sprintf(":%d", redfishContainerPort),
-			},
-			ports:     []corev1.ContainerPort{{Name: "redfish", ContainerPort: redfishContainerPort, Protocol: corev1.ProtocolTCP}},
-			resources: sharedResources(len(vms)),
-			secret:    sharedName,
-			mountPath: sharedVMsMountPath,
+			serves:         []string{"--vms-dir", sharedVMsMountPath},
+			ports:          []corev1.ContainerPort{redfishContainerPortSpec()},
+			resources:      sharedResources(len(vms)),
+			secret:         sharedName,
+			mountPath:      sharedVMsMountPath,
 
 			eventDestinationsDenied: cfg.EventDestinationsDenied,
 		}),
-		&corev1.Service{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-			ObjectMeta: meta,
-			Spec: corev1.ServiceSpec{Selector: sharedLabels(), Ports: []corev1.ServicePort{{
-				Name: "redfish", Port: redfishServicePort, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("redfish"),
-			}}},
-		},
+		bmcService(meta, []corev1.ServicePort{redfishServicePortSpec()}),
 	)
 	for _, obj := range slices.Concat(objects, clusterObjects) {
 		if _, err := (applier{r.Client, r.Scheme}).ensure(ctx, obj); err != nil {
@@ -318,23 +313,12 @@ func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, d
 
 // remove deletes the namespace's shared objects.
 func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
-	for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
-		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+	for _, obj := range slices.Concat([]client.Object{&corev1.Secret{}}, workloadKinds()) {
 		if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, obj); err != nil {
 			return err
 		}
 	}
-	return r.deleteClusterRBAC(ctx, namespace)
-}
-
-func (r *SharedReconciler) deleteClusterRBAC(ctx context.Context, namespace string) error {
-	name := types.NamespacedName{Name: bmc.ClusterRBACName(namespace, "")}
-	for _, obj := range []client.Object{&rbacv1.ClusterRoleBinding{}, &rbacv1.ClusterRole{}} {
-		if err := r.deleteShared(ctx, name, obj); err != nil {
-			return err
-		}
-	}
-	return nil
+	return deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(namespace, ""), namespace, "")
 }
 
 // deleteShared deletes key when the cache shows it as a shared object: an

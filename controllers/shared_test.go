@@ -702,3 +702,63 @@ func TestEventDestinationsDeniedReachEveryBMC(t *testing.T) {
 	waitFor(t, "the denied networks on the shared bmc-server", args(sharedKey(vm.Namespace)))
 	setConfig(t, nil)
 }
+
+// TestSharedFailureIsReported: when the namespace's shared bmc-server
+// cannot be kept (here its Deployment is refused), each VirtualMachineBMC
+// it serves says so in DeploymentAvailable and gets a Warning Event, once;
+// when the refusal goes, the condition says what the Deployment says.
+func TestSharedFailureIsReported(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-failure", "web1")
+	ns := vms[0].Namespace
+	probe := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "probe"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "probe"}},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "probe"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "probe", Image: "probe"}}},
+			},
+		},
+	}
+	lift := refuse(t, ns, "deployments", "no Deployment is admitted here", probe)
+	// Its deletion is admitted; making it again is not.
+	deleteObj(t, sharedKey(ns), &appsv1.Deployment{})
+	available := func() (*metav1.Condition, error) {
+		b := &v1beta1.VirtualMachineBMC{}
+		if err := get(vms[0], b); err != nil {
+			return nil, err
+		}
+		c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionDeploymentAvailable)
+		if c == nil {
+			return nil, errors.New("no DeploymentAvailable")
+		}
+		return c, nil
+	}
+	waitFor(t, "the failure on the BMC", func() error {
+		c, err := available()
+		if err != nil {
+			return err
+		}
+		if c.Status != metav1.ConditionFalse || c.Reason != "SharedServerFailed" || !strings.Contains(c.Message, "no Deployment is admitted here") {
+			return fmt.Errorf("DeploymentAvailable %+v", c)
+		}
+		return nil
+	})
+	waitFor(t, "the Warning Event", func() error { return eventWith(ns, "SharedServerFailed", "shared bmc-server virtmetal-bmcs: ") })
+	lift()
+	waitFor(t, "the Deployment's own state once it is admitted", func() error {
+		if err := get(sharedKey(ns), &appsv1.Deployment{}); err != nil {
+			return err
+		}
+		c, err := available()
+		if err != nil {
+			return err
+		}
+		if c.Reason == "SharedServerFailed" {
+			return fmt.Errorf("DeploymentAvailable %+v", c)
+		}
+		return nil
+	})
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // Ports of bmc-server inside its pod: unprivileged, so the container needs
@@ -67,6 +68,21 @@ type Workload struct {
 	Shared bool
 }
 
+// workloadKinds are the namespaced kinds of a BMC's workload, each object
+// named workloadName(vm), or sharedName for the shared bmc-server: what the
+// controller caches, owns, and deletes when no longer wanted. Fresh
+// objects, to read into.
+func workloadKinds() []client.Object {
+	return []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}}
+}
+
+// clusterRBACKinds are the kinds of a BMC's cluster-scoped RBAC, named
+// bmc.ClusterRBACName, in the order they are deleted: the binding first.
+func clusterRBACKinds() []client.Object {
+	return []client.Object{&rbacv1.ClusterRoleBinding{}, &rbacv1.ClusterRole{}}
+}
+
 // Names of a BMC's objects.
 func workloadName(vm string) string         { return "bmc-" + vm }
 func ingressTLSSecretName(vm string) string { return "bmc-" + vm + "-tls" }
@@ -82,9 +98,9 @@ func credentialsSecretName(b *v1beta1.VirtualMachineBMC) string {
 // ingressHost is the BMC's host name, refused when it would leave the
 // namespace's own subdomain (another namespace's BMC host, or anything else).
 func ingressHost(b *v1beta1.VirtualMachineBMC, domain string) (string, error) {
-	zone := b.Namespace + "." + domain
+	zone := bmcspec.Zone(b.Namespace, domain)
 	if b.Spec.Ingress.Host == "" {
-		return b.Spec.VMName + "." + zone, nil
+		return bmcspec.Host(b.Namespace, b.Spec.VMName, domain), nil
 	}
 	host := strings.ToLower(b.Spec.Ingress.Host)
 	if !strings.HasSuffix(host, "."+zone) || host == "."+zone {
@@ -114,34 +130,26 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 	}
 
 	var err error
+	instancetype, clusterInstancetype := instancetypes(vm)
 	w.Objects, w.ClusterObjects, err = rbacObjects(bmc.RBACParams{
 		Namespace:           b.Namespace,
 		VMName:              b.Spec.VMName,
 		ServiceAccount:      workloadName(b.Spec.VMName),
-		Instancetype:        instancetypeName(vm, "VirtualMachineInstancetype"),
-		ClusterInstancetype: instancetypeName(vm, "VirtualMachineClusterInstancetype"),
+		Instancetype:        instancetype,
+		ClusterInstancetype: clusterInstancetype,
 	})
 	if err != nil {
 		return w, err
 	}
 
 	redfish, ipmi := redfishEnabled(b), ipmiEnabled(b, cfg)
-	args := []string{
-		"--backend", "kubevirt",
-		"--namespace", b.Namespace,
-		"--vm", b.Spec.VMName,
-		"--listen", fmt.Sprintf(":%d", redfishContainerPort),
-		"--credentials-dir", credentialsMountPath,
-	}
-	var containerPorts []corev1.ContainerPort
-	var servicePorts []corev1.ServicePort
+	args := []string{"--credentials-dir", credentialsMountPath}
 	// The Redfish port also serves the probes, so it is always there;
 	// only the Service and Ingress follow spec.redfish.enabled.
-	containerPorts = append(containerPorts, corev1.ContainerPort{Name: "redfish", ContainerPort: redfishContainerPort, Protocol: corev1.ProtocolTCP})
+	containerPorts := []corev1.ContainerPort{redfishContainerPortSpec()}
+	var servicePorts []corev1.ServicePort
 	if redfish {
-		servicePorts = append(servicePorts, corev1.ServicePort{
-			Name: "redfish", Port: redfishServicePort, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("redfish"),
-		})
+		servicePorts = append(servicePorts, redfishServicePortSpec())
 	}
 	if ipmi {
 		args = append(args, "--ipmi-listen", fmt.Sprintf(":%d", ipmiContainerPort))
@@ -157,6 +165,8 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		resources = *b.Spec.Resources
 	}
 	w.Objects = append(w.Objects, bmcDeployment(meta(workloadName(b.Spec.VMName)), bmcPod{
+		namespace:      b.Namespace,
+		serves:         []string{"--vm", b.Spec.VMName},
 		serviceAccount: workloadName(b.Spec.VMName),
 		image:          cfg.BMCImage,
 		args:           args,
@@ -169,11 +179,7 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 	}))
 
 	if len(servicePorts) > 0 {
-		w.Objects = append(w.Objects, &corev1.Service{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-			ObjectMeta: meta(workloadName(b.Spec.VMName)),
-			Spec:       corev1.ServiceSpec{Selector: labels, Ports: servicePorts},
-		})
+		w.Objects = append(w.Objects, bmcService(meta(workloadName(b.Spec.VMName)), servicePorts))
 	}
 
 	w.Objects = append(w.Objects, stateSecret(meta(bmc.StateSecretName(b.Spec.VMName))))
@@ -189,7 +195,7 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 	}
 
 	for _, obj := range w.Objects {
-		setControllerRef(obj, b)
+		setOwner(obj, bmcKind, b, controlledBy)
 	}
 	return w, nil
 }
@@ -215,7 +221,7 @@ func Shared(in WorkloadInput) (Workload, error) {
 	state := stateSecret(metav1.ObjectMeta{Name: bmc.StateSecretName(b.Spec.VMName), Namespace: b.Namespace, Labels: childLabels(b.Spec.VMName)})
 	w.Objects, w.RedfishURL = []client.Object{ingress, state}, url
 	for _, obj := range w.Objects {
-		setControllerRef(obj, b)
+		setOwner(obj, bmcKind, b, controlledBy)
 	}
 	return w, nil
 }
@@ -236,10 +242,12 @@ func servedShared(b *v1beta1.VirtualMachineBMC, cfg Config) bool {
 // bmcPod is what differs between the pods of PodPerVM and of the shared
 // bmc-server.
 type bmcPod struct {
-	serviceAccount, image string
-	args                  []string
-	ports                 []corev1.ContainerPort
-	resources             corev1.ResourceRequirements
+	namespace, serviceAccount, image string
+	// serves says which VMs of the namespace the pod serves, args what
+	// else it needs; bmcArgs adds what every bmc-server gets.
+	serves, args []string
+	ports        []corev1.ContainerPort
+	resources    corev1.ResourceRequirements
 	// secret is mounted read-only at mountPath.
 	secret, mountPath string
 	// eventDestinationsDenied is Config.EventDestinationsDenied.
@@ -253,17 +261,39 @@ func defaultResources() corev1.ResourceRequirements {
 	}
 }
 
-// bmcDeployment is a hardened one-replica bmc-server Deployment whose pods
-// carry meta's labels.
-// bmcArgs are the pod's arguments and those every bmc-server gets.
+// bmcArgs are the arguments every bmc-server gets, then the pod's own.
 func bmcArgs(p bmcPod) []string {
-	args := append(slices.Clone(p.args), "--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort))
+	args := slices.Concat(
+		[]string{"--backend", "kubevirt", "--namespace", p.namespace},
+		p.serves,
+		[]string{"--listen", fmt.Sprintf(":%d", redfishContainerPort)},
+		p.args,
+		[]string{"--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort)})
 	if len(p.eventDestinationsDenied) > 0 {
 		args = append(args, "--event-destinations-denied", networksArg(p.eventDestinationsDenied))
 	}
 	return args
 }
 
+func redfishContainerPortSpec() corev1.ContainerPort {
+	return corev1.ContainerPort{Name: "redfish", ContainerPort: redfishContainerPort, Protocol: corev1.ProtocolTCP}
+}
+
+func redfishServicePortSpec() corev1.ServicePort {
+	return corev1.ServicePort{Name: "redfish", Port: redfishServicePort, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromString("redfish")}
+}
+
+// bmcService serves the pods that carry meta's labels.
+func bmcService(meta metav1.ObjectMeta, ports []corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: meta,
+		Spec:       corev1.ServiceSpec{Selector: meta.Labels, Ports: ports},
+	}
+}
+
+// bmcDeployment is a hardened one-replica bmc-server Deployment whose pods
+// carry meta's labels.
 func bmcDeployment(meta metav1.ObjectMeta, p bmcPod) *appsv1.Deployment {
 	probe := func(path string) *corev1.Probe {
 		return &corev1.Probe{
@@ -388,21 +418,20 @@ func bmcIngress(b *v1beta1.VirtualMachineBMC, cfg Config, meta metav1.ObjectMeta
 	return ingress, "https://" + host + "/redfish/v1/", nil
 }
 
-// instancetypeName is the VM's instancetype of the given kind, or "".
-func instancetypeName(vm *kubevirtv1.VirtualMachine, kind string) string {
+// instancetypes is the VM's instancetype, namespaced or cluster-wide (the
+// other one ""), which its BMC may read.
+func instancetypes(vm *kubevirtv1.VirtualMachine) (namespaced, cluster string) {
 	it := vm.Spec.Instancetype
-	if it == nil {
-		return ""
+	switch {
+	case it == nil:
+		return "", ""
+	case strings.EqualFold(it.Kind, "VirtualMachineInstancetype"):
+		return it.Name, ""
+	case it.Kind == "" || strings.EqualFold(it.Kind, "VirtualMachineClusterInstancetype"):
+		// KubeVirt's default kind for an instancetype matcher is the cluster one.
+		return "", it.Name
 	}
-	// KubeVirt's default kind for an instancetype matcher is the cluster one.
-	k := it.Kind
-	if k == "" {
-		k = "VirtualMachineClusterInstancetype"
-	}
-	if !strings.EqualFold(k, kind) {
-		return ""
-	}
-	return it.Name
+	return "", ""
 }
 
 // rbacObjects renders deploy/bmc's RBAC as typed namespaced and cluster
@@ -447,16 +476,4 @@ func typedRBAC(kind string) (client.Object, error) {
 
 func childLabels(vm string) map[string]string {
 	return map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelVM: vm}
-}
-
-func setControllerRef(obj client.Object, owner *v1beta1.VirtualMachineBMC) {
-	yes := true
-	obj.SetOwnerReferences([]metav1.OwnerReference{{
-		APIVersion:         v1beta1.GroupVersion.String(),
-		Kind:               "VirtualMachineBMC",
-		Name:               owner.Name,
-		UID:                owner.UID,
-		Controller:         &yes,
-		BlockOwnerDeletion: &yes,
-	}})
 }

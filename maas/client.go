@@ -35,15 +35,18 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 )
 
-// MaaS's status codes (maasserver NODE_STATUS) the reconciler acts on;
-// Machine.StatusName carries MaaS's name for any status.
+// NodeStatus is MaaS's status code of a machine (maasserver NODE_STATUS);
+// Machine.StatusName carries MaaS's name for it.
+type NodeStatus int
+
+// The statuses the reconciler acts on.
 const (
 	// StatusNew: enlisted, never commissioned; the only status the
 	// reconciler commissions.
-	StatusNew = 0
+	StatusNew NodeStatus = 0
 	// StatusReady: commissioned and not allocated; still the reconciler's to
 	// name and pool.
-	StatusReady = 4
+	StatusReady NodeStatus = 4
 )
 
 // PowerTypeRedfish is MaaS's power driver name for Redfish BMCs.
@@ -84,12 +87,12 @@ func (k APIKey) GoString() string { return "maas.APIKey{" + k.String() + "}" }
 
 // Machine is the part of a MaaS machine the reconciler reads.
 type Machine struct {
-	SystemID   string  `json:"system_id"`
-	Hostname   string  `json:"hostname"`
-	Status     int     `json:"status"`
-	StatusName string  `json:"status_name"`
-	PowerType  string  `json:"power_type"`
-	Pool       PoolRef `json:"pool"`
+	SystemID   string     `json:"system_id"`
+	Hostname   string     `json:"hostname"`
+	Status     NodeStatus `json:"status"`
+	StatusName string     `json:"status_name"`
+	PowerType  string     `json:"power_type"`
+	Pool       PoolRef    `json:"pool"`
 	// HardwareUUID is the SMBIOS system UUID commissioning found; "" when
 	// MaaS shows null (not commissioned yet, or cleared as a duplicate).
 	HardwareUUID  string      `json:"hardware_uuid"`

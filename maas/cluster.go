@@ -188,12 +188,12 @@ func credentialsFrom(secret *corev1.Secret, namespace, name string) (Credentials
 	if secret == nil {
 		return Credentials{}, fmt.Errorf("credentials Secret %s (labelled %s=%s): %w", key, v1beta1.LabelManagedBy, v1beta1.ManagedByValue, ErrNotFound)
 	}
-	username, password := secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey]
-	if len(username) == 0 || len(password) == 0 {
+	username, password, ok := v1beta1.CredentialsOf(secret)
+	if !ok {
 		return Credentials{}, fmt.Errorf("credentials Secret %s must have non-empty %q and %q: %w",
 			key, v1beta1.SecretUsernameKey, v1beta1.SecretPasswordKey, ErrInvalidArgument)
 	}
-	return Credentials{Username: string(username), Password: string(password)}, nil
+	return Credentials{Username: username, Password: password}, nil
 }
 
 func specIdentity(vm *kubevirtv1.VirtualMachine) (macs []string, firmwareUUID string) {

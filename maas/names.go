@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // VMRef names a KubeVirt VirtualMachine.
@@ -25,7 +27,7 @@ func (v VMRef) String() string { return v.Namespace + "/" + v.Name }
 // BMCHost is the DNS name of the VM's BMC: "<vm>.<namespace>.<domain>". The
 // commissioning script builds the same name from the VM's SMBIOS serial.
 func BMCHost(vm VMRef, domain string) string {
-	return vm.Name + "." + vm.Namespace + "." + domain
+	return bmcspec.Host(vm.Namespace, vm.Name, domain)
 }
 
 // BMCAddress is the Redfish power address MaaS should store for the VM: the

@@ -771,7 +771,7 @@ func statusName(m Machine) string {
 	if m.StatusName != "" {
 		return m.StatusName
 	}
-	return "status " + strconv.Itoa(m.Status)
+	return "status " + strconv.Itoa(int(m.Status))
 }
 
 // upToDate tells whether the reported status says what is wanted, the

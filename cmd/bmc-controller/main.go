@@ -82,7 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&c.ClusterIssuer, "tls-cluster-issuer", "", "cert-manager ClusterIssuer of BMC Ingress certificates")
 	fs.BoolVar(&c.IPMIDefault, "ipmi-default", false, "serve IPMI for VirtualMachineBMCs that do not say")
 	fs.StringVar(&c.BMCImage, "bmc-image", "", "container image of bmc-server (required)")
-	fs.StringVar(&c.Workload, "workload", controllers.WorkloadPodPerVM, `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
+	fs.StringVar((*string)(&c.Workload), "workload", string(controllers.WorkloadPodPerVM), `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
 	fs.Func("event-destinations-denied", "comma-separated CIDRs no bmc-server sends events to: the cluster's pod and service networks, so that a tenant's subscription cannot reach another's pods or the cluster's services", func(v string) error {
 		networks, err := controllers.ParseNetworks(v)
 		c.EventDestinationsDenied = append(c.EventDestinationsDenied, networks...)

@@ -33,13 +33,13 @@ func (s *Stamper) SetupWebhooks(mgr ctrl.Manager) {
 
 // MutatingHandler stamps enrolled VMs on create and update.
 func (s *Stamper) MutatingHandler() admission.Handler {
-	return &mutatingHandler{stamper: s, decoder: newDecoder()}
+	return vmHandler{decoder: newDecoder(), handle: s.mutate}
 }
 
 // ValidatingHandler refuses VMs that claim an enrolled VM's identity, in
 // every namespace.
 func (s *Stamper) ValidatingHandler() admission.Handler {
-	return &validatingHandler{stamper: s, decoder: newDecoder()}
+	return vmHandler{decoder: newDecoder(), handle: s.validate}
 }
 
 func newDecoder() admission.Decoder {
@@ -78,29 +78,34 @@ func decodeVM(decoder admission.Decoder, req admission.Request) (*kubevirtv1.Vir
 	return vm, nil
 }
 
-type mutatingHandler struct {
-	stamper *Stamper
+// vmHandler decodes the VirtualMachine of an admission request for handle.
+type vmHandler struct {
 	decoder admission.Decoder
+	handle  func(context.Context, admission.Request, *kubevirtv1.VirtualMachine) admission.Response
 }
 
-func (h *mutatingHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
+func (h vmHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	vm, done := decodeVM(h.decoder, req)
 	if done != nil {
 		return *done
 	}
+	return h.handle(ctx, req, vm)
+}
+
+func (s *Stamper) mutate(ctx context.Context, req admission.Request, vm *kubevirtv1.VirtualMachine) admission.Response {
 	if vm.Name == "" {
 		// generateName: the serial, UUID and MACs derive from the name, which
 		// the API server picks after admission. The reconciler stamps it.
 		return admission.Allowed("no name yet")
 	}
-	enrolled, err := h.stamper.enrolled(ctx, vm)
+	enrolled, err := s.enrolled(ctx, vm)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
 	if !enrolled {
 		return admission.Allowed("not enrolled")
 	}
-	warnings, err := h.stamper.Stamp(ctx, vm)
+	warnings, err := s.Stamp(ctx, vm)
 	switch {
 	case errors.Is(err, ErrInvalidVM):
 		return admission.Denied(err.Error())
@@ -167,17 +172,8 @@ func objectAt(obj map[string]any, path ...string) (map[string]any, error) {
 	return obj, nil
 }
 
-type validatingHandler struct {
-	stamper *Stamper
-	decoder admission.Decoder
-}
-
-func (h *validatingHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
-	vm, done := decodeVM(h.decoder, req)
-	if done != nil {
-		return *done
-	}
-	err := h.stamper.Validate(ctx, vm)
+func (s *Stamper) validate(ctx context.Context, _ admission.Request, vm *kubevirtv1.VirtualMachine) admission.Response {
+	err := s.Validate(ctx, vm)
 	switch {
 	case errors.Is(err, ErrIdentityClaimed), errors.Is(err, ErrDuplicateMAC):
 		return admission.Denied(err.Error())

@@ -31,6 +31,9 @@ func TestImportRules(t *testing.T) {
 			"the audit log speaks the machine contract; the protocols and the backend's ActionRecorder use it"},
 		{"redfish", []string{"github.com/prometheus/"}, "protocols tell an Observer; what it does with that is the wiring's"},
 		{"ipmi", []string{"github.com/prometheus/"}, "protocols tell what they count; what is done with that is the wiring's"},
+		{"internal/bmcspec", []string{"k8s.io/", "sigs.k8s.io/", "kubevirt.io/", module + "/api", module + "/controllers", module + "/deploy",
+			module + "/maas", module + "/machine", module + "/redfish", module + "/ipmi", module + "/internal/vhost"},
+			"the contracts between bmc-server, the controller and the MaaS reconciler import none of them"},
 		{"cmd/bmc-server", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
 			"a BMC pod per VM: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
 	}

@@ -31,17 +31,11 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/redfish"
 )
-
-// Spec is one VM's file.
-type Spec struct {
-	Username string   `json:"username"`
-	Password string   `json:"password"`
-	Hosts    []string `json:"hosts"`
-}
 
 // Config configures a Router.
 type Config struct {
@@ -91,7 +85,7 @@ type Router struct {
 }
 
 type servedVM struct {
-	spec   Spec
+	spec   bmcspec.SharedVM
 	server *redfish.Server
 	stop   context.CancelFunc
 }
@@ -229,7 +223,7 @@ func (r *Router) Reload(ctx context.Context) (int, error) {
 }
 
 // start starts a VM's backend and its Redfish service.
-func (r *Router) start(ctx context.Context, name string, spec Spec) (*servedVM, error) {
+func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) (*servedVM, error) {
 	ctx, stop := context.WithCancel(ctx)
 	backend, err := r.cfg.StartBackend(ctx, name)
 	if err != nil {
@@ -302,7 +296,7 @@ func (r *Router) StopEventStreams() {
 	}
 }
 
-func accounts(spec Spec) []redfish.Account {
+func accounts(spec bmcspec.SharedVM) []redfish.Account {
 	return []redfish.Account{{Username: spec.Username, Password: spec.Password, Role: redfish.RoleAdministrator}}
 }
 
@@ -362,12 +356,12 @@ func isDNS1123Subdomain(s string) bool {
 // volume's ..data and timestamped directories among them) and entries
 // that are not regular files are not VMs; a file that cannot be read or
 // parsed, or whose name is not a VM name, is returned in bad.
-func readDir(dir string) (specs map[string]Spec, bad map[string]error, err error) {
+func readDir(dir string) (specs map[string]bmcspec.SharedVM, bad map[string]error, err error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, nil, err
 	}
-	specs, bad = map[string]Spec{}, map[string]error{}
+	specs, bad = map[string]bmcspec.SharedVM{}, map[string]error{}
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") {
@@ -401,24 +395,24 @@ func readDir(dir string) (specs map[string]Spec, bad map[string]error, err error
 }
 
 // parseSpec parses and checks a VM file. Errors never quote the password.
-func parseSpec(data []byte) (Spec, error) {
-	var s Spec
+func parseSpec(data []byte) (bmcspec.SharedVM, error) {
+	var s bmcspec.SharedVM
 	if err := json.Unmarshal(data, &s); err != nil {
-		return Spec{}, fmt.Errorf("not a VM description: %w", err)
+		return bmcspec.SharedVM{}, fmt.Errorf("not a VM description: %w", err)
 	}
 	switch {
 	case s.Username == "":
-		return Spec{}, errors.New("no username")
+		return bmcspec.SharedVM{}, errors.New("no username")
 	case s.Password == "":
-		return Spec{}, errors.New("no password")
+		return bmcspec.SharedVM{}, errors.New("no password")
 	case len(s.Hosts) == 0:
-		return Spec{}, errors.New("no hosts")
+		return bmcspec.SharedVM{}, errors.New("no hosts")
 	}
 	hosts := make([]string, len(s.Hosts))
 	for i, h := range s.Hosts {
 		hosts[i] = canonicalHost(h)
 		if !isDNS1123Subdomain(hosts[i]) {
-			return Spec{}, fmt.Errorf("host %q is not a DNS name", h)
+			return bmcspec.SharedVM{}, fmt.Errorf("host %q is not a DNS name", h)
 		}
 	}
 	slices.Sort(hosts)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/internal/vhost"
@@ -33,7 +34,7 @@ const (
 
 // vmFile is the content of a VM's file.
 func vmFile(user, pass string, hosts ...string) string {
-	data, _ := json.Marshal(vhost.Spec{Username: user, Password: pass, Hosts: hosts})
+	data, _ := json.Marshal(bmcspec.SharedVM{Username: user, Password: pass, Hosts: hosts})
 	return string(data)
 }
 

@@ -1,0 +1,27 @@
+// Package bmcspec holds the contracts between virtmetal's parts that none
+// of them owns: how a BMC's host name is formed, and what the shared
+// bmc-server reads for each VM it serves. It imports nothing, so the
+// bmc-server side (which never links Kubernetes) and the Kubernetes side
+// (the controller, the MaaS reconciler) agree without importing each other.
+package bmcspec
+
+// Host is the DNS name of a VM's BMC, "<vm>.<namespace>.<domain>": the
+// controller's Ingress serves it, the shared bmc-server routes by it, MaaS
+// stores it as the power address, and the commissioning script builds it
+// from the VM's SMBIOS serial "<vm>.<namespace>".
+func Host(namespace, vm, domain string) string { return vm + "." + Zone(namespace, domain) }
+
+// Zone is a namespace's subdomain of domain: every BMC host of the
+// namespace is inside it, and a host a tenant asks for outside it is
+// refused.
+func Zone(namespace, domain string) string { return namespace + "." + domain }
+
+// SharedVM is one VM's file in the shared bmc-server's --vms-dir, a key
+// named after the VM in the controller's Secret virtmetal-bmcs. The
+// bmc-server serves the VM at Hosts (the request's Host header picks the
+// VM) to the one account given.
+type SharedVM struct {
+	Username string   `json:"username"`
+	Password string   `json:"password"`
+	Hosts    []string `json:"hosts"`
+}
