@@ -26,7 +26,6 @@ import (
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/controllers"
@@ -88,7 +87,7 @@ func benchmarkEnrolment(b *testing.B, mode controllers.WorkloadMode) {
 		config := defaultConfig()
 		config.NamespaceSelector = labels.SelectorFromSet(optIn)
 		config.Workload = mode
-		reconcilesBefore := reconciles(b)
+		reconcilesBefore := reconciles(b, "")
 		b.StartTimer()
 		start := time.Now()
 		stop, err := startManager(cfg, config, 8)
@@ -104,7 +103,7 @@ func benchmarkEnrolment(b *testing.B, mode controllers.WorkloadMode) {
 		b.ReportMetric(elapsed.Seconds(), "s-until-consistent")
 		b.ReportMetric(float64(requests.Load())/float64(benchVMs), "requests/VM")
 		b.ReportMetric(float64(conflicts.Load())/float64(benchVMs), "conflicts/VM")
-		b.ReportMetric(float64(reconciles(b)-reconcilesBefore)/float64(benchVMs), "reconciles/VM")
+		b.ReportMetric(float64(reconciles(b, "")-reconcilesBefore)/float64(benchVMs), "reconciles/VM")
 		b.ReportMetric(float64(mem.HeapInuse)/(1<<20), "heap-MB")
 		b.ReportMetric(rssMB(), "rss-MB")
 		stop()
@@ -253,25 +252,6 @@ func sharedServesAll(ctx context.Context, b *testing.B, ns string, n int) string
 		return fmt.Sprintf("shared Role names %d of %d VMs", len(role.Rules[0].ResourceNames), n)
 	}
 	return ""
-}
-
-// reconciles is how many reconciles this process's controllers have run.
-func reconciles(b *testing.B) float64 {
-	b.Helper()
-	families, err := metrics.Registry.Gather()
-	if err != nil {
-		b.Fatal(err)
-	}
-	total := 0.0
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
 }
 
 // rssMB is this process's resident set size.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"time"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
@@ -392,6 +394,7 @@ func TestCredentialRotation(t *testing.T) {
 	if err := get(secretKey, before); err != nil {
 		t.Fatal(err)
 	}
+	sinceRotation := reconciles(t, "virtualmachinebmc")
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.SetAnnotations(map[string]string{v1beta1.AnnotationRotateCredentials: "2026-12-01"})
 	})
@@ -420,7 +423,7 @@ func TestCredentialRotation(t *testing.T) {
 	if err := get(secretKey, rotated); err != nil {
 		t.Fatal(err)
 	}
-	requireNever(t, "a second rotation", func() error {
+	requireNever(t, "a second rotation", "virtualmachinebmc", sinceRotation, func() error {
 		now := &corev1.Secret{}
 		if err := get(secretKey, now); err != nil {
 			return err
@@ -622,10 +625,19 @@ func deleteObj(t *testing.T, key types.NamespacedName, obj client.Object) {
 	}
 }
 
-// requireNever fails if check succeeds within a second: for what must not
-// happen, where no event marks that the controller is done.
-func requireNever(t *testing.T, what string, check func() error) {
+// requireNever fails if check succeeds before the named controller has
+// settled since it had finished `since` reconciles (it finished more, and
+// has none queued or running), or within a second after: what must not
+// happen is given the time the controller would take to do it, not only
+// a second in which it might not have run yet.
+func requireNever(t *testing.T, what, controller string, since float64, check func() error) {
 	t.Helper()
+	waitFor(t, controller+" settled", func() error {
+		if check() == nil {
+			t.Fatalf("%s happened", what)
+		}
+		return settled(controller, since)
+	})
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		if check() == nil {
@@ -633,6 +645,64 @@ func requireNever(t *testing.T, what string, check func() error) {
 		}
 		time.Sleep(pollInterval)
 	}
+}
+
+// reconciles is how many reconciles the named controller ("": every one)
+// has finished, in every manager of the test process.
+func reconciles(t testing.TB, controller string) float64 {
+	t.Helper()
+	n, err := controllerMetric("controller_runtime_reconcile_total", "controller", controller)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// settled is nil once the named controller has finished more than since
+// reconciles and has nothing queued or running.
+func settled(controller string, since float64) error {
+	done, err := controllerMetric("controller_runtime_reconcile_total", "controller", controller)
+	if err != nil {
+		return err
+	}
+	queued, err := controllerMetric("workqueue_depth", "name", controller)
+	if err != nil {
+		return err
+	}
+	running, err := controllerMetric("controller_runtime_active_workers", "controller", controller)
+	if err != nil {
+		return err
+	}
+	if done <= since || queued > 0 || running > 0 {
+		return fmt.Errorf("%v reconciles (since %v), %v queued, %v running", done, since, queued, running)
+	}
+	return nil
+}
+
+// controllerMetric sums the metric's series whose label is value ("": all).
+func controllerMetric(name, label, value string) (float64, error) {
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if value != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+				continue
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum, nil
 }
 
 type deploymentCheck struct {

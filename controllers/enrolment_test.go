@@ -58,8 +58,9 @@ func TestEnrolment(t *testing.T) {
 
 	t.Run("a VM in a namespace without the label", func(t *testing.T) {
 		ns := namespace(t, "enrol-off", false)
+		since := reconciles(t, "enrolment")
 		vm := createVM(t, newVM(ns, "web1"))
-		requireNever(t, "enrolment of a VM in an unlabelled namespace", func() error {
+		requireNever(t, "enrolment of a VM in an unlabelled namespace", "enrolment", since, func() error {
 			return enrolledSet(client.ObjectKeyFromObject(vm))
 		})
 	})
@@ -166,11 +167,12 @@ func TestEnrolment(t *testing.T) {
 		key := client.ObjectKeyFromObject(vm)
 		manual := &v1beta1.VirtualMachineBMC{}
 		manual.Namespace, manual.Name, manual.Spec.VMName = ns, "web1", "web1"
+		since := reconciles(t, "enrolment")
 		if err := admin.Create(ctx, manual); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "its workload", func() error { return workloadExists(key) })
-		requireNever(t, "removal of a user's VirtualMachineBMC", func() error { return gone(key, &v1beta1.VirtualMachineBMC{}) })
+		requireNever(t, "removal of a user's VirtualMachineBMC", "enrolment", since, func() error { return gone(key, &v1beta1.VirtualMachineBMC{}) })
 	})
 }
 
