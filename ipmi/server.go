@@ -88,8 +88,8 @@ var defaultCipherSuites = []uint8{3, 17}
 
 // Server is the BMC of one machine. It is safe for concurrent use.
 type Server struct {
-	// machine is Config.Machine behind unlockedMachine: every call runs
-	// with a deadline and without mu.
+	// machine is Config.Machine as handlers call it: every call runs
+	// with a deadline and without mu (callUnlocked).
 	machine   machine.Machine
 	ready     func() error
 	log       logr.Logger
@@ -138,7 +138,8 @@ func NewServer(cfg Config) (*Server, error) {
 		s.audit = auditlog.New(auditlog.Options{Now: cfg.Now})
 	}
 	s.machineID = cfg.Machine.ID()
-	s.machine = unlockedMachine{Machine: machine.Intercept(cfg.Machine, s.audit.Intercept), s: s}
+	// Unlocked outermost, so that the audit log's work runs without mu too.
+	s.machine = machine.Intercept(cfg.Machine, machine.Chain(s.callUnlocked, s.audit.Intercept))
 	s.ready = func() error { return nil }
 	if r, ok := cfg.Machine.(machine.Readiness); ok {
 		s.ready = r.Ready

@@ -58,25 +58,18 @@ func Chain(interceptors ...Interceptor) Interceptor {
 // around. It is Readiness-aware: the result's Ready is m's, or nil when m
 // has none.
 func Intercept(m Machine, around Interceptor) Machine {
-	return &intercepted{m: m, around: around}
+	return &intercepted{
+		Forwarder: Forwarder{MachineID: m.ID(), Target: func(context.Context) (Machine, error) { return m, nil }, Around: around},
+		m:         m,
+	}
 }
 
 type intercepted struct {
-	m      Machine
-	around Interceptor
+	Forwarder
+	m Machine
 }
 
 var _ Readiness = (*intercepted)(nil)
-
-func interceptValue[T any](ctx context.Context, i *intercepted, op Operation, call func(context.Context) (T, error)) (T, error) {
-	var out T
-	err := i.around(ctx, Call{Machine: i.m.ID(), Op: op}, func(ctx context.Context) error {
-		var err error
-		out, err = call(ctx)
-		return err
-	})
-	return out, err
-}
 
 func (i *intercepted) ID() string                 { return i.m.ID() }
 func (i *intercepted) Capabilities() Capabilities { return i.m.Capabilities() }
@@ -88,37 +81,76 @@ func (i *intercepted) Ready() error {
 	return nil
 }
 
-func (i *intercepted) Inventory(ctx context.Context) (Inventory, error) {
-	return interceptValue(ctx, i, OpInventory, i.m.Inventory)
+// Forwarder is what every decorator of a Machine would otherwise write
+// again, method by method: each call but ID and Capabilities is made on
+// the machine Target finds for it, run through Around. A decorator embeds
+// it and adds ID and Capabilities (and Ready) of its own.
+type Forwarder struct {
+	// MachineID names the machine in the Call that Around is given.
+	MachineID string
+	// Target finds the machine of each call, inside Around, so that a
+	// decorator may look its machine up per call rather than hold it.
+	Target func(ctx context.Context) (Machine, error)
+	// Around runs each call; nil runs it as it is.
+	Around Interceptor
 }
 
-func (i *intercepted) PowerState(ctx context.Context) (PowerState, error) {
-	return interceptValue(ctx, i, OpPowerState, i.m.PowerState)
+func (f Forwarder) forward(ctx context.Context, op Operation, arg string, call func(context.Context, Machine) error) error {
+	onTarget := func(ctx context.Context) error {
+		m, err := f.Target(ctx)
+		if err != nil {
+			return err
+		}
+		return call(ctx, m)
+	}
+	if f.Around == nil {
+		return onTarget(ctx)
+	}
+	return f.Around(ctx, Call{Machine: f.MachineID, Op: op, Arg: arg}, onTarget)
 }
 
-func (i *intercepted) Reset(ctx context.Context, r ResetType) error {
-	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpReset, Arg: string(r)}, func(ctx context.Context) error { return i.m.Reset(ctx, r) })
+// forwardRead is forward for the methods that return a value.
+func forwardRead[T any](ctx context.Context, f Forwarder, op Operation, read func(context.Context, Machine) (T, error)) (T, error) {
+	var out T
+	err := f.forward(ctx, op, "", func(ctx context.Context, m Machine) error {
+		var err error
+		out, err = read(ctx, m)
+		return err
+	})
+	return out, err
 }
 
-func (i *intercepted) BootOverride(ctx context.Context) (BootOverride, error) {
-	return interceptValue(ctx, i, OpBootOverride, i.m.BootOverride)
+func (f Forwarder) Inventory(ctx context.Context) (Inventory, error) {
+	return forwardRead(ctx, f, OpInventory, func(ctx context.Context, m Machine) (Inventory, error) { return m.Inventory(ctx) })
 }
 
-func (i *intercepted) SetBootOverride(ctx context.Context, o BootOverride) error {
+func (f Forwarder) PowerState(ctx context.Context) (PowerState, error) {
+	return forwardRead(ctx, f, OpPowerState, func(ctx context.Context, m Machine) (PowerState, error) { return m.PowerState(ctx) })
+}
+
+func (f Forwarder) Reset(ctx context.Context, r ResetType) error {
+	return f.forward(ctx, OpReset, string(r), func(ctx context.Context, m Machine) error { return m.Reset(ctx, r) })
+}
+
+func (f Forwarder) BootOverride(ctx context.Context) (BootOverride, error) {
+	return forwardRead(ctx, f, OpBootOverride, func(ctx context.Context, m Machine) (BootOverride, error) { return m.BootOverride(ctx) })
+}
+
+func (f Forwarder) SetBootOverride(ctx context.Context, o BootOverride) error {
 	arg := string(o.Target) + " " + string(o.Enabled) + " " + string(o.Mode)
-	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpSetBootOverride, Arg: arg}, func(ctx context.Context) error { return i.m.SetBootOverride(ctx, o) })
+	return f.forward(ctx, OpSetBootOverride, arg, func(ctx context.Context, m Machine) error { return m.SetBootOverride(ctx, o) })
 }
 
-func (i *intercepted) VirtualMedia(ctx context.Context) (VirtualMedia, error) {
-	return interceptValue(ctx, i, OpVirtualMedia, i.m.VirtualMedia)
+func (f Forwarder) VirtualMedia(ctx context.Context) (VirtualMedia, error) {
+	return forwardRead(ctx, f, OpVirtualMedia, func(ctx context.Context, m Machine) (VirtualMedia, error) { return m.VirtualMedia(ctx) })
 }
 
-func (i *intercepted) InsertMedia(ctx context.Context, url string) error {
-	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpInsertMedia, Arg: url}, func(ctx context.Context) error { return i.m.InsertMedia(ctx, url) })
+func (f Forwarder) InsertMedia(ctx context.Context, url string) error {
+	return f.forward(ctx, OpInsertMedia, url, func(ctx context.Context, m Machine) error { return m.InsertMedia(ctx, url) })
 }
 
-func (i *intercepted) EjectMedia(ctx context.Context) error {
-	return i.around(ctx, Call{Machine: i.m.ID(), Op: OpEjectMedia}, i.m.EjectMedia)
+func (f Forwarder) EjectMedia(ctx context.Context) error {
+	return f.forward(ctx, OpEjectMedia, "", func(ctx context.Context, m Machine) error { return m.EjectMedia(ctx) })
 }
 
 // InterceptBackend returns b whose machines are intercepted by around. It

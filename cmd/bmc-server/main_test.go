@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -17,71 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
+	"github.com/virtmetal/virtmetal/internal/bmcserver"
 )
-
-func TestLoadCredentials(t *testing.T) {
-	dir := func(files map[string]string) string {
-		d := t.TempDir()
-		for name, content := range files {
-			if err := os.WriteFile(filepath.Join(d, name), []byte(content), 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return d
-	}
-	tests := []struct {
-		name     string
-		env      map[string]string
-		dir      string
-		wantUser string
-		wantPass string
-		wantErr  string
-	}{
-		{name: "environment", env: map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}, wantUser: "maas", wantPass: "s3cret"},
-		{name: "secret files", dir: dir(map[string]string{"username": "maas\n", "password": "s3cret\n"}), wantUser: "maas", wantPass: "s3cret"},
-		{name: "password keeps inner spaces", dir: dir(map[string]string{"username": "maas", "password": " a b "}), wantUser: "maas", wantPass: " a b "},
-		{name: "only username in env", env: map[string]string{"BMC_USERNAME": "maas"}, wantErr: "both"},
-		{name: "only password in env", env: map[string]string{"BMC_PASSWORD": "x"}, wantErr: "both"},
-		{name: "env and dir", env: map[string]string{"BMC_USERNAME": "a", "BMC_PASSWORD": "b"}, dir: dir(map[string]string{"username": "c", "password": "d"}), wantErr: "twice"},
-		{name: "missing password file", dir: dir(map[string]string{"username": "maas"}), wantErr: "password"},
-		{name: "empty username file", dir: dir(map[string]string{"username": "\n", "password": "x"}), wantErr: "empty"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := loadCredentials(func(k string) string { return tt.env[k] }, tt.dir)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("error = %v, want one mentioning %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.username != tt.wantUser || got.password != tt.wantPass || got.generated {
-				t.Errorf("got %+v, want %s/%s", got, tt.wantUser, tt.wantPass)
-			}
-		})
-	}
-}
-
-func TestGeneratedCredentials(t *testing.T) {
-	noEnv := func(string) string { return "" }
-	a, err := loadCredentials(noEnv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := loadCredentials(noEnv, "")
-	// 16 characters of base64 carry 96 random bits and fit IPMI 1.5; the
-	// username is random too, and fits IPMI's 16 bytes.
-	if !a.generated || !strings.HasPrefix(a.username, "bmc-") || len(a.username) != 16 || len(a.password) != 16 {
-		t.Errorf("generated credentials %+v: want bmc-<12 hex> and a 16-character password", a)
-	}
-	if a.password == b.password || a.username == b.username {
-		t.Errorf("two generated credentials share a username or password: %+v %+v", a, b)
-	}
-}
 
 func TestParseFlags(t *testing.T) {
 	tests := []struct {
@@ -128,9 +63,6 @@ func TestParseFlags(t *testing.T) {
 			}
 		})
 	}
-	if _, err := newBackend(t.Context(), options{backend: "vmware", machines: 1}, logr.Discard()); err == nil {
-		t.Error("unknown backend: want an error")
-	}
 }
 
 // TestEventDestinationFlags: the CIDRs events are never sent to, and
@@ -159,11 +91,11 @@ func TestEventDestinationFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !slices.Equal(o.eventDestinationsDenied, tt.wantDenied) {
-				t.Errorf("denied %v, want %v", o.eventDestinationsDenied, tt.wantDenied)
+			if !slices.Equal(o.EventDestinationsDenied, tt.wantDenied) {
+				t.Errorf("denied %v, want %v", o.EventDestinationsDenied, tt.wantDenied)
 			}
-			if o.eventDestinationsAllowLoopback != tt.wantLoopback {
-				t.Errorf("allow loopback %v, want %v", o.eventDestinationsAllowLoopback, tt.wantLoopback)
+			if o.EventDestinationsAllowLoopback != tt.wantLoopback {
+				t.Errorf("allow loopback %v, want %v", o.EventDestinationsAllowLoopback, tt.wantLoopback)
 			}
 		})
 	}
@@ -259,7 +191,7 @@ func TestRunServesAndShutsDown(t *testing.T) {
 				if err != nil {
 					t.Errorf("run returned %v after shutdown", err)
 				}
-			case <-time.After(shutdownTimeout + time.Second):
+			case <-time.After(bmcserver.ShutdownTimeout + time.Second):
 				t.Fatal("run did not return after the context ended")
 			}
 		})
@@ -314,30 +246,5 @@ func TestIPMIListen(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after shutdown", err)
-	}
-}
-
-// TestKubeConfigSendsWithoutClientSideLimit: a power action costs the
-// backend a few API requests; client-go's default limit (5 a second) would
-// queue MaaS's actions on one VM behind each other, as a 20-a-second one
-// halved the throughput of BenchmarkKubeVirtRSS.
-func TestKubeConfigSendsWithoutClientSideLimit(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-current-context: c
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("KUBECONFIG", path)
-	cfg, err := kubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.QPS >= 0 || cfg.RateLimiter != nil {
-		t.Errorf("QPS %v, rate limiter %v: want no client-side limit (QPS < 0)", cfg.QPS, cfg.RateLimiter)
 	}
 }

@@ -98,7 +98,7 @@ func TestMetricsOffByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.metricsListen != "" {
-		t.Errorf("--metrics-listen defaults to %q, want off", o.metricsListen)
+	if o.MetricsListen != "" {
+		t.Errorf("--metrics-listen defaults to %q, want off", o.MetricsListen)
 	}
 }

@@ -20,19 +20,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/stmcginnis/gofish"
 
+	"github.com/virtmetal/virtmetal/internal/bmcserver"
 	"github.com/virtmetal/virtmetal/internal/certs"
 )
 
 // fastTuning makes the timeouts short enough to watch.
-var fastTuning = tuning{
-	readHeaderTimeout: 300 * time.Millisecond,
-	readTimeout:       600 * time.Millisecond,
-	writeTimeout:      2 * time.Second,
-	idleTimeout:       time.Second,
-	reloadEvery:       50 * time.Millisecond,
+var fastTuning = bmcserver.Tuning{
+	ReadHeaderTimeout: 300 * time.Millisecond,
+	ReadTimeout:       600 * time.Millisecond,
+	WriteTimeout:      2 * time.Second,
+	IdleTimeout:       time.Second,
+	ReloadEvery:       50 * time.Millisecond,
 }
 
 // started is a bmc-server running in the test.
@@ -46,7 +46,7 @@ type started struct {
 }
 
 // startServer runs the command with args and waits for its banner.
-func startServer(t *testing.T, args []string, env map[string]string, tune tuning) *started {
+func startServer(t *testing.T, args []string, env map[string]string, tune bmcserver.Tuning) *started {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &started{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan error, 1), cancel: cancel}
@@ -70,7 +70,7 @@ func startServer(t *testing.T, args []string, env map[string]string, tune tuning
 					if err != nil {
 						t.Errorf("run returned %v after shutdown", err)
 					}
-				case <-time.After(shutdownTimeout + time.Second):
+				case <-time.After(bmcserver.ShutdownTimeout + time.Second):
 					t.Error("run did not return after the context ended")
 				}
 			})
@@ -478,21 +478,9 @@ func TestSuppliedCertificateReloaded(t *testing.T) {
 }
 
 // TestFailedPartEndsTheProcess: when a part of the BMC fails (the IPMI
-// listener), serve stops and returns that failure, so the process exits
-// non-zero instead of serving half a BMC.
+// listener), the process exits non-zero instead of serving half a BMC;
+// internal/bmcserver's TestFailedPartEndsServing fails it while serving.
 func TestFailedPartEndsTheProcess(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancelCause(context.Background())
-	broken := errors.New("ipmi: read: socket gone")
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, &http.Server{Handler: http.NotFoundHandler()}, l, discardLogger()) }()
-	cancel(broken)
-	if err := <-done; !errors.Is(err, broken) {
-		t.Fatalf("serve returned %v, want the IPMI failure", err)
-	}
 	// The IPMI port taken at start: run fails at once.
 	taken, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
@@ -506,5 +494,3 @@ func TestFailedPartEndsTheProcess(t *testing.T) {
 		t.Fatalf("run with the IPMI port taken: %v, want an IPMI error", err)
 	}
 }
-
-func discardLogger() logr.Logger { return logr.Discard() }

@@ -1,13 +1,15 @@
 // Package layering checks the project's import rules, which nothing else
 // would notice breaking: protocols never reach Kubernetes, controllers never
 // reach the protocols, virtual hosts never reach Kubernetes, metrics stay
-// out of the protocols and the backend contract, and
+// out of the protocols and the backend contract,
 // bmc-server, one process per VM (or per namespace), links none of the
-// Kubernetes machinery it does not use.
+// Kubernetes machinery it does not use, and its command is wiring only:
+// internal/bmcserver assembles the protocols and backends.
 package layering
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -36,20 +38,47 @@ func TestImportRules(t *testing.T) {
 			"the contracts between bmc-server, the controller and the MaaS reconciler import none of them"},
 		{"cmd/bmc-server", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
 			"a BMC pod per VM: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
+		{"internal/bmcserver", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
+			"it is what every BMC pod runs: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.pkg, func(t *testing.T) {
-			out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", module+"/"+tc.pkg).Output()
-			if err != nil {
-				t.Fatalf("go list: %v", err)
-			}
-			for dep := range strings.FieldsSeq(string(out)) {
-				for _, prefix := range tc.forbidden {
-					if dep == prefix || strings.HasPrefix(dep, strings.TrimSuffix(prefix, "/")+"/") {
-						t.Errorf("%s depends on %s: %s", tc.pkg, dep, tc.why)
-					}
+			for _, dep := range goList(t, "-deps", "-f", "{{.ImportPath}}", module+"/"+tc.pkg) {
+				if forbidden(dep, tc.forbidden) {
+					t.Errorf("%s depends on %s: %s", tc.pkg, dep, tc.why)
 				}
 			}
 		})
 	}
+}
+
+// TestBMCServerCommandIsWiring: cmd/bmc-server parses its flags and calls
+// internal/bmcserver, which assembles the protocols and backends; the
+// command importing one of them itself is logic growing back into it. Its
+// own imports only: through internal/bmcserver it depends on them all.
+func TestBMCServerCommandIsWiring(t *testing.T) {
+	assembled := []string{module + "/redfish", module + "/ipmi", module + "/machine", module + "/internal/vhost", module + "/internal/throttle",
+		module + "/internal/auditlog", module + "/internal/bmcmetrics", module + "/internal/metricsserver", module + "/internal/certs", "k8s.io/client-go/"}
+	for _, imp := range goList(t, "-f", `{{join .Imports "\n"}}`, module+"/cmd/bmc-server") {
+		if forbidden(imp, assembled) {
+			t.Errorf("cmd/bmc-server imports %s: internal/bmcserver is where it is used", imp)
+		}
+	}
+}
+
+// goList runs go list with args and returns the words it prints.
+func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	out, err := exec.Command("go", append([]string{"list"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	return strings.Fields(string(out))
+}
+
+// forbidden tells whether pkg is one of prefixes or below one.
+func forbidden(pkg string, prefixes []string) bool {
+	return slices.ContainsFunc(prefixes, func(prefix string) bool {
+		return pkg == prefix || strings.HasPrefix(pkg, strings.TrimSuffix(prefix, "/")+"/")
+	})
 }

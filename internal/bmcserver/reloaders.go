@@ -1,4 +1,4 @@
-package main
+package bmcserver
 
 import (
 	"bytes"
@@ -21,21 +21,14 @@ type rotator func(creds credentials, grace time.Duration) error
 // reconciler tells it the new one. A half-written update (a missing or
 // empty file) is logged and skipped; the next poll sees the whole one.
 func watchCredentials(ctx context.Context, dir string, current credentials, every, grace time.Duration, log logr.Logger, rotators ...rotator) {
-	ticker := time.NewTicker(every)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	pollUntilDone(ctx, every, func() {
 		next, err := loadCredentials(func(string) string { return "" }, dir)
 		if err != nil {
 			log.Error(err, "cannot read the rotated credentials; keeping the current ones")
-			continue
+			return
 		}
 		if next.username == current.username && next.password == current.password {
-			continue
+			return
 		}
 		for _, rotate := range rotators {
 			if err := rotate(next, grace); err != nil {
@@ -44,6 +37,21 @@ func watchCredentials(ctx context.Context, dir string, current credentials, ever
 		}
 		current = next
 		log.Info("credentials rotated", "username", next.username, "previousAcceptedFor", grace)
+	})
+}
+
+// pollUntilDone calls poll every interval until ctx ends: both reloaders
+// read their files again rather than wait to be told of a change.
+func pollUntilDone(ctx context.Context, every time.Duration, poll func()) {
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		poll()
 	}
 }
 
@@ -93,19 +101,12 @@ func (r *certReloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, e
 
 // watch polls the files until ctx ends.
 func (r *certReloader) watch(ctx context.Context, every time.Duration, log logr.Logger) {
-	ticker := time.NewTicker(every)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
+	pollUntilDone(ctx, every, func() {
 		switch changed, err := r.reload(); {
 		case err != nil:
 			log.Error(err, "cannot reload the TLS certificate; serving the current one")
 		case changed:
 			log.Info("TLS certificate reloaded", "file", r.certFile)
 		}
-	}
+	})
 }

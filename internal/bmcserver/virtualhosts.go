@@ -1,4 +1,4 @@
-package main
+package bmcserver
 
 import (
 	"context"
@@ -17,21 +17,23 @@ import (
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
-// runShared serves every VM of --vms-dir, each at its own hosts, until ctx
-// ends. The first read of the directory happens before the listener opens,
-// so the banner can say how many VMs there are; if it fails, the process
-// still starts, not ready, and reads again every tune.reloadEvery.
-func runShared(ctx context.Context, o options, getenv func(string) string, stdout io.Writer, tune tuning, limiter *throttle.Limiter, metrics *bmcmetrics.Metrics, log logr.Logger) error {
+// serveVirtualHosts serves every VM of --vms-dir, each at its own hosts,
+// until ctx ends. The first read of the directory happens before the
+// listener opens, so the banner can say how many VMs there are; if it
+// fails, the process still starts, not ready, and reads again every
+// cfg.Tuning.ReloadEvery.
+func serveVirtualHosts(ctx context.Context, cfg Config, getenv func(string) string, stdout io.Writer,
+	limiter *throttle.Limiter, metrics *bmcmetrics.Metrics, log logr.Logger) error {
 	if getenv("BMC_USERNAME") != "" || getenv("BMC_PASSWORD") != "" {
 		return errors.New("BMC_USERNAME/BMC_PASSWORD cannot be used with --vms-dir: each VM's file holds its credentials")
 	}
-	// main's default memory limit is sized for one VM; a shared server's
-	// heap grows with its VMs, and under a limit it would collect without
-	// end. GOMEMLIMIT still sets one.
+	// The command's default memory limit is sized for one VM; a shared
+	// server's heap grows with its VMs, and under a limit it would collect
+	// without end. GOMEMLIMIT still sets one.
 	if getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(math.MaxInt64)
 	}
-	cfg, err := kubeConfig()
+	restCfg, err := kubeConfig()
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
@@ -41,23 +43,23 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		observer, intercept = metrics, metrics.Intercept
 	}
 	router, err := vhost.New(vhost.Config{
-		Dir: o.vmsDir,
+		Dir: cfg.VMsDir,
 		// Each VM has a backend, and informers, of its own, selected on
 		// its name, so the pod's Role can list the VMs by resourceNames.
 		// For very large namespaces the next step is one namespace-wide
 		// informer shared by the VMs.
 		StartBackend: func(ctx context.Context, vm string) (machine.Backend, error) {
-			return startKubeVirt(ctx, cfg, o.namespace, vm, log)
+			return startKubeVirt(ctx, restCfg, cfg.Namespace, vm, log)
 		},
 		Limiter:        limiter,
 		Observer:       observer,
 		Intercept:      intercept,
-		TrustedProxies: o.trustedProxies,
-		Grace:          o.grace,
+		TrustedProxies: cfg.TrustedProxies,
+		Grace:          cfg.CredentialsGrace,
 		Logger:         log,
 
-		EventDestinationsDenied:        o.eventDestinationsDenied,
-		EventDestinationsAllowLoopback: o.eventDestinationsAllowLoopback,
+		EventDestinationsDenied:        cfg.EventDestinationsDenied,
+		EventDestinationsAllowLoopback: cfg.EventDestinationsAllowLoopback,
 	})
 	if err != nil {
 		return err
@@ -68,17 +70,17 @@ func runShared(ctx context.Context, o options, getenv func(string) string, stdou
 		metrics.WatchEventSubscriptions(router.EventSubscriptions)
 	}
 	vms, readErr := router.Reload(ctx)
-	srv, listener, scheme, err := listen(ctx, o, tune, withHealth(router, router), log)
+	srv, listener, scheme, err := listenRedfish(ctx, cfg, withHealth(router, router), log)
 	if err != nil {
 		return err
 	}
 	srv.RegisterOnShutdown(router.StopEventStreams)
-	go router.Run(ctx, tune.reloadEvery)
-	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/, one virtual host per VM of namespace %s\n", scheme, listener.Addr(), o.namespace)
+	go router.Run(ctx, cfg.Tuning.ReloadEvery)
+	fmt.Fprintf(stdout, "Redfish service at %s://%s/redfish/v1/, one virtual host per VM of namespace %s\n", scheme, listener.Addr(), cfg.Namespace)
 	if readErr != nil {
-		fmt.Fprintf(stdout, "VMs: none yet, %s cannot be read (retrying every %s)\n", o.vmsDir, tune.reloadEvery)
+		fmt.Fprintf(stdout, "VMs: none yet, %s cannot be read (retrying every %s)\n", cfg.VMsDir, cfg.Tuning.ReloadEvery)
 	} else {
-		fmt.Fprintf(stdout, "VMs: %d read from %s\n", vms, o.vmsDir)
+		fmt.Fprintf(stdout, "VMs: %d read from %s\n", vms, cfg.VMsDir)
 	}
-	return serve(ctx, srv, listener, log)
+	return serveUntilDone(ctx, srv, listener, log)
 }

@@ -1,4 +1,4 @@
-package main
+package bmcserver
 
 import (
 	"crypto/rand"

@@ -1,4 +1,4 @@
-package main
+package bmcserver
 
 import (
 	"context"
@@ -17,13 +17,13 @@ var _ redfish.EventDeliveryObserver = (*bmcmetrics.Metrics)(nil)
 
 // startMetrics serves --metrics-listen until ctx ends; nil when it is off.
 // The Redfish port stays the only one behind the Service and Ingress.
-func startMetrics(ctx context.Context, o options, limiter *throttle.Limiter, stdout io.Writer) (*bmcmetrics.Metrics, error) {
-	if o.metricsListen == "" {
+func startMetrics(ctx context.Context, cfg Config, limiter *throttle.Limiter, stdout io.Writer) (*bmcmetrics.Metrics, error) {
+	if cfg.MetricsListen == "" {
 		return nil, nil
 	}
 	metrics := bmcmetrics.New()
 	metrics.WatchLimiter(limiter)
-	addr, err := metricsserver.Serve(ctx, o.metricsListen, metrics.Handler())
+	addr, err := metricsserver.Serve(ctx, cfg.MetricsListen, metrics.Handler())
 	if err != nil {
 		return nil, err
 	}

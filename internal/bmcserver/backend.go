@@ -1,0 +1,64 @@
+package bmcserver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/memory"
+)
+
+// newBackend is the one place that picks a backend. The kubevirt backend
+// runs its informers until ctx ends; it contacts no API server here, so the
+// process starts while the API server is down, and the backend reports
+// itself not ready until its cache has synced and while the API server is
+// unreachable.
+func newBackend(ctx context.Context, cfg Config, log logr.Logger) (machine.Backend, error) {
+	switch cfg.Backend {
+	case "memory":
+		return memory.New(memory.Options{Machines: cfg.Machines}), nil
+	case "kubevirt":
+		restCfg, err := kubeConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig: %w", err)
+		}
+		return startKubeVirt(ctx, restCfg, cfg.Namespace, cfg.VM, log)
+	}
+	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", cfg.Backend)
+}
+
+// startKubeVirt starts the kubevirt backend of one VM, which runs its
+// informers until ctx ends.
+func startKubeVirt(ctx context.Context, restCfg *rest.Config, namespace, vm string, log logr.Logger) (machine.Backend, error) {
+	b, err := kubevirt.New(restCfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm)})
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		if err := b.Start(ctx); err != nil {
+			log.Error(err, "kubevirt backend stopped", "vm", vm)
+		}
+	}()
+	return b, nil
+}
+
+// kubeConfig finds the API server as kubectl does ($KUBECONFIG, else
+// ~/.kube/config), else as a pod (its ServiceAccount). Like
+// controller-runtime's clients, it sends without a client-side rate limit:
+// the API server's priority and fairness protects it, and a limit of a few
+// requests a second would queue MaaS's power actions behind one another.
+func kubeConfig() (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS = -1
+	return cfg, nil
+}
