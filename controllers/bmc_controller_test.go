@@ -28,6 +28,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 )
 
@@ -54,7 +55,7 @@ func enrolledVM(t *testing.T, namespaceName, vmName string) types.NamespacedName
 	ns := namespace(t, namespaceName, true)
 	vm := createVM(t, newVM(ns, vmName))
 	key := client.ObjectKeyFromObject(vm)
-	waitFor(t, "workload", func() error { return workloadExists(key) })
+	poll.Until(t, "workload", func() error { return workloadExists(key) })
 	return key
 }
 
@@ -99,7 +100,7 @@ func TestWorkload(t *testing.T) {
 	})
 
 	t.Run("status", func(t *testing.T) {
-		waitFor(t, "status", func() error {
+		poll.Until(t, "status", func() error {
 			b := &v1beta1.VirtualMachineBMC{}
 			if err := get(vm, b); err != nil {
 				return err
@@ -252,7 +253,7 @@ func TestDriftIsRepaired(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.edit(t)
-			waitFor(t, "repair", tc.check)
+			poll.Until(t, "repair", tc.check)
 		})
 	}
 	_ = ctx
@@ -264,7 +265,7 @@ func TestIPMIAndProtocolSwitches(t *testing.T) {
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(true)
 	})
-	waitFor(t, "IPMI port", func() error {
+	poll.Until(t, "IPMI port", func() error {
 		s := &corev1.Service{}
 		if err := get(key, s); err != nil {
 			return err
@@ -291,11 +292,11 @@ func TestIPMIAndProtocolSwitches(t *testing.T) {
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Redfish.Enabled = ptr.To(false)
 	})
-	waitFor(t, "no Ingress without Redfish", func() error { return gone(key, &networkingv1.Ingress{}) })
+	poll.Until(t, "no Ingress without Redfish", func() error { return gone(key, &networkingv1.Ingress{}) })
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(false)
 	})
-	waitFor(t, "no Service without either", func() error { return gone(key, &corev1.Service{}) })
+	poll.Until(t, "no Service without either", func() error { return gone(key, &corev1.Service{}) })
 }
 
 func TestIngressHostStaysInItsNamespace(t *testing.T) {
@@ -303,7 +304,7 @@ func TestIngressHostStaysInItsNamespace(t *testing.T) {
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = "web1.team-a." + testDomain
 	})
-	waitFor(t, "refusal", func() error {
+	poll.Until(t, "refusal", func() error {
 		b := &v1beta1.VirtualMachineBMC{}
 		if err := get(vm, b); err != nil {
 			return err
@@ -317,7 +318,7 @@ func TestIngressHostStaysInItsNamespace(t *testing.T) {
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = "redfish.hosts." + testDomain
 	})
-	waitFor(t, "a host in the namespace's zone", func() error {
+	poll.Until(t, "a host in the namespace's zone", func() error {
 		in := &networkingv1.Ingress{}
 		if err := get(workloadKey(vm), in); err != nil {
 			return err
@@ -335,12 +336,12 @@ func TestIngressHostStaysInItsNamespace(t *testing.T) {
 func TestOneHostOneBMC(t *testing.T) {
 	first := enrolledVM(t, "host-claims", "web1")
 	second := client.ObjectKeyFromObject(createVM(t, newVM(first.Namespace, "web2")))
-	waitFor(t, "web2's Ingress", func() error { return get(workloadKey(second), &networkingv1.Ingress{}) })
+	poll.Until(t, "web2's Ingress", func() error { return get(workloadKey(second), &networkingv1.Ingress{}) })
 	taken := "web1.host-claims." + testDomain
 	update(t, second, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = taken
 	})
-	waitFor(t, "web2 refused", func() error {
+	poll.Until(t, "web2 refused", func() error {
 		b := &v1beta1.VirtualMachineBMC{}
 		if err := get(second, b); err != nil {
 			return err
@@ -351,7 +352,7 @@ func TestOneHostOneBMC(t *testing.T) {
 		}
 		return gone(workloadKey(second), &networkingv1.Ingress{})
 	})
-	waitFor(t, "web1's Ingress kept", func() error {
+	poll.Until(t, "web1's Ingress kept", func() error {
 		in := &networkingv1.Ingress{}
 		if err := get(workloadKey(first), in); err != nil {
 			return err
@@ -364,7 +365,7 @@ func TestOneHostOneBMC(t *testing.T) {
 	update(t, second, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = ""
 	})
-	waitFor(t, "web2 at its own host", func() error {
+	poll.Until(t, "web2 at its own host", func() error {
 		in := &networkingv1.Ingress{}
 		if err := get(workloadKey(second), in); err != nil {
 			return err
@@ -398,7 +399,7 @@ func TestCredentialRotation(t *testing.T) {
 	update(t, vm, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.SetAnnotations(map[string]string{v1beta1.AnnotationRotateCredentials: "2026-12-01"})
 	})
-	waitFor(t, "rotation", func() error {
+	poll.Until(t, "rotation", func() error {
 		after := &corev1.Secret{}
 		if err := get(secretKey, after); err != nil {
 			return err
@@ -446,7 +447,7 @@ func TestCredentialRotation(t *testing.T) {
 	if err := admin.Status().Update(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the status told again", func() error {
+	poll.Until(t, "the status told again", func() error {
 		if err := get(vm, b); err != nil {
 			return err
 		}
@@ -471,7 +472,7 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	bmcClient := serviceAccountClient(t, vm.Namespace, "bmc-web1")
 	ctx := context.Background()
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Always"}}`))
-	waitFor(t, "its own VM", func() error {
+	poll.Until(t, "its own VM", func() error {
 		return bmcClient.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}}, patch)
 	})
 	if err := bmcClient.Patch(ctx, other, patch); !apierrors.IsForbidden(err) {
@@ -505,11 +506,11 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "its state Secret", func() error { return store.SaveState(ctx, "redfish-subscriptions", []byte(`{"version":1}`)) })
+	poll.Until(t, "its state Secret", func() error { return store.SaveState(ctx, "redfish-subscriptions", []byte(`{"version":1}`)) })
 	if data, err := store.LoadState(ctx, "redfish-subscriptions"); err != nil || string(data) != `{"version":1}` {
 		t.Errorf("LoadState as the BMC = %q, %v", data, err)
 	}
-	waitFor(t, "web2's state Secret", func() error {
+	poll.Until(t, "web2's state Secret", func() error {
 		return get(types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web2")}, &corev1.Secret{})
 	})
 	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web2")}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
@@ -522,7 +523,7 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	// off) and leaves what the BMC wrote in it.
 	stateKey := types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web1")}
 	update(t, stateKey, &corev1.Secret{}, func(obj client.Object) { obj.SetLabels(nil) })
-	waitFor(t, "the state Secret's labels put back", func() error {
+	poll.Until(t, "the state Secret's labels put back", func() error {
 		secret := &corev1.Secret{}
 		if err := get(stateKey, secret); err != nil {
 			return err
@@ -553,7 +554,7 @@ func TestClusterInstancetypeRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-it-web1"}
-	waitFor(t, "cluster RBAC", func() error {
+	poll.Until(t, "cluster RBAC", func() error {
 		if err := get(name, &rbacv1.ClusterRole{}); err != nil {
 			return err
 		}
@@ -562,7 +563,7 @@ func TestClusterInstancetypeRBAC(t *testing.T) {
 	if err := admin.Delete(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "cluster RBAC removed with the BMC", func() error {
+	poll.Until(t, "cluster RBAC removed with the BMC", func() error {
 		if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
 			return err
 		}
@@ -578,7 +579,7 @@ func TestTwoNamespacesSameVMName(t *testing.T) {
 	b := enrolledVM(t, "team-b", "web1")
 	hosts, users, macs, uuids := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, vm := range []types.NamespacedName{a, b} {
-		waitFor(t, "identity", func() error { return serialIs(vm, "web1."+vm.Namespace) })
+		poll.Until(t, "identity", func() error { return serialIs(vm, "web1."+vm.Namespace) })
 		vmObj := &kubevirtv1.VirtualMachine{}
 		if err := get(vm, vmObj); err != nil {
 			t.Fatal(err)
@@ -606,7 +607,7 @@ func TestTwoNamespacesSameVMName(t *testing.T) {
 // update reads key into obj, edits it and writes it back.
 func update(t *testing.T, key types.NamespacedName, obj client.Object, edit func(client.Object)) {
 	t.Helper()
-	waitFor(t, "update", func() error {
+	poll.Until(t, "update", func() error {
 		if err := get(key, obj); err != nil {
 			return err
 		}
@@ -632,7 +633,7 @@ func deleteObj(t *testing.T, key types.NamespacedName, obj client.Object) {
 // a second in which it might not have run yet.
 func requireNever(t *testing.T, what, controller string, since float64, check func() error) {
 	t.Helper()
-	waitFor(t, controller+" settled", func() error {
+	poll.Until(t, controller+" settled", func() error {
 		if check() == nil {
 			t.Fatalf("%s happened", what)
 		}
@@ -643,7 +644,7 @@ func requireNever(t *testing.T, what, controller string, since float64, check fu
 		if check() == nil {
 			t.Fatalf("%s happened", what)
 		}
-		time.Sleep(pollInterval)
+		time.Sleep(poll.Interval)
 	}
 }
 
@@ -751,7 +752,7 @@ func readyOnceAvailable(t *testing.T, deployment, bmc types.NamespacedName) {
 	if err := admin.Status().Update(context.Background(), d); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "Ready", func() error {
+	poll.Until(t, "Ready", func() error {
 		b := &v1beta1.VirtualMachineBMC{}
 		if err := get(bmc, b); err != nil {
 			return err
@@ -797,7 +798,7 @@ func TestFailedApplyIsReported(t *testing.T) {
 		}
 		return metav1.Condition{}
 	}
-	waitFor(t, "the refused Service in the status", func() error {
+	poll.Until(t, "the refused Service in the status", func() error {
 		b := &v1beta1.VirtualMachineBMC{}
 		if err := get(key, b); err != nil {
 			return err
@@ -815,7 +816,7 @@ func TestFailedApplyIsReported(t *testing.T) {
 		return nil
 	})
 	lift()
-	waitFor(t, "the Service once the policy is gone", func() error {
+	poll.Until(t, "the Service once the policy is gone", func() error {
 		b := &v1beta1.VirtualMachineBMC{}
 		if err := get(key, b); err != nil {
 			return err
@@ -870,7 +871,7 @@ func refuse(t *testing.T, namespace, resource, message string, probe client.Obje
 		}
 	}
 	t.Cleanup(lift)
-	waitFor(t, "the refusal in force", func() error {
+	poll.Until(t, "the refusal in force", func() error {
 		if err := admin.Create(ctx, probe.DeepCopyObject().(client.Object), client.DryRunAll); err == nil {
 			return fmt.Errorf("%s still admitted", resource)
 		}
@@ -901,7 +902,7 @@ func TestClusterRBACIsOwnedByItsNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-owner-web1"}
-	waitFor(t, "cluster RBAC owned by the Namespace, no finalizer", func() error {
+	poll.Until(t, "cluster RBAC owned by the Namespace, no finalizer", func() error {
 		for _, obj := range []client.Object{&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
 			if err := get(name, obj); err != nil {
 				return err
@@ -923,7 +924,7 @@ func TestClusterRBACIsOwnedByItsNamespace(t *testing.T) {
 	update(t, client.ObjectKeyFromObject(vm), &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
 		obj.(*kubevirtv1.VirtualMachine).Spec.Instancetype = nil
 	})
-	waitFor(t, "cluster RBAC removed with the instancetype", func() error {
+	poll.Until(t, "cluster RBAC removed with the instancetype", func() error {
 		if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // enrolledSet is nil once vm has its VirtualMachineBMC and credentials.
@@ -46,14 +47,14 @@ func TestEnrolment(t *testing.T) {
 
 	t.Run("a VM created before the controller started", func(t *testing.T) {
 		key := types.NamespacedName{Namespace: preexistingNS, Name: "old"}
-		waitFor(t, "enrolment", func() error { return enrolledSet(key) })
-		waitFor(t, "serial", func() error { return serialIs(key, "old."+preexistingNS) })
+		poll.Until(t, "enrolment", func() error { return enrolledSet(key) })
+		poll.Until(t, "serial", func() error { return serialIs(key, "old."+preexistingNS) })
 	})
 
 	t.Run("a new VM in an opted-in namespace", func(t *testing.T) {
 		ns := namespace(t, "enrol-new", true)
 		vm := createVM(t, newVM(ns, "web1"))
-		waitFor(t, "enrolment", func() error { return enrolledSet(client.ObjectKeyFromObject(vm)) })
+		poll.Until(t, "enrolment", func() error { return enrolledSet(client.ObjectKeyFromObject(vm)) })
 	})
 
 	t.Run("a VM in a namespace without the label", func(t *testing.T) {
@@ -69,22 +70,22 @@ func TestEnrolment(t *testing.T) {
 		ns := namespace(t, "enrol-optout", true)
 		vm := createVM(t, newVM(ns, "web1"))
 		key := client.ObjectKeyFromObject(vm)
-		waitFor(t, "enrolment", func() error { return enrolledSet(key) })
+		poll.Until(t, "enrolment", func() error { return enrolledSet(key) })
 		annotate(t, key, map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
-		waitFor(t, "removal", func() error { return unenrolled(key) })
+		poll.Until(t, "removal", func() error { return unenrolled(key) })
 		annotate(t, key, map[string]string{v1beta1.AnnotationBMC: "enabled"})
-		waitFor(t, "enrolment again", func() error { return enrolledSet(key) })
+		poll.Until(t, "enrolment again", func() error { return enrolledSet(key) })
 	})
 
 	t.Run("a namespace that loses its label, and gets it back", func(t *testing.T) {
 		ns := namespace(t, "enrol-label", true)
 		vm := createVM(t, newVM(ns, "web1"))
 		key := client.ObjectKeyFromObject(vm)
-		waitFor(t, "enrolment", func() error { return enrolledSet(key) })
+		poll.Until(t, "enrolment", func() error { return enrolledSet(key) })
 		setNamespaceLabel(t, ns, enabledLabelKey, "")
-		waitFor(t, "removal", func() error { return unenrolled(key) })
+		poll.Until(t, "removal", func() error { return unenrolled(key) })
 		setNamespaceLabel(t, ns, enabledLabelKey, "true")
-		waitFor(t, "enrolment again", func() error { return enrolledSet(key) })
+		poll.Until(t, "enrolment again", func() error { return enrolledSet(key) })
 	})
 
 	t.Run("a changed selector, at run time", func(t *testing.T) {
@@ -99,38 +100,38 @@ func TestEnrolment(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = admin.Delete(ctx, cm) })
-		waitFor(t, "enrolment under the new selector", func() error { return enrolledSet(key) })
+		poll.Until(t, "enrolment under the new selector", func() error { return enrolledSet(key) })
 		// The old selector no longer holds: a namespace it matched loses its VMs.
-		waitFor(t, "removal under the new selector", func() error {
+		poll.Until(t, "removal under the new selector", func() error {
 			return unenrolled(types.NamespacedName{Namespace: preexistingNS, Name: "old"})
 		})
 		if err := admin.Delete(ctx, cm); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "back to the flag's selector", func() error {
+		poll.Until(t, "back to the flag's selector", func() error {
 			return enrolledSet(types.NamespacedName{Namespace: preexistingNS, Name: "old"})
 		})
-		waitFor(t, "removal under the flag's selector", func() error { return unenrolled(key) })
+		poll.Until(t, "removal under the flag's selector", func() error { return unenrolled(key) })
 	})
 
 	t.Run("an edited serial is put back", func(t *testing.T) {
 		ns := namespace(t, "enrol-serial", true)
 		vm := createVM(t, newVM(ns, "web1"))
 		key := client.ObjectKeyFromObject(vm)
-		waitFor(t, "serial", func() error { return serialIs(key, "web1."+ns) })
+		poll.Until(t, "serial", func() error { return serialIs(key, "web1."+ns) })
 		// Without the webhook in this suite, only the loop can repair it.
 		update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
 			obj.(*kubevirtv1.VirtualMachine).Spec.Template.Spec.Domain.Firmware.Serial = "victim.team-b"
 		})
-		waitFor(t, "serial repaired", func() error { return serialIs(key, "web1."+ns) })
-		waitFor(t, "an Event saying so", func() error { return eventWith(ns, "IdentityRepaired", "") })
+		poll.Until(t, "serial repaired", func() error { return serialIs(key, "web1."+ns) })
+		poll.Until(t, "an Event saying so", func() error { return eventWith(ns, "IdentityRepaired", "") })
 	})
 
 	t.Run("a deleted VirtualMachineBMC comes back", func(t *testing.T) {
 		ns := namespace(t, "enrol-comeback", true)
 		vm := createVM(t, newVM(ns, "web1"))
 		key := client.ObjectKeyFromObject(vm)
-		waitFor(t, "enrolment", func() error { return enrolledSet(key) })
+		poll.Until(t, "enrolment", func() error { return enrolledSet(key) })
 		before := &v1beta1.VirtualMachineBMC{}
 		if err := get(key, before); err != nil {
 			t.Fatal(err)
@@ -142,7 +143,7 @@ func TestEnrolment(t *testing.T) {
 		if err := admin.Delete(ctx, before); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "a new VirtualMachineBMC", func() error {
+		poll.Until(t, "a new VirtualMachineBMC", func() error {
 			after := &v1beta1.VirtualMachineBMC{}
 			if err := get(key, after); err != nil {
 				return err
@@ -171,7 +172,7 @@ func TestEnrolment(t *testing.T) {
 		if err := admin.Create(ctx, manual); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "its workload", func() error { return workloadExists(key) })
+		poll.Until(t, "its workload", func() error { return workloadExists(key) })
 		requireNever(t, "removal of a user's VirtualMachineBMC", "enrolment", since, func() error { return gone(key, &v1beta1.VirtualMachineBMC{}) })
 	})
 }

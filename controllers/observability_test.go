@@ -14,17 +14,19 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // TestEventsSayWhatHappened: one Event tells the VM's owner what enrolment
 // created; a Secret created again later is told on the VirtualMachineBMC.
 func TestEventsSayWhatHappened(t *testing.T) {
 	vm := enrolledVM(t, "events", "web1")
-	waitFor(t, "the Enrolled Event", func() error {
+	poll.Until(t, "the Enrolled Event", func() error {
 		return eventWith(vm.Namespace, "Enrolled", "created VirtualMachineBMC web1 and credentials Secret web1-bmc")
 	})
 	deleteObj(t, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{})
-	waitFor(t, "the CredentialsCreated Event", func() error {
+	poll.Until(t, "the CredentialsCreated Event", func() error {
 		return eventWith(vm.Namespace, "CredentialsCreated", "created credentials Secret web1-bmc")
 	})
 }
@@ -48,7 +50,7 @@ func eventWith(namespace, reason, note string) error {
 
 func TestEnrolledVMsMetric(t *testing.T) {
 	enrolledVM(t, "metrics", "web1")
-	waitFor(t, "virtmetal_enrolled_vms", func() error {
+	poll.Until(t, "virtmetal_enrolled_vms", func() error {
 		families, err := metrics.Registry.Gather()
 		if err != nil {
 			return err
@@ -76,11 +78,11 @@ func TestRoleFollowsTheInstancetype(t *testing.T) {
 	createVM(t, vm)
 	key := client.ObjectKeyFromObject(vm)
 	clusterName := types.NamespacedName{Name: "virtmetal-bmc-instancetype-change-web1"}
-	waitFor(t, "cluster RBAC", func() error { return get(clusterName, &rbacv1.ClusterRole{}) })
+	poll.Until(t, "cluster RBAC", func() error { return get(clusterName, &rbacv1.ClusterRole{}) })
 	update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
 		obj.(*kubevirtv1.VirtualMachine).Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Kind: "VirtualMachineInstancetype", Name: "team-small"}
 	})
-	waitFor(t, "the Role in step", func() error {
+	poll.Until(t, "the Role in step", func() error {
 		role := &rbacv1.Role{}
 		if err := get(workloadKey(key), role); err != nil {
 			return err

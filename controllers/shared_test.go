@@ -27,6 +27,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 const sharedName = "virtmetal-bmcs"
@@ -163,10 +164,10 @@ func sharedVMs(t *testing.T, namespaceName string, vms ...string) []types.Namesp
 	for _, name := range vms {
 		keys = append(keys, client.ObjectKeyFromObject(createVM(t, newVM(ns, name))))
 	}
-	waitFor(t, "shared bmc-server", func() error { return serves(ns, vms...) })
-	waitFor(t, "shared objects", func() error { return sharedExist(ns) })
+	poll.Until(t, "shared bmc-server", func() error { return serves(ns, vms...) })
+	poll.Until(t, "shared objects", func() error { return sharedExist(ns) })
 	for _, key := range keys {
-		waitFor(t, "per-VM objects", func() error { return servedShared(key) })
+		poll.Until(t, "per-VM objects", func() error { return servedShared(key) })
 	}
 	return keys
 }
@@ -250,7 +251,7 @@ func TestSharedWorkload(t *testing.T) {
 
 	t.Run("status", func(t *testing.T) {
 		for _, vm := range all {
-			waitFor(t, "status", func() error {
+			poll.Until(t, "status", func() error {
 				b := &v1beta1.VirtualMachineBMC{}
 				if err := get(vm, b); err != nil {
 					return err
@@ -288,13 +289,13 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 	ctx := context.Background()
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Always"}}`))
 	for _, vm := range vms {
-		waitFor(t, "a served VM", func() error {
+		poll.Until(t, "a served VM", func() error {
 			return bmcClient.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: vm.Name}}, patch)
 		})
 		// Each served VM has a state Secret of its own, which the shared
 		// bmc-server may write: its subscriptions are that VM's alone.
 		state := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmc.StateSecretName(vm.Name)}}
-		waitFor(t, "a served VM's state Secret", func() error {
+		poll.Until(t, "a served VM's state Secret", func() error {
 			return bmcClient.Patch(ctx, state, client.RawPatch(types.MergePatchType, []byte(`{"data":{"k":"dg=="}}`)))
 		})
 	}
@@ -330,8 +331,8 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 	update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(true)
 	})
-	waitFor(t, "a pod of its own", func() error { return workloadExists(vms[1]) })
-	waitFor(t, "not served by the shared server", func() error { return serves(vms[0].Namespace, "web1") })
+	poll.Until(t, "a pod of its own", func() error { return workloadExists(vms[1]) })
+	poll.Until(t, "not served by the shared server", func() error { return serves(vms[0].Namespace, "web1") })
 	in := &networkingv1.Ingress{}
 	if err := get(workloadKey(vms[1]), in); err != nil {
 		t.Fatal(err)
@@ -379,7 +380,7 @@ func TestSwitchWorkloadAtRunTime(t *testing.T) {
 	for _, step := range steps {
 		t.Run("workload "+cmpOr(step.mode, "pod-per-vm"), func(t *testing.T) {
 			setWorkload(t, step.mode)
-			waitFor(t, "objects of the mode", step.check)
+			poll.Until(t, "objects of the mode", step.check)
 		})
 	}
 }
@@ -400,8 +401,8 @@ func TestSharedObjectsGoWithTheLastBMC(t *testing.T) {
 	withIT.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
 	createVM(t, withIT)
 	clusterName := types.NamespacedName{Name: "virtmetal-bmcs-" + ns}
-	waitFor(t, "shared bmc-server", func() error { return serves(ns, "web1", "web2") })
-	waitFor(t, "cluster RBAC of the union", func() error {
+	poll.Until(t, "shared bmc-server", func() error { return serves(ns, "web1", "web2") })
+	poll.Until(t, "cluster RBAC of the union", func() error {
 		role := &rbacv1.ClusterRole{}
 		if err := get(clusterName, role); err != nil {
 			return err
@@ -415,15 +416,15 @@ func TestSharedObjectsGoWithTheLastBMC(t *testing.T) {
 		return get(clusterName, &rbacv1.ClusterRoleBinding{})
 	})
 	annotate(t, client.ObjectKeyFromObject(withIT), map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
-	waitFor(t, "one VM left", func() error { return serves(ns, "web1") })
-	waitFor(t, "no cluster RBAC without a cluster instancetype", func() error {
+	poll.Until(t, "one VM left", func() error { return serves(ns, "web1") })
+	poll.Until(t, "no cluster RBAC without a cluster instancetype", func() error {
 		if err := gone(clusterName, &rbacv1.ClusterRole{}); err != nil {
 			return err
 		}
 		return gone(clusterName, &rbacv1.ClusterRoleBinding{})
 	})
 	annotate(t, client.ObjectKeyFromObject(plain), map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
-	waitFor(t, "shared objects gone with the last BMC", func() error { return sharedGone(ns) })
+	poll.Until(t, "shared objects gone with the last BMC", func() error { return sharedGone(ns) })
 }
 
 func TestSharedCredentialsRotation(t *testing.T) {
@@ -454,7 +455,7 @@ func TestSharedCredentialsRotation(t *testing.T) {
 			return nil
 		}
 	}
-	waitFor(t, "the user's Secret served", passwordIs("web2", "first"))
+	poll.Until(t, "the user's Secret served", passwordIs("web2", "first"))
 
 	tests := []struct {
 		name   string
@@ -466,7 +467,7 @@ func TestSharedCredentialsRotation(t *testing.T) {
 				obj.SetAnnotations(map[string]string{v1beta1.AnnotationRotateCredentials: "2026-12-01"})
 			})
 			var password string
-			waitFor(t, "rotation", func() error {
+			poll.Until(t, "rotation", func() error {
 				s := &corev1.Secret{}
 				if err := get(types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, s); err != nil {
 					return err
@@ -492,7 +493,7 @@ func TestSharedCredentialsRotation(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			waitFor(t, "the aggregate follows", passwordIs(tc.vm, tc.rotate(t)))
+			poll.Until(t, "the aggregate follows", passwordIs(tc.vm, tc.rotate(t)))
 		})
 	}
 }
@@ -540,12 +541,12 @@ func TestSharedRefusals(t *testing.T) {
 			})
 			t.Cleanup(func() {
 				update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
-				waitFor(t, "served again", func() error { return serves(ns, "web1", "web2") })
+				poll.Until(t, "served again", func() error { return serves(ns, "web1", "web2") })
 			})
-			waitFor(t, "web2 not served", func() error { return serves(ns, "web1") })
-			waitFor(t, "an Event", func() error { return eventWith(ns, tc.reason, "") })
+			poll.Until(t, "web2 not served", func() error { return serves(ns, "web1") })
+			poll.Until(t, "an Event", func() error { return eventWith(ns, tc.reason, "") })
 			if tc.check != nil {
-				waitFor(t, "status", func() error {
+				poll.Until(t, "status", func() error {
 					b := &v1beta1.VirtualMachineBMC{}
 					if err := get(vms[1], b); err != nil {
 						return err
@@ -617,7 +618,7 @@ func TestSharedDriftIsRepaired(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.edit(t)
-			waitFor(t, "repair", tc.check)
+			poll.Until(t, "repair", tc.check)
 		})
 	}
 }
@@ -651,7 +652,7 @@ func TestSharedWritesInBatches(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	waitFor(t, "all served", func() error { return serves(ns, names...) })
+	poll.Until(t, "all served", func() error { return serves(ns, names...) })
 	// One write per batch (the reconciler's one-second delay) at most,
 	// however long a loaded machine takes to enrol them; without batching
 	// it writes several times a second.
@@ -697,9 +698,9 @@ func TestEventDestinationsDeniedReachEveryBMC(t *testing.T) {
 		}
 	}
 	setConfig(t, map[string]string{"eventDestinationsDenied": "10.244.0.0/16, 10.96.0.0/12"})
-	waitFor(t, "the denied networks on the VM's bmc-server", args(workloadKey(vm)))
+	poll.Until(t, "the denied networks on the VM's bmc-server", args(workloadKey(vm)))
 	setConfig(t, map[string]string{"eventDestinationsDenied": denied, "workload": "shared"})
-	waitFor(t, "the denied networks on the shared bmc-server", args(sharedKey(vm.Namespace)))
+	poll.Until(t, "the denied networks on the shared bmc-server", args(sharedKey(vm.Namespace)))
 	setConfig(t, nil)
 }
 
@@ -736,7 +737,7 @@ func TestSharedFailureIsReported(t *testing.T) {
 		}
 		return c, nil
 	}
-	waitFor(t, "the failure on the BMC", func() error {
+	poll.Until(t, "the failure on the BMC", func() error {
 		c, err := available()
 		if err != nil {
 			return err
@@ -746,9 +747,9 @@ func TestSharedFailureIsReported(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(t, "the Warning Event", func() error { return eventWith(ns, "SharedServerFailed", "shared bmc-server virtmetal-bmcs: ") })
+	poll.Until(t, "the Warning Event", func() error { return eventWith(ns, "SharedServerFailed", "shared bmc-server virtmetal-bmcs: ") })
 	lift()
-	waitFor(t, "the Deployment's own state once it is admitted", func() error {
+	poll.Until(t, "the Deployment's own state once it is admitted", func() error {
 		if err := get(sharedKey(ns), &appsv1.Deployment{}); err != nil {
 			return err
 		}

@@ -50,8 +50,6 @@ const (
 	controllerUser  = "virtmetal-controller-test"
 	preexistingNS   = "preexisting"
 	enabledLabelKey = "virtmetal.io/enabled"
-	eventually      = 30 * time.Second
-	pollInterval    = 50 * time.Millisecond
 )
 
 func TestMain(m *testing.M) {
@@ -248,21 +246,6 @@ func createVM(t *testing.T, vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMa
 		t.Fatal(err)
 	}
 	return vm
-}
-
-// waitFor polls check until it returns nil, failing the test with the last
-// error when it does not within the suite's patience.
-func waitFor(t testing.TB, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(eventually)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = check(); err == nil {
-			return
-		}
-		time.Sleep(pollInterval)
-	}
-	t.Fatalf("%s: still %v after %s", what, err, eventually)
 }
 
 // get reads obj by key and fails the check when it is missing.

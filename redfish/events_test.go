@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
@@ -297,7 +298,7 @@ func TestEventStreamLimits(t *testing.T) {
 		t.Errorf("%d streams open, want 2", f.server.EventStreams())
 	}
 	first.Response.Body.Close()
-	waitUntil(t, func() bool { return f.server.EventStreams() == 1 })
+	poll.True(t, "one stream left", func() bool { return f.server.EventStreams() == 1 })
 	if again, resp := openStream(t, f.ts, "", nil); again == nil {
 		t.Errorf("a closed stream's place is not free: %d", resp.StatusCode)
 	}
@@ -327,19 +328,8 @@ func TestEventStreamLimits(t *testing.T) {
 	}
 
 	f.server.StopEventStreams()
-	waitUntil(t, func() bool { return f.server.EventStreams() == 0 })
+	poll.True(t, "no stream left", func() bool { return f.server.EventStreams() == 0 })
 	for range second.Events {
-	}
-}
-
-func waitUntil(t *testing.T, done func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !done() {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -355,7 +345,7 @@ func TestEventStreamsLoseNothingUnderResets(t *testing.T) {
 			t.Fatalf("stream %d refused", i)
 		}
 	}
-	waitUntil(t, func() bool { return f.server.EventStreams() == clients })
+	poll.True(t, "every client streaming", func() bool { return f.server.EventStreams() == clients })
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range resets {

@@ -2,6 +2,7 @@ package redfish_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -126,7 +128,7 @@ func TestSubscriptionReceivesMaaSPowerSequence(t *testing.T) {
 	f.post(t, resetOf0, `{"ResetType":"ForceOff"}`)
 	f.send(t, http.MethodPatch, sys0, `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`)
 	f.post(t, resetOf0, `{"ResetType":"On"}`)
-	waitUntil(t, func() bool { return len(r.messageKeys()) >= 3 })
+	poll.True(t, "three events delivered", func() bool { return len(r.messageKeys()) >= 3 })
 	keys := r.messageKeys()
 	if keys[0] != "ResourceChanged" && keys[0] != "ResourcePoweredOff" {
 		t.Errorf("first event %s", keys[0])
@@ -162,7 +164,7 @@ func TestDeadDestinationIsSuspended(t *testing.T) {
 		_ = json.NewDecoder(resp.Body).Decode(&body)
 		return body.Status.State
 	}
-	waitUntil(t, func() bool { return state() == "Disabled" })
+	poll.True(t, "the subscription Disabled", func() bool { return state() == "Disabled" })
 	tries := len(r.messageKeys())
 	if tries != 3 {
 		t.Errorf("%d tries, want 1 + 2 retries", tries)
@@ -178,7 +180,7 @@ func TestDeadDestinationIsSuspended(t *testing.T) {
 		t.Fatal("not resumed")
 	}
 	f.post(t, "/redfish/v1/EventService/Actions/EventService.SubmitTestEvent", `{"MessageId":"Test.1.0.Hello"}`)
-	waitUntil(t, func() bool { return len(r.messageKeys()) > tries })
+	poll.True(t, "a delivery after resuming", func() bool { return len(r.messageKeys()) > tries })
 	if keys := r.messageKeys(); keys[len(keys)-1] != "Hello" {
 		t.Errorf("after resuming: %v, want the test event only", keys[tries:])
 	}
@@ -270,17 +272,15 @@ func problems(a answer) []string {
 	return got
 }
 
-// waitFor polls done until it holds, and fails with what describe says
-// after ten seconds, which leaves room for a loaded CI machine.
+// waitFor is poll.True with a description of what was seen instead.
 func waitFor(t *testing.T, done func() bool, describe func() string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !done() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %s", describe())
+	poll.Until(t, "waiting", func() error {
+		if done() {
+			return nil
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return errors.New(describe())
+	})
 }
 
 // rolesFixture is a subscription fixture with an account of each role,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
@@ -134,7 +135,7 @@ func TestSubscriptionsSurviveARestart(t *testing.T) {
 		}
 	}
 	second.must(t, http.StatusNoContent, http.MethodPost, "/redfish/v1/Systems/vm-0/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`)
-	waitUntil(t, func() bool { return len(r.messageKeys()) > 0 })
+	poll.True(t, "an event delivered", func() bool { return len(r.messageKeys()) > 0 })
 	r.mu.Lock()
 	if r.bodies[0]["Context"] != "rack 8" || r.auth[0] != "Bearer t0ken" {
 		t.Errorf("delivered after the restart with Context %v and Authorization %q, want rack 8 and the kept header", r.bodies[0]["Context"], r.auth[0])
@@ -202,7 +203,7 @@ func TestSubscriptionStoreFailures(t *testing.T) {
 		backend.SetStateFault(unreachable)
 		p.must(t, http.StatusCreated, http.MethodPost, subscriptionsURI, `{"Destination":"`+r.ts.URL+`","Protocol":"Redfish","Context":"late"}`)
 		backend.SetStateFault(nil)
-		waitUntil(t, func() bool {
+		poll.True(t, "the subscription saved once the store is back", func() bool {
 			data, err := backend.LoadState(t.Context(), "redfish-subscriptions")
 			return err == nil && strings.Contains(string(data), `late`)
 		})

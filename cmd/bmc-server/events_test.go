@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/promtest"
 )
 
@@ -59,16 +60,6 @@ func (r *eventReceiver) answer(status int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.status = status
-}
-
-// waitFor polls cond for up to 5 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 5 s", what)
-		}
-	}
 }
 
 var bmcEnv = map[string]string{"BMC_USERNAME": "maas", "BMC_PASSWORD": "s3cret"}
@@ -184,13 +175,13 @@ func TestEventDeliveryMetrics(t *testing.T) {
 	}
 	submit := func(id string) { submitTestEvent(t, s, "", "maas", "s3cret", id) }
 	submit("Test.1.0.Hello")
-	waitFor(t, "the test event delivered", func() bool { return slices.Contains(r.received(), "Test.1.0.Hello") })
-	waitFor(t, "the delivery counted", func() bool { return deliveries("delivered") == 1 })
+	poll.True(t, "the test event delivered", func() bool { return slices.Contains(r.received(), "Test.1.0.Hello") })
+	poll.True(t, "the delivery counted", func() bool { return deliveries("delivered") == 1 })
 
 	r.answer(http.StatusServiceUnavailable)
 	submit("Test.1.0.Again")
 	// The first try fails; the next waits for the default retry interval.
-	waitFor(t, "the failed delivery counted", func() bool { return deliveries("failed") == 1 })
+	poll.True(t, "the failed delivery counted", func() bool { return deliveries("failed") == 1 })
 	if got := deliveries("delivered"); got != 1 {
 		t.Errorf("delivered = %v after a failure, want still 1", got)
 	}
@@ -252,8 +243,8 @@ func TestSharedEventSubscriptions(t *testing.T) {
 	}
 	for i, vm := range vms {
 		submitTestEvent(t, s, vm.host, vm.user, vm.pass, "Test.1.0."+vm.name)
-		waitFor(t, vm.name+"'s test event delivered", func() bool { return slices.Contains(r.received(), "Test.1.0."+vm.name) })
-		waitFor(t, vm.name+"'s delivery counted", func() bool { return deliveries("delivered") == float64(i+1) })
+		poll.True(t, vm.name+"'s test event delivered", func() bool { return slices.Contains(r.received(), "Test.1.0."+vm.name) })
+		poll.True(t, vm.name+"'s delivery counted", func() bool { return deliveries("delivered") == float64(i+1) })
 	}
 	if got := r.received(); len(got) != 2 {
 		t.Errorf("the receiver was sent %v, want each VM's test event once", got)

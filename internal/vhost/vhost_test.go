@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/internal/vhost"
@@ -305,16 +306,6 @@ func TestRouting(t *testing.T) {
 	}
 }
 
-// eventually polls cond until it holds or 5 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 5 s", what)
-		}
-	}
-}
-
 // TestRunAddsAndRemovesVMs: while Run reloads, a new file is served and a
 // removed one stops, its backend's context cancelled; when Run's context
 // ends, every backend's does.
@@ -331,13 +322,13 @@ func TestRunAddsAndRemovesVMs(t *testing.T) {
 	}
 
 	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
-	eventually(t, "web2 served after its file appeared", func() bool {
+	poll.True(t, "web2 served after its file appeared", func() bool {
 		return f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status == 200
 	})
 	web1 := f.fakes.backend("web1")
 
 	f.dir.write(t, map[string]string{"web2": vmFile("maas2", "pw2", web2Host)})
-	eventually(t, "web1 gone after its file was removed", func() bool {
+	poll.True(t, "web1 gone after its file was removed", func() bool {
 		return f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status == 404
 	})
 	if web1.ctx.Err() == nil {
@@ -759,7 +750,7 @@ func TestEventDestinationsReachEveryVM(t *testing.T) {
 				`{"MessageId":"Test.1.0.Hello"}`); code/100 != 2 {
 				t.Fatalf("SubmitTestEvent at web1: %d", code)
 			}
-			eventually(t, "web1's subscription sent the test event", func() bool { return len(received()) > before })
+			poll.True(t, "web1's subscription sent the test event", func() bool { return len(received()) > before })
 			time.Sleep(100 * time.Millisecond) // would web2's subscription hear it too?
 			if got := received()[before:]; !slices.Equal(got, []string{"web1"}) {
 				t.Errorf("the test event at web1 reached the subscriptions %v, want web1's only", got)

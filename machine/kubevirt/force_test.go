@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -128,7 +129,7 @@ func TestForcedPower(t *testing.T) {
 				t.Errorf("runStrategy %v, want %s", got, tc.wantRun)
 			}
 			waitPower(t, m, tc.wantPower)
-			eventually(t, "the boots", func() bool { return len(sim.Boots(ns, "vm")) == tc.wantBoots })
+			poll.True(t, "the boots", func() bool { return len(sim.Boots(ns, "vm")) == tc.wantBoots })
 		})
 	}
 }

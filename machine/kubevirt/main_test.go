@@ -104,15 +104,3 @@ func getVM(t testing.TB, namespace, name string) *kubevirtv1.VirtualMachine {
 	}
 	return vm
 }
-
-// eventually polls cond every 10ms for up to 20s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

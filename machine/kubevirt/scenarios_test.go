@@ -24,6 +24,7 @@ import (
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/kubescheme"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -40,7 +41,7 @@ func mustMachine(t *testing.T, b *kubevirt.Backend, id string) machine.Machine {
 
 func waitPower(t *testing.T, m machine.Machine, want machine.PowerState) {
 	t.Helper()
-	eventually(t, "power "+string(want), func() bool {
+	poll.True(t, "power "+string(want), func() bool {
 		st, err := m.PowerState(t.Context())
 		return err == nil && st == want
 	})
@@ -78,7 +79,7 @@ func TestBootOrderTranslation(t *testing.T) {
 	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Pxe]", boots)
 	}
-	eventually(t, "previous bootOrder restored", func() bool {
+	poll.True(t, "previous bootOrder restored", func() bool {
 		nic, root, data := orders()
 		return nic == nil && root != nil && *root == 1 && data != nil && *data == 2
 	})
@@ -126,7 +127,7 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 	if err := env.Client.Update(ctx, vm); err != nil {
 		t.Fatalf("powering on behind the BMC's back: %v", err)
 	}
-	eventually(t, "the Pxe boot", func() bool { return len(sim.Boots(ns, "vm")) == 1 })
+	poll.True(t, "the Pxe boot", func() bool { return len(sim.Boots(ns, "vm")) == 1 })
 	if got := sim.Boots(ns, "vm")[0]; got != machine.BootPxe {
 		t.Fatalf("booted %s with a Once Pxe override", got)
 	}
@@ -135,7 +136,7 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 	}
 
 	second := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
-	eventually(t, "restored boot order", func() bool {
+	poll.True(t, "restored boot order", func() bool {
 		vm := getVM(t, ns, "vm")
 		_, pending := vm.Annotations["virtmetal.io/boot-override"]
 		return !pending && vm.Spec.Template.Spec.Domain.Devices.Interfaces[0].BootOrder == nil
@@ -147,7 +148,7 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 	if err := second.Reset(ctx, machine.ResetForceRestart); err != nil {
 		t.Fatalf("ForceRestart: %v", err)
 	}
-	eventually(t, "the second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
+	poll.True(t, "the second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
 	if got := sim.Boots(ns, "vm")[1]; got != machine.BootHdd {
 		t.Fatalf("second boot from %s, want the disk", got)
 	}
@@ -166,7 +167,7 @@ func TestVMDeleted(t *testing.T) {
 	if err := env.Client.Delete(ctx, vm); err != nil {
 		t.Fatalf("deleting VM: %v", err)
 	}
-	eventually(t, "ErrNotFound", func() bool {
+	poll.True(t, "ErrNotFound", func() bool {
 		_, err := m.PowerState(ctx)
 		return errors.Is(err, machine.ErrNotFound)
 	})
@@ -282,7 +283,7 @@ func TestInventory(t *testing.T) {
 		if err := env.Client.Update(ctx, vmi); err != nil {
 			t.Fatalf("update VMI status: %v", err)
 		}
-		eventually(t, "NIC from status", func() bool {
+		poll.True(t, "NIC from status", func() bool {
 			inv, err := m.Inventory(ctx)
 			return err == nil && len(inv.NICs) == 1 && inv.NICs[0].MAC == "02:00:00:aa:bb:cc" && slices.Equal(inv.NICs[0].IPs, []string{"10.0.0.7", "fd00::7"})
 		})
@@ -412,7 +413,7 @@ func TestAPIServerUnavailable(t *testing.T) {
 	waitPower(t, m, machine.PowerOff)
 
 	p.cut()
-	eventually(t, "ErrUnavailable from PowerState", func() bool {
+	poll.True(t, "ErrUnavailable from PowerState", func() bool {
 		_, err := m.PowerState(ctx)
 		return errors.Is(err, machine.ErrUnavailable)
 	})
@@ -623,7 +624,7 @@ func TestBlackholedAPIServerDetected(t *testing.T) {
 	const timeout, probe = 500 * time.Millisecond, 200 * time.Millisecond
 	b := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: timeout, ProbeInterval: probe})
 	m := mustMachine(t, b, "vm")
-	eventually(t, "ready", func() bool { return b.Ready() == nil })
+	poll.True(t, "ready", func() bool { return b.Ready() == nil })
 
 	p.blackhole()
 	start := time.Now()

@@ -9,6 +9,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -47,7 +48,7 @@ func TestOverrideWhileStarting(t *testing.T) {
 	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Pxe]: the start under way must use the override", boots)
 	}
-	eventually(t, "the Once override consumed by that boot", func() bool {
+	poll.True(t, "the Once override consumed by that boot", func() bool {
 		o, err := m.BootOverride(ctx)
 		return err == nil && o.Enabled == machine.BootDisabled
 	})
@@ -55,7 +56,7 @@ func TestOverrideWhileStarting(t *testing.T) {
 	if err := m.Reset(ctx, machine.ResetForceRestart); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
+	poll.True(t, "a second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
 	if boots := sim.Boots(ns, "vm"); boots[1] != machine.BootHdd {
 		t.Fatalf("boots = %v, want the disk after the Once override", boots)
 	}
@@ -75,7 +76,7 @@ func TestStartFromTheTemplateBeforeTheOverride(t *testing.T) {
 	})
 	ctx := t.Context()
 	stale := &kubevirtv1.VirtualMachineInstance{}
-	eventually(t, "the VMI of the start under way", func() bool {
+	poll.True(t, "the VMI of the start under way", func() bool {
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, stale) == nil
 	})
 	// The override as a BMC writes it, after that VMI was made.
@@ -94,7 +95,7 @@ func TestStartFromTheTemplateBeforeTheOverride(t *testing.T) {
 	}
 
 	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
-	eventually(t, "the start made again from the template", func() bool {
+	poll.True(t, "the start made again from the template", func() bool {
 		vmi := &kubevirtv1.VirtualMachineInstance{}
 		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vmi) == nil && vmi.UID != stale.UID
 	})
@@ -106,7 +107,7 @@ func TestStartFromTheTemplateBeforeTheOverride(t *testing.T) {
 	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Pxe]: the start under way must boot the override", boots)
 	}
-	eventually(t, "the Once override consumed by that boot", func() bool {
+	poll.True(t, "the Once override consumed by that boot", func() bool {
 		o, err := m.BootOverride(ctx)
 		return err == nil && o.Enabled == machine.BootDisabled
 	})
