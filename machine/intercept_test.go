@@ -26,7 +26,7 @@ func TestInterceptKeepsTheContract(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return machinetest.Subject{Machine: intercepted, Boots: m.Boots, Settle: 2 * time.Second, Versioned: b}
+		return machinetest.Subject{Machine: intercepted, Boots: m.Boots, Versioned: b}
 	})
 }
 

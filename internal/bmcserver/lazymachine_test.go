@@ -18,6 +18,6 @@ func TestLazyMachineKeepsTheContract(t *testing.T) {
 		if err := m.Ready(); err != nil {
 			t.Fatal(err)
 		}
-		return machinetest.Subject{Machine: m, Boots: b.Get("vm-0").Boots, Settle: 2 * time.Second, Versioned: b}
+		return machinetest.Subject{Machine: m, Boots: b.Get("vm-0").Boots, Versioned: b}
 	})
 }

@@ -3,7 +3,6 @@ package kubevirt_test
 import (
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -43,7 +42,6 @@ func TestContract(t *testing.T) {
 				return machinetest.Subject{
 					Machine:   m,
 					Boots:     func() []machine.BootTarget { return sim.Boots(ns, "vm") },
-					Settle:    20 * time.Second,
 					Versioned: b,
 				}
 			})

@@ -4,12 +4,11 @@
 package machinetest
 
 import (
-	"context"
 	"errors"
 	"regexp"
 	"testing"
-	"time"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -21,9 +20,6 @@ type Subject struct {
 	// "hardware" saw it (the in-memory history, or the bootOrder a VMI
 	// started with).
 	Boots func() []machine.BootTarget
-	// Settle bounds how long the suite polls for a transition to finish.
-	// Zero means 10 seconds.
-	Settle time.Duration
 	// Versioned is the machine's backend where it implements
 	// machine.Versioned, else nil.
 	Versioned machine.Versioned
@@ -50,11 +46,7 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newSubject(t)
-			if s.Settle == 0 {
-				s.Settle = 10 * time.Second
-			}
-			tc.run(t, s)
+			tc.run(t, newSubject(t))
 		})
 	}
 }
@@ -187,7 +179,7 @@ func testBootOnce(t *testing.T, s Subject) {
 		t.Fatalf("booted from %q with a Once %q override", got, target)
 	}
 	cleared := machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: mode}
-	eventually(t, s, "Once override consumed", func() bool {
+	poll.True(t, "Once override consumed", func() bool {
 		got, err := s.Machine.BootOverride(ctx)
 		return err == nil && got == cleared
 	})
@@ -307,7 +299,7 @@ func testMedia(t *testing.T, s Subject) {
 	if err := s.Machine.InsertMedia(ctx, image); err != nil {
 		t.Fatalf("InsertMedia: %v", err)
 	}
-	eventually(t, s, "media inserted", func() bool {
+	poll.True(t, "media inserted", func() bool {
 		vm, err := s.Machine.VirtualMedia(ctx)
 		return err == nil && vm.Inserted && vm.Image == image
 	})
@@ -317,7 +309,7 @@ func testMedia(t *testing.T, s Subject) {
 	if err := s.Machine.EjectMedia(ctx); err != nil {
 		t.Fatalf("EjectMedia: %v", err)
 	}
-	eventually(t, s, "media ejected", func() bool {
+	poll.True(t, "media ejected", func() bool {
 		vm, err := s.Machine.VirtualMedia(ctx)
 		return err == nil && !vm.Inserted && vm.Image == ""
 	})
@@ -335,7 +327,7 @@ func mustReset(t *testing.T, s Subject, r machine.ResetType) {
 
 func waitPower(t *testing.T, s Subject, want machine.PowerState) {
 	t.Helper()
-	eventually(t, s, "power "+string(want), func() bool {
+	poll.True(t, "power "+string(want), func() bool {
 		st, err := s.Machine.PowerState(t.Context())
 		return err == nil && st == want
 	})
@@ -344,7 +336,7 @@ func waitPower(t *testing.T, s Subject, want machine.PowerState) {
 func waitBoots(t *testing.T, s Subject, n int) []machine.BootTarget {
 	t.Helper()
 	var boots []machine.BootTarget
-	eventually(t, s, "boot count", func() bool {
+	poll.True(t, "boot count", func() bool {
 		boots = s.Boots()
 		return len(boots) >= n
 	})
@@ -352,21 +344,6 @@ func waitBoots(t *testing.T, s Subject, n int) []machine.BootTarget {
 		t.Fatalf("boots = %v, want exactly %d", boots, n)
 	}
 	return boots
-}
-
-func eventually(t *testing.T, s Subject, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), s.Settle)
-	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out after %v waiting for %s", s.Settle, what)
-		case <-tick.C:
-		}
-	}
 }
 
 func currentMode(t *testing.T, s Subject) machine.BootMode {

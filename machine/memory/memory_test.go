@@ -16,7 +16,7 @@ func TestContract(t *testing.T) {
 			machinetest.Run(t, func(t *testing.T) machinetest.Subject {
 				b := memory.New(memory.Options{TransitionDelay: delay})
 				m := b.Get("vm-0")
-				return machinetest.Subject{Machine: m, Boots: m.Boots, Settle: 2 * time.Second, Versioned: b}
+				return machinetest.Subject{Machine: m, Boots: m.Boots, Versioned: b}
 			})
 		})
 	}
