@@ -223,10 +223,11 @@ func TestSharedEventSubscriptions(t *testing.T) {
 			return doAtHost(t, insecureClient(), "POST", s.base+"/redfish/v1/EventService/Actions/EventService.SubmitTestEvent", vm.host, vm.user, vm.pass,
 				`{"MessageId":"Test.1.0.Synced"}`).status
 		}
-		status := before()
-		for deadline := time.Now().Add(10 * time.Second); status == http.StatusServiceUnavailable && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var status int
+		poll.True(t, vm.name+"'s cache synced", func() bool {
 			status = before()
-		}
+			return status != http.StatusServiceUnavailable
+		})
 		if status/100 != 2 {
 			t.Fatalf("SubmitTestEvent at %s's host: %d; stderr %s", vm.name, status, s.stderr.String())
 		}

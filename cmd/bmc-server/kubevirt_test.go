@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // apiServer is the package's one API server, started by the first test
@@ -102,28 +104,25 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 	go func() { done <- run(ctx, args, func(k string) string { return env2[k] }, &stdout, &stderr) }()
 	urlPattern := regexp.MustCompile(`(http://\S+)/redfish/v1/`)
 	var base string
-	for deadline := time.Now().Add(10 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	poll.Until(t, "the URL printed", func() error {
 		if m := urlPattern.FindStringSubmatch(stdout.String()); m != nil {
 			base = m[1]
+			return nil
 		}
-	}
-	if base == "" {
-		t.Fatalf("no URL printed; stdout %q stderr %q", stdout.String(), stderr.String())
-	}
+		return fmt.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+	})
 	// Not ready until the cache has synced; then ready, and served.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	poll.Until(t, "/readyz once the cache has synced", func() error {
 		res, err := http.Get(base + "/readyz")
 		if err != nil {
 			t.Fatal(err)
 		}
 		res.Body.Close()
-		if res.StatusCode == http.StatusOK {
-			break
+		if res.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", res.StatusCode)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz still %d after the cache should have synced", res.StatusCode)
-		}
-	}
+		return nil
+	})
 	req, _ := http.NewRequest(http.MethodGet, base+"/redfish/v1/Systems/node-1", nil)
 	req.SetBasicAuth("maas", "s3cret")
 	res, err := http.DefaultClient.Do(req)
@@ -149,24 +148,22 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 		t.Fatalf("reset: %v %v", res, err)
 	}
 	const note = "Reset On by maas from 127.0.0.1 via Redfish: done"
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	poll.Until(t, "the Event on the VM", func() error {
 		var events eventsv1.EventList
 		if err := env.Client.List(t.Context(), &events, client.InNamespace("default")); err != nil {
 			t.Fatal(err)
 		}
 		i := slices.IndexFunc(events.Items, func(e eventsv1.Event) bool { return e.Regarding.Name == "node-1" && e.Note == note })
-		if i >= 0 {
-			e := events.Items[i]
-			if e.Reason != "BMCReset" || e.Action != "Reset" || e.Type != "Normal" || e.Regarding.Kind != "VirtualMachine" || e.Regarding.UID == "" ||
-				e.ReportingController != "virtmetal.io/bmc-server" {
-				t.Errorf("event %+v", e)
-			}
-			break
+		if i < 0 {
+			return fmt.Errorf("no Event %q on the VM; events %+v\n%s", note, events.Items, stderr.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no Event %q on the VM; events %+v\n%s", note, events.Items, stderr.String())
+		e := events.Items[i]
+		if e.Reason != "BMCReset" || e.Action != "Reset" || e.Type != "Normal" || e.Regarding.Kind != "VirtualMachine" || e.Regarding.UID == "" ||
+			e.ReportingController != "virtmetal.io/bmc-server" {
+			t.Errorf("event %+v", e)
 		}
-	}
+		return nil
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after shutdown", err)
@@ -218,10 +215,12 @@ func TestSharedKubeVirtWiring(t *testing.T) {
 		{"web2", web2Host, "maas-web2", "pw-web2"},
 	} {
 		// 503 until the VM's cache has synced.
-		status, ids := systems(vm.host, vm.user, vm.pass)
-		for deadline := time.Now().Add(10 * time.Second); status == http.StatusServiceUnavailable && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var status int
+		var ids []string
+		poll.True(t, vm.name+"'s cache synced", func() bool {
 			status, ids = systems(vm.host, vm.user, vm.pass)
-		}
+			return status != http.StatusServiceUnavailable
+		})
 		if want := []string{"/redfish/v1/Systems/" + vm.name}; status != http.StatusOK || !slices.Equal(ids, want) {
 			t.Fatalf("Systems at %s: %d %v, want 200 %v; stderr %s", vm.host, status, ids, want, s.stderr.String())
 		}

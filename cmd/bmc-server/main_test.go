@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/internal/bmcserver"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -141,14 +143,13 @@ func TestRunServesAndShutsDown(t *testing.T) {
 
 			urlPattern := regexp.MustCompile(`(https?://\S+)/redfish/v1/`)
 			var base string
-			for deadline := time.Now().Add(5 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			poll.Until(t, "the URL printed", func() error {
 				if m := urlPattern.FindStringSubmatch(stdout.String()); m != nil && strings.Contains(stdout.String(), "Password:") {
 					base = m[1]
+					return nil
 				}
-			}
-			if base == "" {
-				t.Fatalf("no URL printed; stdout %q stderr %q", stdout.String(), stderr.String())
-			}
+				return fmt.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+			})
 			if !strings.HasPrefix(base, tt.scheme+"://") {
 				t.Errorf("URL %s, want scheme %s", base, tt.scheme)
 			}
@@ -211,14 +212,13 @@ func TestIPMIListen(t *testing.T) {
 
 	addrPattern := regexp.MustCompile(`IPMI \(lanplus\) at udp (\S+)`)
 	var addr string
-	for deadline := time.Now().Add(5 * time.Second); addr == "" && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	poll.Until(t, "the IPMI address printed", func() error {
 		if m := addrPattern.FindStringSubmatch(stdout.String()); m != nil {
 			addr = m[1]
+			return nil
 		}
-	}
-	if addr == "" {
-		t.Fatalf("no IPMI address printed; stdout %q stderr %q", stdout.String(), stderr.String())
-	}
+		return fmt.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+	})
 	conn, err := net.Dial("udp", addr)
 	if err != nil {
 		t.Fatal(err)

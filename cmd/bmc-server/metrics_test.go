@@ -3,13 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/promtest"
 )
 
@@ -28,17 +29,18 @@ func TestMetricsListen(t *testing.T) {
 	metricsPattern := regexp.MustCompile(`Metrics at (http://\S+/metrics)`)
 	redfishPattern := regexp.MustCompile(`(http://\S+)/redfish/v1/`)
 	var metricsURL, base string
-	for deadline := time.Now().Add(5 * time.Second); (metricsURL == "" || base == "") && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	poll.Until(t, "the addresses printed", func() error {
 		if m := metricsPattern.FindStringSubmatch(stdout.String()); m != nil {
 			metricsURL = m[1]
 		}
 		if m := redfishPattern.FindStringSubmatch(stdout.String()); m != nil {
 			base = m[1]
 		}
-	}
-	if metricsURL == "" || base == "" {
-		t.Fatalf("addresses not printed; stdout %q stderr %q", stdout.String(), stderr.String())
-	}
+		if metricsURL == "" || base == "" {
+			return fmt.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
+		}
+		return nil
+	})
 	get := func(path, pass string) map[string]any {
 		req, _ := http.NewRequest(http.MethodGet, base+path, nil)
 		req.SetBasicAuth("maas", pass)

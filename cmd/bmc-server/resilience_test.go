@@ -24,6 +24,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/bmcserver"
 	"github.com/virtmetal/virtmetal/internal/certs"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // fastTuning makes the timeouts short enough to watch.
@@ -470,11 +471,7 @@ func TestSuppliedCertificateReloaded(t *testing.T) {
 		t.Fatalf("verified client: %d", got)
 	}
 	second := writeCert(t, certFile, keyFile, "127.0.0.1")
-	for deadline := time.Now().Add(3 * time.Second); !served().Equal(second); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the renewed certificate is not served")
-		}
-	}
+	poll.True(t, "the renewed certificate served", func() bool { return served().Equal(second) })
 }
 
 // TestFailedPartEndsTheProcess: when a part of the BMC fails (the IPMI

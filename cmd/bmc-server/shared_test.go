@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // writeVMFile writes a --vms-dir file as one rename, as the kubelet swaps
@@ -102,11 +105,12 @@ func TestSharedModeWithAPIServerDown(t *testing.T) {
 	}
 	writeVMFile(t, dir, "web1", "maas1", "pw1", "web1.team-a.bmc.example.com")
 	writeVMFile(t, dir, "web2", "maas2", "pw2", "web2.team-a.bmc.example.com")
-	for deadline := time.Now().Add(5 * time.Second); doAtHost(t, client, "GET", s.base+"/readyz", podAddress, "", "", "").status != http.StatusOK; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 after the directory appeared; stderr %s", s.stderr.String())
+	poll.Until(t, "/readyz 200 after the directory appeared", func() error {
+		if status := doAtHost(t, client, "GET", s.base+"/readyz", podAddress, "", "", "").status; status != http.StatusOK {
+			return fmt.Errorf("status %d; stderr %s", status, s.stderr.String())
 		}
-	}
+		return nil
+	})
 	web1 := doAtHost(t, client, "GET", s.base+"/redfish/v1/Systems/web1", "web1.team-a.bmc.example.com", "maas1", "pw1", "")
 	if web1.status != http.StatusServiceUnavailable || web1.header.Get("Retry-After") == "" {
 		t.Errorf("web1 with the API server down: %d, Retry-After %q; want 503 with Retry-After", web1.status, web1.header.Get("Retry-After"))

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // TestSubscriptionsSurviveARestartPerVM runs the shared bmc-server of two
@@ -39,12 +40,10 @@ func TestSubscriptionsSurviveARestartPerVM(t *testing.T) {
 	members := func(s *started, vm string) []string {
 		t.Helper()
 		var res hostResponse
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		poll.True(t, vm+"'s subscriptions loaded", func() bool {
 			res = doAtHost(t, httpClient, "GET", s.base+"/redfish/v1/EventService/Subscriptions", hosts[vm], "maas-"+vm, "pw-"+vm, "")
-			if res.status != http.StatusServiceUnavailable || time.Now().After(deadline) {
-				break
-			}
-		}
+			return res.status != http.StatusServiceUnavailable
+		})
 		if res.status != http.StatusOK {
 			t.Fatalf("Subscriptions at %s: %d %s", hosts[vm], res.status, res.body)
 		}
