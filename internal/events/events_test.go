@@ -3,11 +3,13 @@ package events_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/virtmetal/virtmetal/internal/events"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 )
@@ -212,11 +214,12 @@ func TestWatcherWakesWhenTheBackendTells(t *testing.T) {
 	defer cancel()
 	b := memory.New(memory.Options{})
 	f := events.NewFeed(events.Options{})
-	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: time.Hour})
+	watched, firstRead := readsOf(b)
+	w := events.NewWatcher(watched, f, events.WatcherOptions{Interval: time.Hour})
 	s, _ := f.Subscribe(0)
 	defer s.Close()
 	go func() { _ = w.Run(ctx) }()
-	time.Sleep(50 * time.Millisecond) // the first read: no event
+	waitForRead(t, firstRead) // the first read: no event
 	must(t, b.Get("vm-0").Reset(ctx, machine.ResetOn))
 	select {
 	case e := <-s.C:
@@ -236,11 +239,12 @@ func TestWatcherSurvivesFailingReads(t *testing.T) {
 	defer cancel()
 	b := memory.New(memory.Options{})
 	f := events.NewFeed(events.Options{})
-	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: 10 * time.Millisecond})
+	watched, firstRead := readsOf(b)
+	w := events.NewWatcher(watched, f, events.WatcherOptions{Interval: 10 * time.Millisecond})
 	s, _ := f.Subscribe(0)
 	defer s.Close()
 	go func() { _ = w.Run(ctx) }()
-	time.Sleep(50 * time.Millisecond) // the first read: no event
+	waitForRead(t, firstRead) // the first read: no event
 	m := b.Get("vm-0")
 	must(t, m.Reset(ctx, machine.ResetOn))
 	m.SetFault(machine.Errorf(machine.ErrUnavailable, "API server down"))
@@ -261,11 +265,12 @@ func TestWatcherReportsRemovedMachine(t *testing.T) {
 	defer cancel()
 	b := &vanishing{memory: memory.New(memory.Options{})}
 	f := events.NewFeed(events.Options{})
-	w := events.NewWatcher(b, f, events.WatcherOptions{Interval: 10 * time.Millisecond, ReadEvery: 10 * time.Millisecond})
+	watched, firstRead := readsOf(b)
+	w := events.NewWatcher(watched, f, events.WatcherOptions{Interval: 10 * time.Millisecond, ReadEvery: 10 * time.Millisecond})
 	s, _ := f.Subscribe(0)
 	defer s.Close()
 	go func() { _ = w.Run(ctx) }()
-	time.Sleep(50 * time.Millisecond)
+	waitForRead(t, firstRead)
 	b.gone.Store(true)
 	if got := kinds(t, s, 1); got[0] != "vm-0 MachineRemoved" {
 		t.Errorf("got %v", got)
@@ -276,6 +281,29 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// readsOf is b with a channel closed at its first read of a machine: the
+// watcher's first read, the state it compares every change with.
+func readsOf(b machine.Backend) (machine.Backend, <-chan struct{}) {
+	read := make(chan struct{})
+	var once sync.Once
+	return machine.InterceptBackend(b, func(ctx context.Context, c machine.Call, call func(context.Context) error) error {
+		err := call(ctx)
+		if !c.IsWrite() {
+			once.Do(func() { close(read) })
+		}
+		return err
+	}), read
+}
+
+func waitForRead(t *testing.T, read <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-read:
+	case <-time.After(poll.Patience):
+		t.Fatal("the watcher never read the machine")
 	}
 }
 
