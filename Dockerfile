@@ -1,35 +1,29 @@
-# One Dockerfile for virtmetal's three commands, one target each:
-#   docker build --target bmc-server     -t virtmetal/bmc-server:v0.1.0 .
-#   docker build --target bmc-controller -t virtmetal/bmc-controller:v0.1.0 .
-#   docker build --target reconciler     -t virtmetal/reconciler:v0.1.0 .
-# `make images` builds all three with the names and tag deploy/ uses.
-# The binaries are static (no libc), so the images are scratch plus the CA
-# bundle (the reconciler may reach MaaS over HTTPS), running as an
-# unprivileged numeric user that needs no /etc/passwd. deploy/'s TestImages
-# builds the binaries with this file's go build line and environment and runs
-# them as that user in a read-only folder.
-ARG GO_VERSION=1.26
+# The images of virtmetal's three commands, one target each. Build them with
+# `make images` (hack/images.sh), not by hand: the build context is not this
+# folder but the one the script fills (dist/images) with the static binaries,
+# built by the local Go, and the host's CA bundle. No stage pulls a base
+# image or runs a command, so a build needs neither a registry nor a
+# container runtime. Each image is the binary, as an unprivileged numeric
+# user that needs no /etc/passwd. deploy/'s TestImages builds them and checks
+# what they hold.
 
-FROM golang:${GO_VERSION} AS build
-WORKDIR /src
-COPY go.mod go.sum ./
-RUN go mod download
-COPY . .
-ENV CGO_ENABLED=0 GOOS=linux
-RUN go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/bmc-server ./cmd/bmc-controller ./cmd/reconciler
-
-FROM scratch AS base
-COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+# bmc-server verifies the certificates of HTTPS event destinations.
+FROM scratch AS bmc-server
+COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY bmc-server /bmc-server
 USER 65532:65532
-
-FROM base AS bmc-server
-COPY --from=build /out/bmc-server /bmc-server
 ENTRYPOINT ["/bmc-server"]
 
-FROM base AS bmc-controller
-COPY --from=build /out/bmc-controller /bmc-controller
+# bmc-controller talks to the API server only, whose CA comes with the
+# service account: no CA bundle.
+FROM scratch AS bmc-controller
+COPY bmc-controller /bmc-controller
+USER 65532:65532
 ENTRYPOINT ["/bmc-controller"]
 
-FROM base AS reconciler
-COPY --from=build /out/reconciler /reconciler
+# The reconciler may reach MaaS over HTTPS.
+FROM scratch AS reconciler
+COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+COPY reconciler /reconciler
+USER 65532:65532
 ENTRYPOINT ["/reconciler"]

@@ -19,6 +19,10 @@ need_apt=()
 command -v ipmitool >/dev/null || need_apt+=(ipmitool)
 command -v ipmipower >/dev/null || need_apt+=(freeipmi-tools)
 command -v python3 >/dev/null || need_apt+=(python3)
+# deploy/'s TestImages builds and reads the images with podman (it fails
+# without it under CI=true), from binaries and the host's CA bundle.
+command -v podman >/dev/null || need_apt+=(podman)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

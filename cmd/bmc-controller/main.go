@@ -3,8 +3,11 @@
 // an identity the guest can trust (SMBIOS serial and UUID, MACs), stamped at
 // admission by its webhook and repaired by its reconcile loop.
 //
-//	bmc-controller --domain bmc.example.org --bmc-image virtmetal/bmc-server:v0.1.0
+//	bmc-controller --domain bmc.example.org
 //
+// --bmc-image defaults to the bmc-server image of the controller's own
+// version (virtmetal/bmc-server:VERSION, see internal/version; a build
+// without a version says virtmetal/bmc-server:dev).
 // With --webhook-port 0 it runs without the webhook server (clusters without
 // webhook networking): identities are then set by the reconcile loop, before
 // a VM's next start. --config NAMESPACE/NAME names a ConfigMap whose keys
@@ -39,6 +42,7 @@ import (
 	"github.com/virtmetal/virtmetal/controllers"
 	"github.com/virtmetal/virtmetal/controllers/vmidentity"
 	"github.com/virtmetal/virtmetal/internal/kubescheme"
+	"github.com/virtmetal/virtmetal/internal/version"
 )
 
 func main() {
@@ -70,7 +74,22 @@ type options struct {
 	zap                     zap.Options
 }
 
+// bmcServerRepository is bmc-server's image without its tag, as `make
+// images` and deploy/ name it.
+const bmcServerRepository = "virtmetal/bmc-server"
+
+// defaultBMCImage is the bmc-server image of a controller of version v: the
+// two are built and released together, so a controller starts the BMCs it
+// was tested with unless told otherwise (the flag, or the ConfigMap's
+// bmcImage, which deploy/ sets so that kustomize can rename it).
+func defaultBMCImage(v string) string { return bmcServerRepository + ":" + v }
+
 func parseFlags(args []string, stderr io.Writer) (options, error) {
+	return parseFlagsOf(version.Get(), args, stderr)
+}
+
+// parseFlagsOf parses args as a controller of version v does.
+func parseFlagsOf(v string, args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("bmc-controller", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -81,7 +100,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&c.Issuer, "tls-issuer", "", "cert-manager Issuer (in each VM's namespace) of BMC Ingress certificates")
 	fs.StringVar(&c.ClusterIssuer, "tls-cluster-issuer", "", "cert-manager ClusterIssuer of BMC Ingress certificates")
 	fs.BoolVar(&c.IPMIDefault, "ipmi-default", false, "serve IPMI for VirtualMachineBMCs that do not say")
-	fs.StringVar(&c.BMCImage, "bmc-image", "", "container image of bmc-server (required)")
+	fs.StringVar(&c.BMCImage, "bmc-image", defaultBMCImage(v), "container image of bmc-server; the default is the one of this controller's version")
 	fs.StringVar((*string)(&c.Workload), "workload", string(controllers.WorkloadPodPerVM), `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
 	fs.Func("event-destinations-denied", "comma-separated CIDRs no bmc-server sends events to: the cluster's pod and service networks, so that a tenant's subscription cannot reach another's pods or the cluster's services", func(v string) error {
 		networks, err := controllers.ParseNetworks(v)

@@ -18,7 +18,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/virtmetal/virtmetal/controllers"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/version"
 )
 
 var env *kubetest.Env
@@ -46,7 +50,8 @@ func TestParseFlags(t *testing.T) {
 	}{
 		{"defaults", required, ""},
 		{"no domain", []string{"--bmc-image", "img"}, "domain is required"},
-		{"no image", []string{"--domain", "bmc.example.org"}, "image is required"},
+		{"default image", []string{"--domain", "bmc.example.org"}, ""},
+		{"no image", []string{"--domain", "bmc.example.org", "--bmc-image", ""}, "image is required"},
 		{"bad domain", []string{"--domain", "Not A Domain", "--bmc-image", "img"}, "not a DNS name"},
 		{"bad selector", append([]string{"--namespace-selector", "a in (b"}, required...), "--namespace-selector"},
 		{"both issuers", append([]string{"--tls-issuer", "a", "--tls-cluster-issuer", "b"}, required...), "exclude each other"},
@@ -70,6 +75,57 @@ func TestParseFlags(t *testing.T) {
 				t.Fatalf("parseFlags = %v, want an error with %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestBMCImageDefault: without --bmc-image the controller runs the
+// bmc-server image of its own version; the flag replaces it, and the
+// ConfigMap's bmcImage replaces both.
+func TestBMCImageDefault(t *testing.T) {
+	tests := []struct {
+		name, version string
+		args          []string
+		want          string
+	}{
+		{"release", "v0.1.0", nil, "virtmetal/bmc-server:v0.1.0"},
+		{"another release", "v1.2.3", nil, "virtmetal/bmc-server:v1.2.3"},
+		{"dev build", "dev", nil, "virtmetal/bmc-server:dev"},
+		{"flag", "v0.1.0", []string{"--bmc-image", "example/bmc-server:mine"}, "example/bmc-server:mine"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var usage bytes.Buffer
+			o, err := parseFlagsOf(tc.version, append([]string{"--domain", "bmc.example.org"}, tc.args...), &usage)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.controller.BMCImage != tc.want {
+				t.Errorf("bmc-server image %q, want %q", o.controller.BMCImage, tc.want)
+			}
+		})
+	}
+	o, err := parseFlagsOf("v0.1.0", []string{"--domain", "bmc.example.org", "--config", "virtmetal-system/virtmetal-config"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	configMap := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "virtmetal-system", Name: "virtmetal-config"},
+		Data:       map[string]string{"bmcImage": "example/bmc-server:from-config"},
+	}
+	source := &controllers.ConfigSource{
+		Defaults:  o.controller,
+		ConfigMap: types.NamespacedName{Namespace: configMap.Namespace, Name: configMap.Name},
+		Reader:    fake.NewClientBuilder().WithObjects(configMap).Build(),
+	}
+	if cfg, err := source.Get(context.Background()); err != nil || cfg.BMCImage != "example/bmc-server:from-config" {
+		t.Errorf("with the ConfigMap: bmc-server image %q (%v), want the ConfigMap's", cfg.BMCImage, err)
+	}
+
+	// The usage shows the default of the running binary's version.
+	var usage bytes.Buffer
+	want := `(default "virtmetal/bmc-server:` + version.Get() + `")`
+	if _, err := parseFlags([]string{"--help"}, &usage); err == nil || !strings.Contains(usage.String(), want) {
+		t.Errorf("--help: %v, want %s in\n%s", err, want, usage.String())
 	}
 }
 

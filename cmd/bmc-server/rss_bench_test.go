@@ -125,7 +125,7 @@ func benchVM(i int) *kubevirtv1.VirtualMachine {
 	}
 }
 
-// buildAsTheImage builds bmc-server into dir as the Dockerfile builds the
+// buildAsTheImage builds bmc-server into dir as hack/images.sh builds the
 // image's binary: what a BMC pod runs.
 func buildAsTheImage(b *testing.B, dir string) string {
 	b.Helper()
