@@ -33,6 +33,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 const installNamespace = "virtmetal-system"
@@ -213,8 +214,7 @@ func applyAll(ctx context.Context, t *testing.T, c client.Client, objects []*uns
 
 func waitEstablished(ctx context.Context, t *testing.T, c client.Client, name string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, "CRD "+name+" established", func() error {
 		// The client's scheme has no apiextensions types.
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
@@ -227,14 +227,11 @@ func waitEstablished(ctx context.Context, t *testing.T, c client.Client, name st
 		}
 		for _, cond := range crd.Status.Conditions {
 			if cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue {
-				return
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("CRD %s not established after 10s", name)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("conditions %+v", crd.Status.Conditions)
+	})
 }
 
 // installedArgs are the installed controller container's args, with the
@@ -274,23 +271,19 @@ func installedArgs(ctx context.Context, t *testing.T, c client.Client, config *c
 
 func waitForBMC(ctx context.Context, t *testing.T, c client.Client, namespace, vm, image string, logs *syncBuffer) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Until(t, namespace+"/"+vm+"'s BMC", func() error {
 		bmc := &v1beta1.VirtualMachineBMC{}
 		d := &appsv1.Deployment{}
 		errBMC := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: vm}, bmc)
 		errD := c.Get(ctx, types.NamespacedName{Namespace: namespace, Name: "bmc-" + vm}, d)
-		if errBMC == nil && errD == nil {
-			if got := d.Spec.Template.Spec.Containers[0].Image; got != image {
-				t.Fatalf("BMC Deployment runs %q, want the configured %q", got, image)
-			}
-			return
+		if errBMC != nil || errD != nil {
+			return fmt.Errorf("no VirtualMachineBMC (%v) or Deployment (%v); logs:\n%s", errBMC, errD, logs.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s/%s: no VirtualMachineBMC (%v) or Deployment (%v) after 30s; logs:\n%s", namespace, vm, errBMC, errD, logs.String())
+		if got := d.Spec.Template.Spec.Containers[0].Image; got != image {
+			t.Fatalf("BMC Deployment runs %q, want the configured %q", got, image)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // pxeVM is a VM as deploy/examples writes them: a bridge interface, no MAC,

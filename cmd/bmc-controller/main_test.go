@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/controllers"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/version"
 )
 
@@ -181,8 +181,7 @@ func TestRunServesAnOptedInNamespace(t *testing.T) {
 	if err := c.Create(ctx, vm); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Until(t, "the BMC and the identity", func() error {
 		got := &kubevirtv1.VirtualMachine{}
 		d := &appsv1.Deployment{}
 		errVM := c.Get(ctx, types.NamespacedName{Namespace: "cmd", Name: "web1"}, got)
@@ -190,13 +189,10 @@ func TestRunServesAnOptedInNamespace(t *testing.T) {
 		fw := got.Spec.Template.Spec.Domain.Firmware
 		if errVM == nil && errD == nil && fw != nil && fw.Serial == "web1.cmd" && fw.UUID != "" &&
 			got.Spec.Template.Spec.Domain.Devices.Interfaces[0].MacAddress != "" {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no BMC and identity after 30s: VM %v firmware %+v, Deployment %v; logs:\n%s", errVM, fw, errD, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("VM %v firmware %+v, Deployment %v; logs:\n%s", errVM, fw, errD, logs.String())
+	})
 	for _, path := range []string{"/healthz", "/readyz"} {
 		resp, err := http.Get("http://" + probes + path)
 		if err != nil {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
@@ -401,7 +402,7 @@ func TestRunLoopServesMetrics(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no metrics address printed")
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	poll.Until(t, "metrics of two cycles and the bound machine", func() error {
 		res, err := http.Get(url)
 		if err != nil {
 			t.Fatal(err)
@@ -410,12 +411,10 @@ func TestRunLoopServesMetrics(t *testing.T) {
 		res.Body.Close()
 		if strings.Contains(string(body), `virtmetal_maas_reconciler_machines{kind="bound"} 1`) &&
 			regexp.MustCompile(`virtmetal_maas_reconciler_cycles_total\{result="ok"\} [2-9]`).Match(body) {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("metrics never showed two cycles and the bound machine:\n%s", body)
-		}
-	}
+		return fmt.Errorf("metrics:\n%s", body)
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)
@@ -427,13 +426,7 @@ func TestRunLoopUntilCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- run(ctx, args(s, "--interval", "5ms"), keyEnv, io.Discard, io.Discard, kube) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.Count(maastest.Match{Method: "GET", Path: "machines/", Op: ""}) < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("loop did not run three cycles")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.True(t, "three cycles of the loop", func() bool { return s.Count(maastest.Match{Method: "GET", Path: "machines/", Op: ""}) >= 3 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/internal/bmcmetrics"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/promtest"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
@@ -280,11 +281,12 @@ func TestEventDeliveries(t *testing.T) {
 			suspended := func() float64 {
 				return f.value("virtmetal_bmc_event_subscriptions", map[string]string{"state": "suspended"})
 			}
-			for deadline := time.Now().Add(5 * time.Second); total() < want || suspended() != tt.wantSuspended; time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("after 5 s: %v tries counted, %v suspended; want %v and %v", total(), suspended(), want, tt.wantSuspended)
+			poll.Until(t, "the tries counted", func() error {
+				if total() < want || suspended() != tt.wantSuspended {
+					return fmt.Errorf("%v tries counted, %v suspended; want %v and %v", total(), suspended(), want, tt.wantSuspended)
 				}
-			}
+				return nil
+			})
 			for _, o := range outcomes {
 				if got := f.value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": o}); got != tt.want[o] {
 					t.Errorf("%s = %v, want %v", o, got, tt.want[o])

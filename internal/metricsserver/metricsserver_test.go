@@ -5,9 +5,9 @@ import (
 	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/virtmetal/virtmetal/internal/metricsserver"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 func TestServe(t *testing.T) {
@@ -45,16 +45,12 @@ func TestServe(t *testing.T) {
 		t.Error("a second server on a taken address did not fail")
 	}
 	cancel()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	poll.True(t, "no longer serving once the context ended", func() bool {
 		res, err := http.Get(base + "/metrics")
 		if err != nil {
-			break
+			return true
 		}
 		res.Body.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("still serving after the context ended")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
 }
