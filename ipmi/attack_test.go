@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
@@ -212,9 +213,7 @@ func TestMachineCallsOutsideTheLock(t *testing.T) {
 		cc, _, _ := a.command(netFnChassis, cmdGetChassisStatus)
 		done <- cc
 	}()
-	for bm.calls.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.True(t, "the call hung in the backend", func() bool { return bm.calls.Load() > 0 })
 	b := newLanplusClient(s, 17, testUser, testPassword)
 	b.remote = "127.0.0.1:40002"
 	b.login(t, privUser) // would wait for the hung call if it held the lock

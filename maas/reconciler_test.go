@@ -12,6 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/maas"
 	"github.com/virtmetal/virtmetal/maas/maastest"
 )
@@ -582,15 +583,7 @@ func TestRunRecoversFromOutage(t *testing.T) {
 	defer cancel()
 	done := make(chan error)
 	go func() { done <- r.Run(ctx, time.Millisecond, 4*time.Millisecond) }()
-	for {
-		if m, _ := s.Machine("m1"); m.Status == maastest.StatusCommissioning {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("machine never commissioned")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.True(t, "the machine commissioned", func() bool { m, _ := s.Machine("m1"); return m.Status == maastest.StatusCommissioning })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
