@@ -5,10 +5,10 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 )
@@ -48,13 +48,7 @@ func TestFirstEventAfterSubscribingIsDelivered(t *testing.T) {
 		if code := serve(http.MethodPost, "/redfish/v1/Systems/vm-0/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`); code != http.StatusNoContent {
 			t.Fatalf("Reset: %d", code)
 		}
-		deadline := time.Now().Add(5 * time.Second)
-		for len(r.messageKeys()) == before && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		poll.True(t, "the reset made right after the subscription delivered", func() bool { return len(r.messageKeys()) > before })
 		srv.StopEventStreams()
-		if len(r.messageKeys()) == before {
-			t.Fatal("the reset made right after the subscription was not delivered")
-		}
 	}
 }
