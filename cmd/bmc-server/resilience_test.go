@@ -56,36 +56,37 @@ func startServer(t *testing.T, args []string, env map[string]string, tune bmcser
 	}()
 	urlPattern := regexp.MustCompile(`(https?://\S+)/redfish/v1/`)
 	ipmiPattern := regexp.MustCompile(`at udp \S+:(\d+)`)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		out := s.stdout.String()
-		// The banner ends with the password, or, serving --vms-dir, the VMs.
-		if m := urlPattern.FindStringSubmatch(out); m != nil && (strings.Contains(out, "Password:") || strings.Contains(out, "VMs:")) {
-			s.base = m[1]
-			if m := ipmiPattern.FindStringSubmatch(out); m != nil {
-				s.ipmiPort = m[1]
-			}
-			t.Cleanup(func() {
-				cancel()
-				select {
-				case err := <-s.done:
-					if err != nil {
-						t.Errorf("run returned %v after shutdown", err)
-					}
-				case <-time.After(bmcserver.ShutdownTimeout + time.Second):
-					t.Error("run did not return after the context ended")
-				}
-			})
-			return s
-		}
+	t.Cleanup(cancel) // also when no banner comes
+	poll.Until(t, "the banner", func() error {
 		select {
 		case err := <-s.done:
 			t.Fatalf("run returned early: %v; stderr %s", err, s.stderr.String())
 		default:
 		}
-	}
-	cancel()
-	t.Fatalf("no banner; stdout %q stderr %q", s.stdout.String(), s.stderr.String())
-	return nil
+		out := s.stdout.String()
+		// The banner ends with the password, or, serving --vms-dir, the VMs.
+		m := urlPattern.FindStringSubmatch(out)
+		if m == nil || !strings.Contains(out, "Password:") && !strings.Contains(out, "VMs:") {
+			return fmt.Errorf("stdout %q stderr %q", out, s.stderr.String())
+		}
+		s.base = m[1]
+		if m := ipmiPattern.FindStringSubmatch(out); m != nil {
+			s.ipmiPort = m[1]
+		}
+		return nil
+	})
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-s.done:
+			if err != nil {
+				t.Errorf("run returned %v after shutdown", err)
+			}
+		case <-time.After(bmcserver.ShutdownTimeout + time.Second):
+			t.Error("run did not return after the context ended")
+		}
+	})
+	return s
 }
 
 func insecureClient() *http.Client {
