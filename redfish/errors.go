@@ -50,6 +50,7 @@ const (
 	msgQueryParameterValueFormatError = "QueryParameterValueFormatError"
 	msgEventSubscriptionLimitExceeded = "EventSubscriptionLimitExceeded"
 	msgEventBufferExceeded            = "EventBufferExceeded"
+	msgPropertyValueResourceConflict  = "PropertyValueResourceConflict"
 )
 
 // registryEntry is a message of the DMTF Base registry; the texts are the
@@ -92,6 +93,7 @@ var baseRegistry = map[string]registryEntry{
 	msgQueryParameterValueFormatError: {"The value '%1' for the parameter '%2' is not a format that the parameter can accept.", "Warning"},
 	msgEventSubscriptionLimitExceeded: {"The event subscription failed due to the number of simultaneous subscriptions exceeding the limit of the implementation.", "Critical"},
 	msgEventBufferExceeded:            {"Event buffer exceeded.", "Warning"},
+	msgPropertyValueResourceConflict:  {"The property '%1' with the requested value of '%2' could not be written because the value conflicts with the state or configuration of the resource at '%3'.", "Warning"},
 }
 
 // message is one entry of @Message.ExtendedInfo.
@@ -195,6 +197,9 @@ type operation struct {
 	action       string // e.g. "Reset"; empty outside actions
 	parameter    string // action parameter or PATCH property (JSON pointer)
 	value        string // the value the client sent for parameter
+	// conflictsWith is the URI of the resource whose state a conflicting
+	// PATCH value meets (the empty virtual CD a Cd boot needs), or "".
+	conflictsWith string
 }
 
 // mapBackendError is the one place that turns machine contract errors into
@@ -221,6 +226,9 @@ func (s *Server) mapBackendError(err error, op operation) *apiError {
 			return badRequest(propertyError(msgPropertyValueNotInList, op.parameter, op.value, op.parameter))
 		}
 		return &apiError{status: http.StatusNotImplemented, messages: []message{{key: msgOperationNotAllowed}}, cause: err}
+	case errors.Is(err, machine.ErrConflict) && op.parameter != "" && op.conflictsWith != "":
+		return &apiError{status: http.StatusConflict, messages: []message{propertyError(msgPropertyValueResourceConflict, op.parameter,
+			op.parameter, op.value, op.conflictsWith)}, cause: err}
 	case errors.Is(err, machine.ErrConflict):
 		return &apiError{status: http.StatusConflict, messages: []message{{key: msgResourceInUse}}, cause: err}
 	case errors.Is(err, machine.ErrUnavailable):

@@ -36,6 +36,11 @@ func TestErrorResponses(t *testing.T) {
 			caps:    &machine.Capabilities{ResetTypes: []machine.ResetType{machine.ResetOn, machine.ResetForceOff}, BootModes: []machine.BootMode{machine.BootModeUEFI}},
 		}
 	}
+	// vm-1 as the KubeVirt backend answers for a VM without the device a
+	// boot target needs.
+	noDevice := func(_ *redfish.Config, b *stubBackend) {
+		b.replaced["vm-1"] = &stubMachine{Machine: b.Get("vm-1"), bootRefused: machine.Errorf(machine.ErrConflict, "the VM has no CD-ROM drive: insert virtual media first")}
+	}
 	fault := func(err error) func(*fixture) {
 		return func(f *fixture) { f.backend.Get("vm-0").SetFault(err) }
 	}
@@ -47,6 +52,7 @@ func TestErrorResponses(t *testing.T) {
 		wantStatus int
 		wantIDs    []string
 		wantHeader map[string]string
+		wantArgs   []string // MessageArgs of the one message, when set
 	}{
 		// 404
 		{name: "unknown URI", req: asAdmin("GET", "/redfish/v1/Nowhere", ""), wantStatus: 404, wantIDs: []string{"ResourceNotFound"}},
@@ -101,6 +107,8 @@ func TestErrorResponses(t *testing.T) {
 		{name: "mode outside capabilities", tweak: limited, req: asAdmin("PATCH", "/redfish/v1/Systems/vm-1", `{"Boot":{"BootSourceOverrideMode":"Legacy"}}`), wantStatus: 400, wantIDs: []string{"PropertyValueNotInList"}},
 		{name: "every problem reported", req: asAdmin("PATCH", system0, `{"Colour":"blue","Id":"x","Boot":{"BootSourceOverrideTarget":"Floppy","BootSourceOverrideMode":1}}`), wantStatus: 400,
 			wantIDs: []string{"PropertyUnknown", "PropertyNotWritable", "PropertyValueTypeError", "PropertyValueNotInList"}},
+		{name: "boot target the VM has no device for", tweak: noDevice, req: asAdmin("PATCH", "/redfish/v1/Systems/vm-1", `{"Boot":{"BootSourceOverrideTarget":"Cd"}}`), wantStatus: 409,
+			wantIDs: []string{"PropertyValueResourceConflict"}, wantArgs: []string{"/Boot/BootSourceOverrideTarget", "Cd", "/redfish/v1/Systems/vm-1/VirtualMedia/Cd"}},
 		{name: "stale If-Match", req: request{method: "PATCH", path: system0, body: `{"Boot":{"BootSourceOverrideTarget":"Pxe"}}`, user: adminUser, pass: adminPass, headers: map[string]string{"If-Match": `"stale"`}}, wantStatus: 412, wantIDs: []string{"PreconditionFailed"}},
 
 		// actions
@@ -162,6 +170,12 @@ func TestErrorResponses(t *testing.T) {
 			}
 			if msg, _ := errObj["message"].(string); msg == "" || strings.Contains(msg, "%1") {
 				t.Errorf("error.message = %q, want the registry text with its arguments filled in", msg)
+			}
+			if tt.wantArgs != nil {
+				info := errObj["@Message.ExtendedInfo"].([]any)[0].(map[string]any)
+				if got := fmt.Sprint(info["MessageArgs"]); got != fmt.Sprint(tt.wantArgs) {
+					t.Errorf("MessageArgs = %s, want %v", got, tt.wantArgs)
+				}
 			}
 			for k, v := range tt.wantHeader {
 				if got := res.header.Get(k); got != v {

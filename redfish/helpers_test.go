@@ -71,6 +71,15 @@ type stubMachine struct {
 	decorate      func(*machine.Inventory)
 	panicOnRead   bool
 	resetsCounted atomic.Int32
+	// bootRefused, when set, is what SetBootOverride answers.
+	bootRefused error
+}
+
+func (m *stubMachine) SetBootOverride(ctx context.Context, o machine.BootOverride) error {
+	if m.bootRefused != nil {
+		return m.bootRefused
+	}
+	return m.Machine.SetBootOverride(ctx, o)
 }
 
 func (m *stubMachine) Capabilities() machine.Capabilities {

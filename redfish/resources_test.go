@@ -378,6 +378,25 @@ func TestEthernetInterfaceAddresses(t *testing.T) {
 	}
 }
 
+// TestEthernetInterfaceWithoutMAC: a NIC whose MAC is not known yet has no
+// MACAddress or PermanentMACAddress rather than "", which the schema's
+// pattern refuses (the DMTF Service Validator's failure on a KubeVirt VM
+// with no MAC in its spec and no instance).
+func TestEthernetInterfaceWithoutMAC(t *testing.T) {
+	f := newFixture(t, func(_ *redfish.Config, b *stubBackend) {
+		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), decorate: func(inv *machine.Inventory) { inv.NICs[0].MAC = "" }}
+	})
+	nic := f.do(asAdmin("GET", system0+"/EthernetInterfaces/default", "")).json
+	for _, property := range []string{"MACAddress", "PermanentMACAddress"} {
+		if v, ok := nic[property]; ok {
+			t.Errorf("%s = %q, want it left out", property, v)
+		}
+	}
+	if nic["Id"] != "default" {
+		t.Errorf("the interface itself is gone: %v", nic)
+	}
+}
+
 // TestTrailingSlashAndMaaSHeaders: MaaS sends Content-Type on bodiless
 // GETs and retries 404s with a trailing slash; both spellings must work.
 func TestTrailingSlashAndMaaSHeaders(t *testing.T) {

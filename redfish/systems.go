@@ -208,6 +208,7 @@ func (s *Server) patchSystem(c *call) (result, error) {
 			return result{}, s.mapBackendError(err, operation{
 				resourceType: "ComputerSystem", resourceID: m.ID(),
 				parameter: "/Boot/" + propTarget, value: string(desired.Target),
+				conflictsWith: bootTargetNeeds(m, desired.Target),
 			})
 		}
 	}
@@ -216,6 +217,16 @@ func (s *Server) patchSystem(c *call) (result, error) {
 		return result{}, err
 	}
 	return result{body: updated, etag: systemETag(updated)}, nil
+}
+
+// bootTargetNeeds is the resource a boot target needs to be there: a Cd
+// boot needs virtual media inserted (a VM without a CD-ROM has one once
+// media is), any other target the system's own devices.
+func bootTargetNeeds(m machine.Machine, target machine.BootTarget) string {
+	if target == machine.BootCd && m.Capabilities().VirtualMedia {
+		return cdPath(m.ID())
+	}
+	return systemPath(m.ID())
 }
 
 // mergeBootPatch validates a ComputerSystem PATCH body against the current
@@ -402,8 +413,12 @@ func (s *Server) getEthernetInterface(c *call) (result, error) {
 	}
 	nic := inv.NICs[i]
 	body := resource(typeEthernetInterface, ethernetPath(m.ID(), nic.Name), nic.Name, nic.Name)
-	body["MACAddress"] = nic.MAC
-	body["PermanentMACAddress"] = nic.MAC
+	// A NIC whose MAC is not known yet (a VM with none in its spec and no
+	// instance) leaves it out: "" is no MAC, and fails the schema's pattern.
+	if nic.MAC != "" {
+		body["MACAddress"] = nic.MAC
+		body["PermanentMACAddress"] = nic.MAC
+	}
 	body["InterfaceEnabled"] = true
 	body["Status"] = statusOK()
 	v4, v6 := []any{}, []any{}
