@@ -20,7 +20,7 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // TestKubeVirtMaaSPowerSequence drives MaaS's Redfish power sequence through

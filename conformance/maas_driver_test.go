@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	"github.com/virtmetal/virtmetal/conformance/maasdriver"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 )
@@ -35,12 +35,12 @@ func (e maasExchange) String() string { return e.method + " " + e.path }
 
 // newMaaSDriver is MaaS's Redfish power driver aimed at ts, without the
 // waits between its retries.
-func newMaaSDriver(t *testing.T, ts *httptest.Server, contentType string) *maastest.RedfishDriver {
+func newMaaSDriver(t *testing.T, ts *httptest.Server, contentType string) *maasdriver.RedfishDriver {
 	u, err := url.Parse(ts.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &maastest.RedfishDriver{
+	return &maasdriver.RedfishDriver{
 		Address: u.Host, Username: maasUser, Password: maasPass, ContentType: contentType,
 		RetryDelay:   func(int) time.Duration { return 0 },
 		PollInterval: 20 * time.Millisecond, PowerTimeout: maasPollTimeout, RequestTimeout: maasPollTimeout,
@@ -117,14 +117,14 @@ func TestMaaSDriverRequestsByteForByte(t *testing.T) {
 		name        string
 		contentType string
 		nodeID      string
-		run         func(*maastest.RedfishDriver, context.Context) error
+		run         func(*maasdriver.RedfishDriver, context.Context) error
 		want        []string // collapsed: "METHOD path status"
 		wantPower   machine.PowerState
 		wantLastPxe bool // the last boot was from the network
 	}{
 		{
 			name: "power_on, current headers, node from Systems", contentType: "application/json",
-			run: (*maastest.RedfishDriver).PowerOn,
+			run: (*maasdriver.RedfishDriver).PowerOn,
 			want: []string{
 				"GET /redfish/v1/Systems 200", "GET " + sys + " 200", "POST " + reset + " 204", "GET " + sys + " 200",
 				"PATCH " + sys + " 200", "POST " + reset + " 204", "GET " + sys + " 200",
@@ -133,7 +133,7 @@ func TestMaaSDriverRequestsByteForByte(t *testing.T) {
 		},
 		{
 			name: "power_on, older Content-Type, node configured", contentType: "application/json; charset=utf-8", nodeID: "vm-0",
-			run: (*maastest.RedfishDriver).PowerOn,
+			run: (*maasdriver.RedfishDriver).PowerOn,
 			want: []string{
 				"GET " + sys + " 200", "POST " + reset + " 204", "GET " + sys + " 200",
 				"PATCH " + sys + " 200", "POST " + reset + " 204", "GET " + sys + " 200",
@@ -142,13 +142,13 @@ func TestMaaSDriverRequestsByteForByte(t *testing.T) {
 		},
 		{
 			name: "power_off", contentType: "application/json", nodeID: "vm-0",
-			run:       (*maastest.RedfishDriver).PowerOff,
+			run:       (*maasdriver.RedfishDriver).PowerOff,
 			want:      []string{"GET " + sys + " 200", "POST " + reset + " 204", "GET " + sys + " 200", "PATCH " + sys + " 200"},
 			wantPower: machine.PowerOff,
 		},
 		{
 			name: "power_reset", contentType: "application/json", nodeID: "vm-0",
-			run:       (*maastest.RedfishDriver).PowerReset,
+			run:       (*maasdriver.RedfishDriver).PowerReset,
 			want:      []string{"GET " + sys + " 200", "PATCH " + sys + " 200", "POST " + reset + " 204"},
 			wantPower: machine.PowerOn, wantLastPxe: true,
 		},
@@ -183,8 +183,8 @@ func TestMaaSDriverRequestsByteForByte(t *testing.T) {
 						t.Errorf("%s carries a body %q or If-Match %q", e, e.body, e.header.Get("If-Match"))
 					}
 				case "PATCH":
-					if e.body != maastest.RedfishBootBody {
-						t.Errorf("PATCH body %q, want %q", e.body, maastest.RedfishBootBody)
+					if e.body != maasdriver.RedfishBootBody {
+						t.Errorf("PATCH body %q, want %q", e.body, maasdriver.RedfishBootBody)
 					}
 					// get_etag's GET of the same URI comes just before: its
 					// @odata.etag, else its ETag header.
@@ -298,7 +298,7 @@ func TestMaaSDriverTrailingSlashRetry(t *testing.T) {
 
 	driver.Password = "wrong"
 	before := len(log.exchanges())
-	if _, _, err := driver.RedfishRequest(t.Context(), "GET", "/redfish/v1/Systems/vm-0", "", nil); !errors.Is(err, maastest.ErrPowerAuth) {
+	if _, _, err := driver.RedfishRequest(t.Context(), "GET", "/redfish/v1/Systems/vm-0", "", nil); !errors.Is(err, maasdriver.ErrPowerAuth) {
 		t.Errorf("wrong password: %v, want the driver's fatal auth error", err)
 	}
 	if n := len(log.exchanges()) - before; n != 1 {

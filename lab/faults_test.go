@@ -7,7 +7,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // TestFlowSurvivesFaults: the MaaS API answers 503 for a while and the
@@ -23,7 +23,7 @@ func TestFlowSurvivesFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reconciler's next requests fail, for several cycles.
-	l.MaaS.FailNext(12, maastest.FaultServerError)
+	l.MaaS.FailNext(12, maassim.FaultServerError)
 	if err := l.CreateVM(ctx, vm, lab.VMOptions{}); err != nil {
 		t.Fatal(err)
 	}

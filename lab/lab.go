@@ -5,7 +5,10 @@
 // asks for, with the RBAC the manifests give them), the real MaaS reconciler,
 // and a MaaS that enlists PXE-booting VMs, runs the real commissioning script
 // and powers machines through their BMCs the way MaaS's power drivers do.
-// Only KubeVirt's virt-controller, the guest and MaaS are simulated.
+// What cannot run here is simulated, by the packages of sim/: KubeVirt's
+// control plane (sim/kubevirt), the guests (sim/guest), the node that runs
+// the BMC pods (sim/node) and MaaS (sim/maas). The lab wires them to the
+// real components.
 package lab
 
 import (
@@ -14,8 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -37,8 +39,10 @@ import (
 	controllermanifests "github.com/virtmetal/virtmetal/deploy/controller"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	"github.com/virtmetal/virtmetal/sim/guest"
+	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
+	"github.com/virtmetal/virtmetal/sim/node"
 )
 
 // Names the lab gives what the manifests deploy.
@@ -78,7 +82,7 @@ type Lab struct {
 	Client client.Client // cluster admin
 	// MaaS is the simulated region API; MaaSClient talks to it as the
 	// reconciler does.
-	MaaS       *maastest.Server
+	MaaS       *maassim.Server
 	MaaSClient *maas.Client
 	Domain     string
 
@@ -88,20 +92,21 @@ type Lab struct {
 	bins     string
 	progress *progress
 	recent   recentLines
-	bmcs     *bmcSupervisor
-	sim      *maasSim
+	node     *node.Node
+	rack     *maassim.Rack
+	consumed onceConsumed // what RackCommissioningBoot found
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 
 	mu         sync.Mutex
-	controller *process
+	controller *node.Process
 	webhooks   *envtest.WebhookInstallOptions
 }
 
 // Start builds bmc-server and bmc-controller, starts the API server, the
-// virt-controller simulator, the MaaS simulator with its guests, the BMC
-// supervisor and the reconciler. The bmc-controller is left to
+// virt-controller simulator, the node that runs the BMC pods, the MaaS
+// simulator with its guests and the reconciler. The bmc-controller is left to
 // StartController, so that VMs can exist before it, as in a cluster where
 // virtmetal is installed later. Close stops everything.
 func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
@@ -120,7 +125,8 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
-	l := &Lab{Domain: opts.Domain, opts: opts, root: root, dir: dir, bins: filepath.Join(dir, "bin"), ctx: runCtx, cancel: cancel}
+	l := &Lab{Domain: opts.Domain, opts: opts, root: root, dir: dir, bins: filepath.Join(dir, "bin"), ctx: runCtx, cancel: cancel,
+		consumed: onceConsumed{vm: map[maas.VMRef]bool{}}}
 	l.progress = newProgress(opts.OnEvent)
 	ctrllog.SetLogger(logr.Discard()) // the simulator's manager; the real ones log to files
 	defer func() {
@@ -147,22 +153,26 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	}
 	l.goRun(func(ctx context.Context) { _ = sim.Start(ctx) })
 
-	l.bmcs = newBMCSupervisor(l)
-	l.goRun(l.bmcs.run)
+	l.node = node.New(node.Options{
+		Client: l.Client, Binary: filepath.Join(l.bins, "bmc-server"), Dir: l.dir, Domain: l.Domain,
+		Kubeconfig: l.kubeconfig, Log: l.logFile, Logf: l.logf,
+		OnReady: func(vm maas.VMRef, detail string) { l.progress.record(vm, StepBMCReady, detail) },
+	})
+	l.goRun(l.node.Run)
 
-	l.MaaS = maastest.Start()
-	key, err := maas.ParseAPIKey(maastest.APIKey)
+	l.MaaS = maassim.Start()
+	key, err := maas.ParseAPIKey(maassim.APIKey)
 	if err != nil {
 		return nil, err
 	}
 	if l.MaaSClient, err = maas.NewClient(l.MaaS.URL(), key, nil); err != nil {
 		return nil, err
 	}
-	if l.sim, err = newMaaSSim(l); err != nil {
+	if l.rack, err = l.newRack(); err != nil {
 		return nil, err
 	}
-	l.MaaS.OnCommission(l.sim.commissioned)
-	l.goRun(l.sim.runGuests)
+	l.rack.Start(l.ctx)
+	l.goRun(func(ctx context.Context) { guest.Run(ctx, l.Client, l.rack.NetworkBoot) })
 	l.goRun(l.watchProgress)
 
 	if err := l.startReconciler(); err != nil {
@@ -188,12 +198,12 @@ func (l *Lab) Close() {
 	l.cancel()
 	l.mu.Lock()
 	if l.controller != nil {
-		l.controller.stop()
+		l.controller.Stop()
 	}
 	l.mu.Unlock()
 	l.wg.Wait()
-	if l.bmcs != nil {
-		l.bmcs.stopAll()
+	if l.node != nil {
+		l.node.StopAll()
 	}
 	if l.MaaS != nil {
 		l.MaaS.Close()
@@ -323,7 +333,7 @@ func (l *Lab) StartController(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	probe, err := freePort("tcp")
+	probe, err := node.FreePort("tcp")
 	if err != nil {
 		return err
 	}
@@ -346,14 +356,14 @@ func (l *Lab) StartController(ctx context.Context) error {
 		return err
 	}
 	cmd.Stdout, cmd.Stderr = logs, logs
-	controller, err := startProcess(cmd)
+	controller, err := node.StartProcess(cmd)
 	if err != nil {
 		return err
 	}
 	l.mu.Lock()
 	l.controller, l.webhooks = controller, install
 	l.mu.Unlock()
-	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe), time.Minute); err != nil {
+	if err := node.WaitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/readyz", probe), time.Minute); err != nil {
 		return fmt.Errorf("bmc-controller not ready (log in %s): %w", l.dir, err)
 	}
 	// The configurations go in once their server answers: they fail closed.
@@ -400,45 +410,7 @@ func (l *Lab) startReconciler() error {
 	return nil
 }
 
-// freePort asks the kernel for an unused loopback port.
-func freePort(network string) (int, error) {
-	if network == "udp" {
-		conn, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		defer conn.Close()
-		return conn.LocalAddr().(*net.UDPAddr).Port, nil
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-// waitHTTP polls url until it answers 200.
-func waitHTTP(ctx context.Context, url string, limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, limit)
-	defer cancel()
-	httpClient := &http.Client{Timeout: 2 * time.Second, Transport: insecureTransport(nil)}
-	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return err
-		}
-		res, err := httpClient.Do(req)
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s: %w (last error %v)", url, ctx.Err(), err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+// funcrLogger logs JSON lines, as the commands do.
+func funcrLogger(out io.Writer) logr.Logger {
+	return funcr.NewJSON(func(obj string) { fmt.Fprintln(out, obj) }, funcr.Options{})
 }

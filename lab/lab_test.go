@@ -14,7 +14,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // The package's one lab. A VM in preNamespace exists before the controller
@@ -124,7 +124,7 @@ func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VM
 	if !ok {
 		t.Fatalf("no MaaS machine for %s", vm)
 	}
-	if hostname := vm.Name + "-" + vm.Namespace; m.Status != maastest.StatusReady || m.Hostname != hostname || m.Pool != vm.Namespace {
+	if hostname := vm.Name + "-" + vm.Namespace; m.Status != maassim.StatusReady || m.Hostname != hostname || m.Pool != vm.Namespace {
 		t.Errorf("machine %s: status %d, hostname %q, pool %q; want Ready, %s in pool %s",
 			m.SystemID, m.Status, m.Hostname, m.Pool, hostname, vm.Namespace)
 	}
@@ -147,7 +147,7 @@ func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VM
 	}
 	// Once, and once more for each commissioning MaaS could not start
 	// because the power-on failed (it then returns the machine to New).
-	if n, want := countApplied(l, maastest.Match{Method: http.MethodPost, Path: "machines/" + m.SystemID + "/", Op: "commission"}), 1+l.CommissioningStartFailures(m.SystemID); n != want {
+	if n, want := countApplied(l, maassim.Match{Method: http.MethodPost, Path: "machines/" + m.SystemID + "/", Op: "commission"}), 1+l.CommissioningStartFailures(m.SystemID); n != want {
 		t.Errorf("machine %s commissioned %d times, want %d", m.SystemID, n, want)
 	}
 	pools := 0
@@ -179,7 +179,7 @@ func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VM
 	}
 }
 
-func countApplied(l *lab.Lab, match maastest.Match) int {
+func countApplied(l *lab.Lab, match maassim.Match) int {
 	n := 0
 	for _, r := range l.MaaS.Requests() {
 		if r.Applied && r.Method == match.Method && r.Path == match.Path && r.Op == match.Op {

@@ -10,7 +10,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // Step is one step of a VM's way to a Ready MaaS machine.
@@ -187,9 +187,9 @@ func (r *recentLines) all() []string {
 }
 
 // noticeNamed records the step once the machine has its VM's name and pool.
-func (l *Lab) noticeNamed(m maastest.Machine) {
+func (l *Lab) noticeNamed(m maassim.Machine) {
 	ref, ok := maas.ParseBMCAddress(m.PowerParameters["power_address"], l.Domain)
-	if ok && m.Hostname == maas.Hostname(ref) && m.Pool == ref.Namespace && m.Pool != maastest.DefaultPool {
+	if ok && m.Hostname == maas.Hostname(ref) && m.Pool == ref.Namespace && m.Pool != maassim.DefaultPool {
 		l.progress.record(ref, StepNamed, fmt.Sprintf("%s in pool %s", m.Hostname, m.Pool))
 	}
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // CreateNamespace creates a namespace opted in to virtmetal.
@@ -47,9 +47,7 @@ type VMOptions struct {
 // serial and firmware UUID are left to virtmetal and KubeVirt.
 func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error {
 	if opts.OldScriptAddress {
-		l.sim.mu.Lock()
-		l.sim.oldScript[vm] = true
-		l.sim.mu.Unlock()
+		l.rack.UseOldScriptAddress(vm)
 	}
 	if opts.IPMI {
 		on := true
@@ -126,13 +124,13 @@ func (l *Lab) WaitIdentity(ctx context.Context, vm maas.VMRef) error {
 
 // Machine is the VM's MaaS machine: the one whose power address names its
 // BMC; ok is false while there is none.
-func (l *Lab) Machine(vm maas.VMRef) (m maastest.Machine, ok bool) {
+func (l *Lab) Machine(vm maas.VMRef) (m maassim.Machine, ok bool) {
 	for _, candidate := range l.MaaS.Machines() {
 		if ref, claims := maas.ParseBMCAddress(candidate.PowerParameters["power_address"], l.Domain); claims && ref == vm {
 			return candidate, true
 		}
 	}
-	return maastest.Machine{}, false
+	return maassim.Machine{}, false
 }
 
 // WaitReady waits until every VM's machine is Ready in MaaS.

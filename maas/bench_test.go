@@ -10,7 +10,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // BenchmarkIdleCycle measures one reconciler cycle over converged machines
@@ -23,7 +23,7 @@ import (
 //     Deployment runs;
 //   - once: new clients every cycle, as a --once CronJob run pays.
 func BenchmarkIdleCycle(b *testing.B) {
-	s := maastest.New(b)
+	s := maassim.New(b)
 	fleet := 0
 	for _, size := range []int{100, 1000} {
 		grow(b, s, fleet, size)
@@ -42,7 +42,7 @@ func BenchmarkIdleCycle(b *testing.B) {
 	}
 }
 
-func benchmarkCycles(b *testing.B, s *maastest.Server, counter *requestCounter, machines int, reconciler func() *maas.Reconciler) {
+func benchmarkCycles(b *testing.B, s *maassim.Server, counter *requestCounter, machines int, reconciler func() *maas.Reconciler) {
 	ctx := context.Background()
 	s.ResetRequests()
 	counter.take()
@@ -67,7 +67,7 @@ func benchmarkCycles(b *testing.B, s *maastest.Server, counter *requestCounter, 
 
 // grow enrolls VMs from up to size, gives each its converged machine in
 // MaaS, and runs the cycle that reports them.
-func grow(b *testing.B, s *maastest.Server, from, size int) {
+func grow(b *testing.B, s *maassim.Server, from, size int) {
 	b.Helper()
 	const perNamespace = 100
 	var wg sync.WaitGroup
@@ -86,7 +86,7 @@ func grow(b *testing.B, s *maastest.Server, from, size int) {
 			s.WithPool(ns)
 		}
 		vm := maas.VMRef{Namespace: ns, Name: fmt.Sprintf("vm-%d", i)}
-		m := ours(fmt.Sprintf("bench%05d", i), vm, maastest.StatusReady)
+		m := ours(fmt.Sprintf("bench%05d", i), vm, maassim.StatusReady)
 		m.Hostname, m.Pool = maas.Hostname(vm), vm.Namespace
 		m.PowerParameters[maas.PowerUser] = "admin"
 		m.PowerParameters[maas.PowerPass] = "pw"

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 func TestParseAPIKey(t *testing.T) {
@@ -49,8 +49,8 @@ func TestAPIKeyNeverPrintsSecret(t *testing.T) {
 }
 
 func TestNewClientURLs(t *testing.T) {
-	s := maastest.New(t)
-	key, _ := maas.ParseAPIKey(maastest.APIKey)
+	s := maassim.New(t)
+	key, _ := maas.ParseAPIKey(maassim.APIKey)
 	for _, base := range []string{s.URL(), s.URL() + "/", s.URL() + "/api/2.0", s.URL() + "/api/2.0/"} {
 		t.Run(base, func(t *testing.T) {
 			c, err := maas.NewClient(base, key, nil)
@@ -72,7 +72,7 @@ func TestNewClientURLs(t *testing.T) {
 }
 
 func TestClientRejectedKey(t *testing.T) {
-	s := maastest.New(t)
+	s := maassim.New(t)
 	c, err := maas.NewClient(s.URL(), maas.APIKey{Consumer: "consumerkey", Token: "tokenkey", Secret: "wrong-secret"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestClientRejectedKey(t *testing.T) {
 func TestClientSendsFreshNonces(t *testing.T) {
 	// The simulator refuses a reused nonce, so many requests in the same
 	// second only pass with a new nonce each.
-	s := maastest.New(t)
+	s := maassim.New(t)
 	c := s.Client(t)
 	for i := range 50 {
 		if _, err := c.Machines(context.Background()); err != nil {
@@ -99,7 +99,7 @@ func TestClientSendsFreshNonces(t *testing.T) {
 }
 
 func TestClientCanceledContext(t *testing.T) {
-	s := maastest.New(t)
+	s := maassim.New(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := s.Client(t).Machines(ctx); !errors.Is(err, context.Canceled) {
@@ -110,7 +110,7 @@ func TestClientCanceledContext(t *testing.T) {
 func TestClientUnreachable(t *testing.T) {
 	gone := httptest.NewServer(http.NotFoundHandler())
 	gone.Close()
-	key, _ := maas.ParseAPIKey(maastest.APIKey)
+	key, _ := maas.ParseAPIKey(maassim.APIKey)
 	c, err := maas.NewClient(gone.URL+"/MAAS", key, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 const testDomain = "bmc.example.org"
@@ -36,8 +36,8 @@ func uuidOf(vm maas.VMRef) string {
 // ours is a machine as it looks right after enlistment of the VM with the
 // virtmetal commissioning script: Redfish, our address, no credentials yet,
 // the VM's MAC and UUID.
-func ours(systemID string, vm maas.VMRef, status int) maastest.Machine {
-	return maastest.Machine{
+func ours(systemID string, vm maas.VMRef, status int) maassim.Machine {
+	return maassim.Machine{
 		SystemID:     systemID,
 		Hostname:     "enlisted-" + systemID,
 		Status:       status,
@@ -190,12 +190,12 @@ func (f *fakeCluster) setPassword(vm maas.VMRef, password string) {
 	})
 }
 
-func newReconciler(t testing.TB, s *maastest.Server, c maas.Cluster) *maas.Reconciler {
+func newReconciler(t testing.TB, s *maassim.Server, c maas.Cluster) *maas.Reconciler {
 	return &maas.Reconciler{MaaS: s.Client(t), Cluster: c, Domain: testDomain, Out: io.Discard, Log: logr.Discard()}
 }
 
 // writes counts the requests that change MaaS.
-func writes(s *maastest.Server) int {
+func writes(s *maassim.Server) int {
 	n := 0
 	for _, r := range s.Requests() {
 		if r.Method != "GET" {
@@ -206,7 +206,7 @@ func writes(s *maastest.Server) int {
 }
 
 // commissions counts the commission requests MaaS carried out.
-func commissions(s *maastest.Server, systemID string) int {
+func commissions(s *maassim.Server, systemID string) int {
 	n := 0
 	for _, r := range s.Requests() {
 		if r.Op == "commission" && r.Path == "machines/"+systemID+"/" && r.Applied {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // TestIdentityProof: a machine claiming an enrolled VM gets nothing until
@@ -19,7 +19,7 @@ func TestIdentityProof(t *testing.T) {
 	otherMAC := "02:ff:ff:ff:ff:01"
 	tests := []struct {
 		name       string
-		machine    func(m *maastest.Machine)
+		machine    func(m *maassim.Machine)
 		vm         func(vm *maas.EnrolledVM)
 		instances  []string // the running instance's MACs
 		wantReason string
@@ -27,25 +27,25 @@ func TestIdentityProof(t *testing.T) {
 		wantLists  int    // instance lists
 	}{
 		{name: "MAC and UUID match", wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match"},
-		{name: "MAC matches, MaaS knows no UUID", machine: func(m *maastest.Machine) { m.HardwareUUID = "" }, wantReason: maas.ReasonBound, wantWhy: "MAC matches"},
+		{name: "MAC matches, MaaS knows no UUID", machine: func(m *maassim.Machine) { m.HardwareUUID = "" }, wantReason: maas.ReasonBound, wantWhy: "MAC matches"},
 		{name: "MAC matches, VM sets no UUID", vm: func(vm *maas.EnrolledVM) { vm.FirmwareUUID = "" }, wantReason: maas.ReasonBound, wantWhy: "MAC matches"},
 		{
 			name: "MaaS spells MAC and UUID in upper case",
-			machine: func(m *maastest.Machine) {
+			machine: func(m *maassim.Machine) {
 				m.MACs[0], m.HardwareUUID = strings.ToUpper(m.MACs[0]), strings.ToUpper(m.HardwareUUID)
 			},
 			wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match",
 		},
 		{
 			name:       "boot interface among others",
-			machine:    func(m *maastest.Machine) { m.MACs = []string{otherMAC, m.MACs[0]} },
+			machine:    func(m *maassim.Machine) { m.MACs = []string{otherMAC, m.MACs[0]} },
 			wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match",
 		},
-		{name: "no MAC matches", machine: func(m *maastest.Machine) { m.MACs = []string{otherMAC} }, wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs"},
-		{name: "machine has no interfaces", machine: func(m *maastest.Machine) { m.MACs = nil }, wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs"},
+		{name: "no MAC matches", machine: func(m *maassim.Machine) { m.MACs = []string{otherMAC} }, wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs"},
+		{name: "machine has no interfaces", machine: func(m *maassim.Machine) { m.MACs = nil }, wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs"},
 		{
 			name:       "UUID differs",
-			machine:    func(m *maastest.Machine) { m.HardwareUUID = "00000000-0000-4000-8000-000000000000" },
+			machine:    func(m *maassim.Machine) { m.HardwareUUID = "00000000-0000-4000-8000-000000000000" },
 			wantReason: maas.ReasonUnverified, wantWhy: "is not the VM's firmware UUID",
 		},
 		{name: "VirtualMachine missing", vm: func(vm *maas.EnrolledVM) { vm.VMFound = false }, wantReason: maas.ReasonUnverified, wantWhy: "does not exist"},
@@ -67,11 +67,11 @@ func TestIdentityProof(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := ours("m1", vmA, maastest.StatusNew)
+			m := ours("m1", vmA, maassim.StatusNew)
 			if tt.machine != nil {
 				tt.machine(&m)
 			}
-			s := maastest.New(t).WithMachine(m)
+			s := maassim.New(t).WithMachine(m)
 			cluster := newFakeCluster().withVM(vmA, "pw")
 			if tt.vm != nil {
 				cluster.edit(vmA, tt.vm)
@@ -92,7 +92,7 @@ func TestIdentityProof(t *testing.T) {
 			got, _ := s.Machine("m1")
 			events := cluster.eventsOf(vmA)
 			if tt.wantReason == maas.ReasonBound {
-				if result.Bound != 1 || got.Status != maastest.StatusCommissioning || c.Status != metav1.ConditionTrue {
+				if result.Bound != 1 || got.Status != maassim.StatusCommissioning || c.Status != metav1.ConditionTrue {
 					t.Errorf("bound machine not converged: %+v, result %+v", got, result)
 				}
 				return
@@ -119,10 +119,10 @@ func TestIdentityProof(t *testing.T) {
 // TestDuplicateClaims: of two machines claiming one VM the better-proven one
 // keeps it; on a tie the one already reported does; else neither.
 func TestDuplicateClaims(t *testing.T) {
-	withoutUUID := func(m maastest.Machine) maastest.Machine { m.HardwareUUID = ""; return m }
+	withoutUUID := func(m maassim.Machine) maassim.Machine { m.HardwareUUID = ""; return m }
 	tests := []struct {
 		name        string
-		machines    []maastest.Machine
+		machines    []maassim.Machine
 		reported    string // system ID already in the VM's status
 		wantBound   string // "" for none
 		wantReason  string
@@ -130,13 +130,13 @@ func TestDuplicateClaims(t *testing.T) {
 	}{
 		{
 			name:      "UUID match beats MAC-only",
-			machines:  []maastest.Machine{withoutUUID(ours("a", vmA, maastest.StatusNew)), ours("b", vmA, maastest.StatusNew)},
+			machines:  []maassim.Machine{withoutUUID(ours("a", vmA, maassim.StatusNew)), ours("b", vmA, maassim.StatusNew)},
 			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MAC matches)",
 		},
 		{
 			name: "a matching machine beats an unverified one",
-			machines: []maastest.Machine{ours("a", vmA, maastest.StatusNew), func() maastest.Machine {
-				m := ours("b", vmA, maastest.StatusNew)
+			machines: []maassim.Machine{ours("a", vmA, maassim.StatusNew), func() maassim.Machine {
+				m := ours("b", vmA, maassim.StatusNew)
 				m.MACs = []string{"02:ff:00:00:00:01"}
 				return m
 			}()},
@@ -144,19 +144,19 @@ func TestDuplicateClaims(t *testing.T) {
 		},
 		{
 			name:       "tie, none reported: neither gets credentials",
-			machines:   []maastest.Machine{withoutUUID(ours("a", vmA, maastest.StatusNew)), withoutUUID(ours("b", vmA, maastest.StatusNew))},
+			machines:   []maassim.Machine{withoutUUID(ours("a", vmA, maassim.StatusNew)), withoutUUID(ours("b", vmA, maassim.StatusNew))},
 			wantReason: maas.ReasonDuplicateClaim, wantMention: "all claim this VM equally",
 		},
 		{
 			name:      "tie: the machine already reported keeps the VM",
-			machines:  []maastest.Machine{withoutUUID(ours("a", vmA, maastest.StatusNew)), withoutUUID(ours("b", vmA, maastest.StatusNew))},
+			machines:  []maassim.Machine{withoutUUID(ours("a", vmA, maassim.StatusNew)), withoutUUID(ours("b", vmA, maassim.StatusNew))},
 			reported:  "b",
 			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MAC matches) also claim",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := maastest.New(t)
+			s := maassim.New(t)
 			for _, m := range tt.machines {
 				s.WithMachine(m)
 			}
@@ -206,7 +206,7 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 	}
 	var tests []attack
 	for _, id := range []string{"a-evil", "z-evil"} {
-		for _, status := range []int{maastest.StatusNew, maastest.StatusReady, maastest.StatusDeployed, maastest.StatusBroken} {
+		for _, status := range []int{maassim.StatusNew, maassim.StatusReady, maassim.StatusDeployed, maassim.StatusBroken} {
 			for _, uuid := range []string{"", uuidOf(attacker)} {
 				tests = append(tests, attack{
 					name:         fmt.Sprintf("%s status %d uuid %q", id, status, uuid),
@@ -219,7 +219,7 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			evil := ours(tt.attackerID, vmB, tt.status) // B's address and MAC
 			evil.HardwareUUID = tt.attackerUUID
-			s := maastest.New(t).WithMachine(evil).WithMachine(ours("m-b", vmB, maastest.StatusNew))
+			s := maassim.New(t).WithMachine(evil).WithMachine(ours("m-b", vmB, maassim.StatusNew))
 			if s.BMCID(tt.attackerID) != s.BMCID("m-b") {
 				t.Fatal("the simulator does not share the BMC row of one redfish address")
 			}
@@ -248,14 +248,14 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 				t.Errorf("B's password reached the attacker's machine through the shared BMC row (held %d passwords)", len(held))
 			}
 			m, _ := s.Machine(tt.attackerID)
-			if m.PowerParameters[maas.PowerPass] != "" || m.PowerType != "manual" || m.Status != tt.status || m.Pool != maastest.DefaultPool {
+			if m.PowerParameters[maas.PowerPass] != "" || m.PowerType != "manual" || m.Status != tt.status || m.Pool != maassim.DefaultPool {
 				t.Errorf("attacker's machine = %+v", m)
 			}
 			if s.BMCID(tt.attackerID) == s.BMCID("m-b") {
 				t.Error("attacker's machine still shares B's BMC row")
 			}
 			b, _ := s.Machine("m-b")
-			if b.PowerParameters[maas.PowerPass] != victimPassword || b.Hostname != maas.Hostname(vmB) || b.Pool != vmB.Namespace || b.Status != maastest.StatusReady {
+			if b.PowerParameters[maas.PowerPass] != victimPassword || b.Hostname != maas.Hostname(vmB) || b.Pool != vmB.Namespace || b.Status != maassim.StatusReady {
 				t.Errorf("B's machine did not converge: %+v", b)
 			}
 			// The detached claim stays on B's status while MaaS has the
@@ -277,12 +277,12 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 // detached from the shared BMC row, the VM's credentials are not written,
 // and the VM's condition says why.
 func TestDetachFailureWritesNoCredentials(t *testing.T) {
-	s := maastest.New(t).WithMachine(func() maastest.Machine {
-		m := ours("a-evil", vmB, maastest.StatusNew)
+	s := maassim.New(t).WithMachine(func() maassim.Machine {
+		m := ours("a-evil", vmB, maassim.StatusNew)
 		m.HardwareUUID = ""
 		return m
-	}()).WithMachine(ours("m-b", vmB, maastest.StatusNew))
-	s.FailMatching(maastest.Match{Method: "PUT", Path: "machines/a-evil/"}, -1, maastest.FaultServerError)
+	}()).WithMachine(ours("m-b", vmB, maassim.StatusNew))
+	s.FailMatching(maassim.Match{Method: "PUT", Path: "machines/a-evil/"}, -1, maassim.FaultServerError)
 	cluster := newFakeCluster().withVM(vmB, "b-pass")
 	r := newReconciler(t, s, cluster)
 	reconcile(t, r)

@@ -29,7 +29,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // env is the package's one API server.
@@ -277,7 +277,7 @@ func TestStatusIsAppliedBesideTheController(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := maastest.New(t).WithMachine(ours("m1", vm, maastest.StatusReady))
+	s := maassim.New(t).WithMachine(ours("m1", vm, maassim.StatusReady))
 	var counter requestCounter
 	r := newReconciler(t, s, kubeCluster(t, counter.config(env.Config)))
 	reconcile(t, r)
@@ -335,7 +335,7 @@ func TestStatusIsAppliedBesideTheController(t *testing.T) {
 	}
 
 	// The machine leaves MaaS: the maas block goes, the condition says so.
-	s2 := maastest.New(t)
+	s2 := maassim.New(t)
 	r.MaaS = s2.Client(t)
 	reconcile(t, r)
 	bmc = getBMC(t, vm)
@@ -418,12 +418,12 @@ func TestReconcilerWithItsOwnRole(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := userWith(t, "maas-reconciler-own-role", reconcilerRole(t).Rules, nil)
-	s := maastest.New(t).WithMachine(ours("m1", vm, maastest.StatusNew))
+	s := maassim.New(t).WithMachine(ours("m1", vm, maassim.StatusNew))
 	r := newReconciler(t, s, kubeCluster(t, cfg))
 	if result := reconcile(t, r); len(failuresIn(result, ns)) != 0 || result.Bound != 1 {
 		t.Fatalf("cycle: %+v", result)
 	}
-	if m, _ := s.Machine("m1"); m.Status != maastest.StatusCommissioning || m.PowerParameters[maas.PowerPass] != "pw" {
+	if m, _ := s.Machine("m1"); m.Status != maassim.StatusCommissioning || m.PowerParameters[maas.PowerPass] != "pw" {
 		t.Errorf("machine = %+v", m)
 	}
 	if got := getBMC(t, vm).Status.MaaS; got == nil || got.StatusName != "Commissioning" {
@@ -452,7 +452,7 @@ func TestForbiddenNamespaceStaysLocal(t *testing.T) {
 		}
 	}
 	cfg := userWith(t, "maas-reconciler-only-a", reads, writes, nsA)
-	s := maastest.New(t).WithMachine(ours("m-a", a, maastest.StatusNew)).WithMachine(ours("m-b", b, maastest.StatusNew))
+	s := maassim.New(t).WithMachine(ours("m-a", a, maassim.StatusNew)).WithMachine(ours("m-b", b, maassim.StatusNew))
 	r := newReconciler(t, s, kubeCluster(t, cfg))
 
 	result := reconcile(t, r)
@@ -463,7 +463,7 @@ func TestForbiddenNamespaceStaysLocal(t *testing.T) {
 		t.Fatalf("B's failures = %v, want its status write, Forbidden", got)
 	}
 	for _, id := range []string{"m-a", "m-b"} {
-		if m, _ := s.Machine(id); m.Status != maastest.StatusCommissioning {
+		if m, _ := s.Machine(id); m.Status != maassim.StatusCommissioning {
 			t.Errorf("%s status = %d, want commissioned", id, m.Status)
 		}
 	}

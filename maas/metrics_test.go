@@ -6,7 +6,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/promtest"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // sample is the value of the sample of name whose label key is value ("" for
@@ -25,11 +25,11 @@ func sample(families promtest.Families, name, key, value string) float64 {
 // TestMetricsFollowTheCycles: a cycle that converges a machine, a refused
 // commission and a cycle failing as a whole each move what they should.
 func TestMetricsFollowTheCycles(t *testing.T) {
-	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
+	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew)).WithMachine(ours("m2", vmB, maassim.StatusNew))
 	cluster := newFakeCluster().withVM(vmA, "pw-a").withVM(vmB, "pw-b")
 	r := newReconciler(t, s, cluster)
 	r.Metrics = maas.NewMetrics()
-	s.FailMatching(maastest.Match{Op: "commission", Path: "machines/m2/"}, 1, maastest.FaultConflict)
+	s.FailMatching(maassim.Match{Op: "commission", Path: "machines/m2/"}, 1, maassim.FaultConflict)
 	reconcile(t, r)
 
 	got := promtest.Scrape(t, r.Metrics.Handler())
@@ -55,7 +55,7 @@ func TestMetricsFollowTheCycles(t *testing.T) {
 		})
 	}
 
-	s.FailNext(1, maastest.FaultServerError)
+	s.FailNext(1, maassim.FaultServerError)
 	if _, err := r.Reconcile(context.Background()); err == nil {
 		t.Fatal("a cycle without the machine list did not fail")
 	}

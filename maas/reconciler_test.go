@@ -14,7 +14,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 var (
@@ -42,7 +42,7 @@ func failures(result maas.CycleResult) error {
 }
 
 func TestNewMachineLifecycle(t *testing.T) {
-	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
 	cluster := newFakeCluster().withVM(vmA, "s3cret")
 	r := newReconciler(t, s, cluster)
 
@@ -54,13 +54,13 @@ func TestNewMachineLifecycle(t *testing.T) {
 	if m.PowerParameters[maas.PowerUser] != "admin" || m.PowerParameters[maas.PowerPass] != "s3cret" {
 		t.Errorf("credentials not set: %v", m.PowerParameters)
 	}
-	if m.Hostname != "vm-0-tenant-a" || m.Pool != "tenant-a" || m.Status != maastest.StatusCommissioning {
+	if m.Hostname != "vm-0-tenant-a" || m.Pool != "tenant-a" || m.Status != maassim.StatusCommissioning {
 		t.Errorf("machine = hostname %q pool %q status %d", m.Hostname, m.Pool, m.Status)
 	}
-	if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a"}) {
+	if got := s.Pools(); !slices.Equal(got, []string{maassim.DefaultPool, "tenant-a"}) {
 		t.Errorf("pools = %v", got)
 	}
-	var commission maastest.Request
+	var commission maassim.Request
 	for _, req := range s.Requests() {
 		if req.Op == "commission" {
 			commission = req
@@ -106,11 +106,11 @@ func TestNewMachineLifecycle(t *testing.T) {
 }
 
 func TestRules(t *testing.T) {
-	withHostname := func(m maastest.Machine, hostname, pool string) maastest.Machine {
+	withHostname := func(m maassim.Machine, hostname, pool string) maassim.Machine {
 		m.Hostname, m.Pool = hostname, pool
 		return m
 	}
-	withPassword := func(m maastest.Machine, password string) maastest.Machine {
+	withPassword := func(m maassim.Machine, password string) maassim.Machine {
 		m.PowerParameters[maas.PowerUser] = "admin"
 		m.PowerParameters[maas.PowerPass] = password
 		return m
@@ -122,7 +122,7 @@ func TestRules(t *testing.T) {
 	}
 	tests := []struct {
 		name     string
-		machines []maastest.Machine
+		machines []maassim.Machine
 		pools    []string
 		devices  []string
 		vms      map[maas.VMRef]string // VM → Secret password ("" = no Secret)
@@ -131,128 +131,128 @@ func TestRules(t *testing.T) {
 	}{
 		{
 			name:     "New machine gets everything",
-			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			machines: []maassim.Machine{ours("m1", vmA, maassim.StatusNew)},
 			vms:      map[maas.VMRef]string{vmA: "pw"},
-			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusCommissioning}},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maassim.StatusCommissioning}},
 			writes:   4, // pool, credentials, hostname+pool, commission
 		},
 		{
 			name:     "existing pool is reused",
-			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			machines: []maassim.Machine{ours("m1", vmA, maassim.StatusNew)},
 			pools:    []string{"tenant-a"},
 			vms:      map[maas.VMRef]string{vmA: "pw"},
-			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusCommissioning}},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maassim.StatusCommissioning}},
 			writes:   3,
 		},
 		{
 			name:     "same VM name in two namespaces",
-			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew), ours("m2", vmB, maastest.StatusNew)},
+			machines: []maassim.Machine{ours("m1", vmA, maassim.StatusNew), ours("m2", vmB, maassim.StatusNew)},
 			vms:      map[maas.VMRef]string{vmA: "pa", vmB: "pb"},
 			want: map[string]want{
-				"m1": {"vm-0-tenant-a", "tenant-a", "pa", maastest.StatusCommissioning},
-				"m2": {"vm-0-tenant-b", "tenant-b", "pb", maastest.StatusCommissioning},
+				"m1": {"vm-0-tenant-a", "tenant-a", "pa", maassim.StatusCommissioning},
+				"m2": {"vm-0-tenant-b", "tenant-b", "pb", maassim.StatusCommissioning},
 			},
 			writes: 8,
 		},
 		{
 			name:     "dotted VM name",
-			machines: []maastest.Machine{ours("m1", dotted, maastest.StatusNew)},
+			machines: []maassim.Machine{ours("m1", dotted, maassim.StatusNew)},
 			vms:      map[maas.VMRef]string{dotted: "pw"},
-			want:     map[string]want{"m1": {"web-prod-ns", "ns", "pw", maastest.StatusCommissioning}},
+			want:     map[string]want{"m1": {"web-prod-ns", "ns", "pw", maassim.StatusCommissioning}},
 			writes:   4,
 		},
 		{
 			name: "hostname held by another machine falls back to the hashed name",
-			machines: []maastest.Machine{
-				ours("m1", vmA, maastest.StatusNew),
+			machines: []maassim.Machine{
+				ours("m1", vmA, maassim.StatusNew),
 				{SystemID: "other", Hostname: "vm-0-tenant-a", PowerType: "ipmi"},
 			},
 			vms:    map[maas.VMRef]string{vmA: "pw"},
-			want:   map[string]want{"m1": {maas.HashedHostname(vmA), "tenant-a", "pw", maastest.StatusCommissioning}},
+			want:   map[string]want{"m1": {maas.HashedHostname(vmA), "tenant-a", "pw", maassim.StatusCommissioning}},
 			writes: 4,
 		},
 		{
 			name:     "hostname held by a device, which the machine list does not show",
-			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			machines: []maassim.Machine{ours("m1", vmA, maassim.StatusNew)},
 			devices:  []string{"vm-0-tenant-a"},
 			vms:      map[maas.VMRef]string{vmA: "pw"},
-			want:     map[string]want{"m1": {maas.HashedHostname(vmA), "tenant-a", "pw", maastest.StatusCommissioning}},
+			want:     map[string]want{"m1": {maas.HashedHostname(vmA), "tenant-a", "pw", maassim.StatusCommissioning}},
 			writes:   5, // the refused PUT included
 		},
 		{
 			name:     "New machine without Secret is named and pooled but not commissioned",
-			machines: []maastest.Machine{ours("m1", vmA, maastest.StatusNew)},
+			machines: []maassim.Machine{ours("m1", vmA, maassim.StatusNew)},
 			vms:      map[maas.VMRef]string{vmA: ""},
-			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "", maastest.StatusNew}},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "", maassim.StatusNew}},
 			writes:   2,
 		},
 		{
 			name:     "converged New machine is only commissioned",
-			machines: []maastest.Machine{withPassword(withHostname(ours("m1", vmA, maastest.StatusNew), "vm-0-tenant-a", "tenant-a"), "pw")},
+			machines: []maassim.Machine{withPassword(withHostname(ours("m1", vmA, maassim.StatusNew), "vm-0-tenant-a", "tenant-a"), "pw")},
 			pools:    []string{"tenant-a"},
 			vms:      map[maas.VMRef]string{vmA: "pw"},
-			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusCommissioning}},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maassim.StatusCommissioning}},
 			writes:   1,
 		},
 		{
 			// MaaS commissions at enlistment by default: the machine is Ready
 			// with a generated name before the reconciler first sees it.
 			name:     "Ready machine is named, pooled and given credentials, not commissioned",
-			machines: []maastest.Machine{withHostname(ours("m1", vmA, maastest.StatusReady), "able-cat", maastest.DefaultPool)},
+			machines: []maassim.Machine{withHostname(ours("m1", vmA, maassim.StatusReady), "able-cat", maassim.DefaultPool)},
 			vms:      map[maas.VMRef]string{vmA: "pw"},
-			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maastest.StatusReady}},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "pw", maassim.StatusReady}},
 			writes:   3,
 		},
 		{
 			name:     "Ready machine whose VM has no BMC Secret keeps its name and pool",
-			machines: []maastest.Machine{withHostname(ours("m1", vmA, maastest.StatusReady), "able-cat", maastest.DefaultPool)},
+			machines: []maassim.Machine{withHostname(ours("m1", vmA, maassim.StatusReady), "able-cat", maassim.DefaultPool)},
 			vms:      map[maas.VMRef]string{vmA: ""},
-			want:     map[string]want{"m1": {"able-cat", maastest.DefaultPool, "", maastest.StatusReady}},
+			want:     map[string]want{"m1": {"able-cat", maassim.DefaultPool, "", maassim.StatusReady}},
 			writes:   0,
 		},
 		{
 			name:     "Deployed machine gets rotated password only",
-			machines: []maastest.Machine{withPassword(withHostname(ours("m1", vmA, maastest.StatusDeployed), "x", maastest.DefaultPool), "old")},
+			machines: []maassim.Machine{withPassword(withHostname(ours("m1", vmA, maassim.StatusDeployed), "x", maassim.DefaultPool), "old")},
 			vms:      map[maas.VMRef]string{vmA: "new"},
-			want:     map[string]want{"m1": {"x", maastest.DefaultPool, "new", maastest.StatusDeployed}},
+			want:     map[string]want{"m1": {"x", maassim.DefaultPool, "new", maassim.StatusDeployed}},
 			writes:   1,
 		},
 		{
 			name: "Commissioning, Failed, Broken and Testing machines are not commissioned or renamed",
-			machines: []maastest.Machine{
-				withPassword(ours("c", vmA, maastest.StatusCommissioning), "pw"),
-				withPassword(ours("f", vmB, maastest.StatusFailedCommissioning), "pw"),
-				withPassword(ours("b", maas.VMRef{Namespace: "n", Name: "b"}, maastest.StatusBroken), "pw"),
-				withPassword(ours("t", maas.VMRef{Namespace: "n", Name: "t"}, maastest.StatusFailedTesting), "pw"),
+			machines: []maassim.Machine{
+				withPassword(ours("c", vmA, maassim.StatusCommissioning), "pw"),
+				withPassword(ours("f", vmB, maassim.StatusFailedCommissioning), "pw"),
+				withPassword(ours("b", maas.VMRef{Namespace: "n", Name: "b"}, maassim.StatusBroken), "pw"),
+				withPassword(ours("t", maas.VMRef{Namespace: "n", Name: "t"}, maassim.StatusFailedTesting), "pw"),
 			},
 			vms: map[maas.VMRef]string{vmA: "pw", vmB: "pw", {Namespace: "n", Name: "b"}: "pw", {Namespace: "n", Name: "t"}: "pw"},
 			want: map[string]want{
-				"c": {"enlisted-c", maastest.DefaultPool, "pw", maastest.StatusCommissioning},
-				"f": {"enlisted-f", maastest.DefaultPool, "pw", maastest.StatusFailedCommissioning},
-				"b": {"enlisted-b", maastest.DefaultPool, "pw", maastest.StatusBroken},
-				"t": {"enlisted-t", maastest.DefaultPool, "pw", maastest.StatusFailedTesting},
+				"c": {"enlisted-c", maassim.DefaultPool, "pw", maassim.StatusCommissioning},
+				"f": {"enlisted-f", maassim.DefaultPool, "pw", maassim.StatusFailedCommissioning},
+				"b": {"enlisted-b", maassim.DefaultPool, "pw", maassim.StatusBroken},
+				"t": {"enlisted-t", maassim.DefaultPool, "pw", maassim.StatusFailedTesting},
 			},
 			writes: 0,
 		},
 		{
 			name: "physical machine and another tool's Redfish machine are left alone",
-			machines: []maastest.Machine{
+			machines: []maassim.Machine{
 				{SystemID: "phys", Hostname: "rack1-node4", PowerType: "ipmi", PowerParameters: map[string]string{maas.PowerAddress: "10.0.0.4", maas.PowerUser: "root"}},
 				{SystemID: "other", Hostname: "other", PowerType: "redfish", PowerParameters: map[string]string{maas.PowerAddress: "https://vm-0.tenant-a.bmc.other.org"}},
 				{SystemID: "ipmi-ours", Hostname: "odd", PowerType: "ipmi", PowerParameters: map[string]string{maas.PowerAddress: maas.BMCAddress(vmA, testDomain)}},
 			},
 			vms: map[maas.VMRef]string{vmA: "pw"},
 			want: map[string]want{
-				"phys":      {"rack1-node4", maastest.DefaultPool, "", maastest.StatusNew},
-				"other":     {"other", maastest.DefaultPool, "", maastest.StatusNew},
-				"ipmi-ours": {"odd", maastest.DefaultPool, "", maastest.StatusNew},
+				"phys":      {"rack1-node4", maassim.DefaultPool, "", maassim.StatusNew},
+				"other":     {"other", maassim.DefaultPool, "", maassim.StatusNew},
+				"ipmi-ours": {"odd", maassim.DefaultPool, "", maassim.StatusNew},
 			},
 			writes: 0,
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := maastest.New(t)
+			s := maassim.New(t)
 			for _, p := range tt.pools {
 				s.WithPool(p)
 			}
@@ -296,7 +296,7 @@ func TestRules(t *testing.T) {
 }
 
 func TestRotation(t *testing.T) {
-	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
 	cluster := newFakeCluster().withVM(vmA, "first")
 	r := newReconciler(t, s, cluster)
 	reconcile(t, r)
@@ -306,11 +306,11 @@ func TestRotation(t *testing.T) {
 		cluster.setPassword(vmA, password)
 		s.ResetRequests()
 		reconcile(t, r)
-		puts := s.Count(maastest.Match{Method: http.MethodPut})
+		puts := s.Count(maassim.Match{Method: http.MethodPut})
 		if puts != 1 || writes(s) != 1 {
 			t.Fatalf("rotation to %q: %d PUTs, %d writes, want 1: %+v", password, puts, writes(s), s.Requests())
 		}
-		if m, _ := s.Machine("m1"); m.PowerParameters[maas.PowerPass] != password || m.Status != maastest.StatusReady {
+		if m, _ := s.Machine("m1"); m.PowerParameters[maas.PowerPass] != password || m.Status != maassim.StatusReady {
 			t.Fatalf("after rotation: %v status %d", m.PowerParameters, m.Status)
 		}
 	}
@@ -326,29 +326,29 @@ func TestRotation(t *testing.T) {
 func TestOutages(t *testing.T) {
 	tests := []struct {
 		name    string
-		match   maastest.Match
-		fault   maastest.Fault
+		match   maassim.Match
+		fault   maassim.Fault
 		wantErr error
 		fleet   bool // the cycle fails as a whole; else each machine does
 	}{
-		{"machine list 503", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultServerError, maas.ErrUnavailable, true},
-		{"machine list connection drop", maastest.Match{Method: "GET", Path: "machines/", Op: ""}, maastest.FaultDropConnection, maas.ErrUnavailable, true},
-		{"bulk power parameters malformed", maastest.Match{Op: "power_parameters"}, maastest.FaultMalformedJSON, maas.ErrUnavailable, true},
-		{"pool list 503", maastest.Match{Method: "GET", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable, false},
-		{"pool creation 503", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultServerError, maas.ErrUnavailable, false},
-		{"pool creation 409", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultConflict, maas.ErrInvalidArgument, false},
-		{"pool created but answer lost", maastest.Match{Method: "POST", Path: "resourcepools/"}, maastest.FaultDropResponse, maas.ErrUnavailable, false},
-		{"machine update 503", maastest.Match{Method: "PUT"}, maastest.FaultServerError, maas.ErrUnavailable, false},
-		{"machine update 409", maastest.Match{Method: "PUT"}, maastest.FaultConflict, maas.ErrConflict, false},
-		{"commission 409", maastest.Match{Op: "commission"}, maastest.FaultConflict, maas.ErrConflict, false},
-		{"commission malformed reply", maastest.Match{Op: "commission"}, maastest.FaultMalformedJSON, maas.ErrUnavailable, false},
-		{"commissioned but answer lost", maastest.Match{Op: "commission"}, maastest.FaultDropResponse, maas.ErrUnavailable, false},
+		{"machine list 503", maassim.Match{Method: "GET", Path: "machines/", Op: ""}, maassim.FaultServerError, maas.ErrUnavailable, true},
+		{"machine list connection drop", maassim.Match{Method: "GET", Path: "machines/", Op: ""}, maassim.FaultDropConnection, maas.ErrUnavailable, true},
+		{"bulk power parameters malformed", maassim.Match{Op: "power_parameters"}, maassim.FaultMalformedJSON, maas.ErrUnavailable, true},
+		{"pool list 503", maassim.Match{Method: "GET", Path: "resourcepools/"}, maassim.FaultServerError, maas.ErrUnavailable, false},
+		{"pool creation 503", maassim.Match{Method: "POST", Path: "resourcepools/"}, maassim.FaultServerError, maas.ErrUnavailable, false},
+		{"pool creation 409", maassim.Match{Method: "POST", Path: "resourcepools/"}, maassim.FaultConflict, maas.ErrInvalidArgument, false},
+		{"pool created but answer lost", maassim.Match{Method: "POST", Path: "resourcepools/"}, maassim.FaultDropResponse, maas.ErrUnavailable, false},
+		{"machine update 503", maassim.Match{Method: "PUT"}, maassim.FaultServerError, maas.ErrUnavailable, false},
+		{"machine update 409", maassim.Match{Method: "PUT"}, maassim.FaultConflict, maas.ErrConflict, false},
+		{"commission 409", maassim.Match{Op: "commission"}, maassim.FaultConflict, maas.ErrConflict, false},
+		{"commission malformed reply", maassim.Match{Op: "commission"}, maassim.FaultMalformedJSON, maas.ErrUnavailable, false},
+		{"commissioned but answer lost", maassim.Match{Op: "commission"}, maassim.FaultDropResponse, maas.ErrUnavailable, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := maastest.New(t).
-				WithMachine(ours("m1", vmA, maastest.StatusNew)).
-				WithMachine(ours("m2", vmB, maastest.StatusNew))
+			s := maassim.New(t).
+				WithMachine(ours("m1", vmA, maassim.StatusNew)).
+				WithMachine(ours("m2", vmB, maassim.StatusNew))
 			cluster := newFakeCluster().withVM(vmA, "pa").withVM(vmB, "pb")
 			r := newReconciler(t, s, cluster)
 
@@ -374,12 +374,12 @@ func TestOutages(t *testing.T) {
 				t.Fatalf("third cycle: failures %v, writes %d", result.Failures, writes(s))
 			}
 
-			if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a", "tenant-b"}) {
+			if got := s.Pools(); !slices.Equal(got, []string{maassim.DefaultPool, "tenant-a", "tenant-b"}) {
 				t.Errorf("pools = %v, want each namespace once", got)
 			}
 			for id, vm := range map[string]maas.VMRef{"m1": vmA, "m2": vmB} {
 				m, _ := s.Machine(id)
-				if m.Status != maastest.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.Pool != vm.Namespace {
+				if m.Status != maassim.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.Pool != vm.Namespace {
 					t.Errorf("%s = status %d hostname %q pool %q", id, m.Status, m.Hostname, m.Pool)
 				}
 				if st, c := cluster.status(vm); st.StatusName != "Commissioning" || c.Reason != maas.ReasonBound {
@@ -393,10 +393,10 @@ func TestOutages(t *testing.T) {
 // TestOutagesNeverCommissionTwice counts, over several cycles, the
 // commissions MaaS carried out when the first commission request failed.
 func TestOutagesNeverCommissionTwice(t *testing.T) {
-	for _, fault := range []maastest.Fault{maastest.FaultDropResponse, maastest.FaultConflict, maastest.FaultServerError} {
-		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	for _, fault := range []maassim.Fault{maassim.FaultDropResponse, maassim.FaultConflict, maassim.FaultServerError} {
+		s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
 		r := newReconciler(t, s, newFakeCluster().withVM(vmA, "pw"))
-		s.FailMatching(maastest.Match{Op: "commission"}, 1, fault)
+		s.FailMatching(maassim.Match{Op: "commission"}, 1, fault)
 		for range 3 {
 			_, _ = r.Reconcile(context.Background())
 		}
@@ -409,24 +409,24 @@ func TestOutagesNeverCommissionTwice(t *testing.T) {
 func TestPoolCreatedConcurrently(t *testing.T) {
 	// Someone else creates the pool between our list and our create: MaaS
 	// refuses the duplicate and the machine still moves into the pool.
-	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
 	r := newReconciler(t, s, newFakeCluster().withVM(vmA, "pw"))
 	r.MaaS = newRacingClient(t, s, func() { s.WithPool("tenant-a") })
 	if _, err := r.Reconcile(context.Background()); err != nil {
 		t.Fatalf("Reconcile: %v", err)
 	}
-	if got := s.Pools(); !slices.Equal(got, []string{maastest.DefaultPool, "tenant-a"}) {
+	if got := s.Pools(); !slices.Equal(got, []string{maassim.DefaultPool, "tenant-a"}) {
 		t.Errorf("pools = %v", got)
 	}
-	if m, _ := s.Machine("m1"); m.Pool != "tenant-a" || m.Status != maastest.StatusCommissioning {
+	if m, _ := s.Machine("m1"); m.Pool != "tenant-a" || m.Status != maassim.StatusCommissioning {
 		t.Errorf("machine = %+v", m)
 	}
 }
 
 // newRacingClient is a client that runs race just before it sends the first
 // pool creation.
-func newRacingClient(t *testing.T, s *maastest.Server, race func()) *maas.Client {
-	key, _ := maas.ParseAPIKey(maastest.APIKey)
+func newRacingClient(t *testing.T, s *maassim.Server, race func()) *maas.Client {
+	key, _ := maas.ParseAPIKey(maassim.APIKey)
 	raced := false
 	transport := roundTripFunc(func(req *http.Request) (*http.Response, error) {
 		if req.Method == http.MethodPost && strings.HasSuffix(req.URL.Path, "/resourcepools/") && !raced {
@@ -448,7 +448,7 @@ func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { re
 
 func TestClusterFailures(t *testing.T) {
 	t.Run("enrolled VMs unreadable: the cycle fails, MaaS untouched", func(t *testing.T) {
-		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
+		s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
 		cluster := newFakeCluster().withVM(vmA, "pw")
 		cluster.enrolledErr = maas.ErrUnavailable
 		r := newReconciler(t, s, cluster)
@@ -460,7 +460,7 @@ func TestClusterFailures(t *testing.T) {
 		}
 	})
 	t.Run("status write fails in one namespace: the others converge, retried next cycle", func(t *testing.T) {
-		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
+		s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew)).WithMachine(ours("m2", vmB, maassim.StatusNew))
 		cluster := newFakeCluster().withVM(vmA, "pa").withVM(vmB, "pb")
 		cluster.reportErr[vmA.Namespace] = maas.ErrForbidden
 		r := newReconciler(t, s, cluster)
@@ -469,7 +469,7 @@ func TestClusterFailures(t *testing.T) {
 			t.Fatalf("failures = %v, want vm A's status write only", result.Failures)
 		}
 		for _, id := range []string{"m1", "m2"} {
-			if m, _ := s.Machine(id); m.Status != maastest.StatusCommissioning {
+			if m, _ := s.Machine(id); m.Status != maassim.StatusCommissioning {
 				t.Errorf("%s status = %d, want commissioned", id, m.Status)
 			}
 		}
@@ -483,17 +483,17 @@ func TestClusterFailures(t *testing.T) {
 		}
 	})
 	t.Run("one VM's Secret missing: that machine only, named but not commissioned", func(t *testing.T) {
-		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
+		s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew)).WithMachine(ours("m2", vmB, maassim.StatusNew))
 		cluster := newFakeCluster().withVM(vmA, "").withVM(vmB, "pb")
 		r := newReconciler(t, s, cluster)
 		result := reconcile(t, r)
 		if len(result.Failures) != 1 || result.Failures[0].SystemID != "m1" || !errors.Is(result.Failures[0], maas.ErrNotFound) {
 			t.Fatalf("failures = %v", result.Failures)
 		}
-		if m, _ := s.Machine("m1"); m.Status != maastest.StatusNew || m.PowerParameters[maas.PowerPass] != "" || m.Pool != "tenant-a" {
+		if m, _ := s.Machine("m1"); m.Status != maassim.StatusNew || m.PowerParameters[maas.PowerPass] != "" || m.Pool != "tenant-a" {
 			t.Errorf("m1 = %+v", m)
 		}
-		if m, _ := s.Machine("m2"); m.Status != maastest.StatusCommissioning {
+		if m, _ := s.Machine("m2"); m.Status != maassim.StatusCommissioning {
 			t.Errorf("m2 status = %d", m.Status)
 		}
 		if _, c := cluster.status(vmA); c.Reason != maas.ReasonFailing || !strings.Contains(c.Message, "credentials Secret") {
@@ -501,7 +501,7 @@ func TestClusterFailures(t *testing.T) {
 		}
 	})
 	t.Run("VM not enrolled: machine left alone, nothing reported", func(t *testing.T) {
-		s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusReady))
+		s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusReady))
 		cluster := newFakeCluster()
 		r := newReconciler(t, s, cluster)
 		result := reconcile(t, r)
@@ -512,9 +512,9 @@ func TestClusterFailures(t *testing.T) {
 }
 
 func TestDryRun(t *testing.T) {
-	s := maastest.New(t).
-		WithMachine(ours("m1", vmA, maastest.StatusNew)).
-		WithMachine(withPasswordOnly(ours("m2", vmB, maastest.StatusDeployed), "old"))
+	s := maassim.New(t).
+		WithMachine(ours("m1", vmA, maassim.StatusNew)).
+		WithMachine(withPasswordOnly(ours("m2", vmB, maassim.StatusDeployed), "old"))
 	cluster := newFakeCluster().withVM(vmA, "topsecret-a").withVM(vmB, "topsecret-b")
 	var out bytes.Buffer
 	r := newReconciler(t, s, cluster)
@@ -548,7 +548,7 @@ func TestDryRun(t *testing.T) {
 	}
 }
 
-func withPasswordOnly(m maastest.Machine, password string) maastest.Machine {
+func withPasswordOnly(m maassim.Machine, password string) maassim.Machine {
 	m.PowerParameters[maas.PowerUser] = "admin"
 	m.PowerParameters[maas.PowerPass] = password
 	return m
@@ -576,14 +576,14 @@ func TestRetryDelay(t *testing.T) {
 }
 
 func TestRunRecoversFromOutage(t *testing.T) {
-	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew))
-	s.FailMatching(maastest.Match{Method: "GET", Path: "machines/", Op: ""}, 3, maastest.FaultServerError)
+	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
+	s.FailMatching(maassim.Match{Method: "GET", Path: "machines/", Op: ""}, 3, maassim.FaultServerError)
 	r := newReconciler(t, s, newFakeCluster().withVM(vmA, "pw"))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	done := make(chan error)
 	go func() { done <- r.Run(ctx, time.Millisecond, 4*time.Millisecond) }()
-	poll.True(t, "the machine commissioned", func() bool { m, _ := s.Machine("m1"); return m.Status == maastest.StatusCommissioning })
+	poll.True(t, "the machine commissioned", func() bool { m, _ := s.Machine("m1"); return m.Status == maassim.StatusCommissioning })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)

@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // clock is a settable Now for the reconciler.
@@ -26,7 +26,7 @@ func (c *clock) advance(d time.Duration) { c.now = c.now.Add(d) }
 // VM's status; a change of the machine's status ends the wait; and once
 // MaaS has an image the machine is commissioned and the problem is gone.
 func TestCommissionRefusedBacksOff(t *testing.T) {
-	s := maastest.New(t).WithoutBootImages(true).WithMachine(ours("m1", vmA, maastest.StatusNew))
+	s := maassim.New(t).WithoutBootImages(true).WithMachine(ours("m1", vmA, maassim.StatusNew))
 	cluster := newFakeCluster().withVM(vmA, "pw")
 	c := &clock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	r := newReconciler(t, s, cluster)
@@ -36,7 +36,7 @@ func TestCommissionRefusedBacksOff(t *testing.T) {
 		t.Helper()
 		st, cond := cluster.status(vmA)
 		if len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonCommissionRefused || st.Problems[0].RetryAfter == nil ||
-			!strings.Contains(st.Problems[0].Message, maastest.NoImageError) {
+			!strings.Contains(st.Problems[0].Message, maassim.NoImageError) {
 			t.Fatalf("problems = %+v, want one CommissionRefused with MaaS's words", st.Problems)
 		}
 		if cond.Reason != maas.ReasonCommissionRefused || cond.Status != metav1.ConditionFalse {
@@ -60,7 +60,7 @@ func TestCommissionRefusedBacksOff(t *testing.T) {
 		t.Run(fmt.Sprintf("attempt %d", i+1), func(t *testing.T) {
 			c.now = start.Add(step.at)
 			result := reconcile(t, r)
-			if n := s.Count(maastest.Match{Op: "commission"}); n != i+1 {
+			if n := s.Count(maassim.Match{Op: "commission"}); n != i+1 {
 				t.Fatalf("%d commission requests, want %d", n, i+1)
 			}
 			cycles, retryAfter := refusal(t)
@@ -78,7 +78,7 @@ func TestCommissionRefusedBacksOff(t *testing.T) {
 			reports := cluster.reportCalls
 			c.advance(step.wait - time.Second)
 			result = reconcile(t, r)
-			if n := s.Count(maastest.Match{Op: "commission"}); n != i+1 {
+			if n := s.Count(maassim.Match{Op: "commission"}); n != i+1 {
 				t.Errorf("commissioned within the wait: %d requests", n)
 			}
 			if cluster.reportCalls != reports {
@@ -92,18 +92,18 @@ func TestCommissionRefusedBacksOff(t *testing.T) {
 
 	t.Run("a change of status ends the wait", func(t *testing.T) {
 		_, retryAfter := refusal(t)
-		s.Update("m1", func(m *maastest.Machine) { m.Status = maastest.StatusBroken })
+		s.Update("m1", func(m *maassim.Machine) { m.Status = maassim.StatusBroken })
 		reconcile(t, r)
 		if st, _ := cluster.status(vmA); len(st.Problems) != 0 || st.StatusName != "Broken" {
 			t.Errorf("a Broken machine is not refused a commission: %+v", st)
 		}
-		s.Update("m1", func(m *maastest.Machine) { m.Status = maastest.StatusNew })
-		before := s.Count(maastest.Match{Op: "commission"})
+		s.Update("m1", func(m *maassim.Machine) { m.Status = maassim.StatusNew })
+		before := s.Count(maassim.Match{Op: "commission"})
 		if !c.now.Before(retryAfter) {
 			t.Fatal("test set-up: the old wait has ended anyway")
 		}
 		reconcile(t, r)
-		if s.Count(maastest.Match{Op: "commission"}) != before+1 {
+		if s.Count(maassim.Match{Op: "commission"}) != before+1 {
 			t.Error("New again, the machine waited out the old refusal")
 		}
 		if cycles, _ := refusal(t); cycles != 1 {
@@ -130,9 +130,9 @@ func TestCommissionRefusedBacksOff(t *testing.T) {
 // commission and another machine claims the VM: the status lists both
 // problems, the condition names both, and each gets its Warning Event.
 func TestRefusalDoesNotHideDuplicateClaim(t *testing.T) {
-	claimant := ours("z-other", vmA, maastest.StatusReady)
+	claimant := ours("z-other", vmA, maassim.StatusReady)
 	claimant.HardwareUUID, claimant.MACs = "", []string{"02:ff:00:00:00:09"}
-	s := maastest.New(t).WithoutBootImages(true).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(claimant)
+	s := maassim.New(t).WithoutBootImages(true).WithMachine(ours("m1", vmA, maassim.StatusNew)).WithMachine(claimant)
 	cluster := newFakeCluster().withVM(vmA, "pw")
 	c := &clock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	r := newReconciler(t, s, cluster)
@@ -147,7 +147,7 @@ func TestRefusalDoesNotHideDuplicateClaim(t *testing.T) {
 	if !slices.Equal(reasons, []string{maas.ReasonCommissionRefused, maas.ReasonDuplicateClaim}) {
 		t.Fatalf("problems %+v, want CommissionRefused then DuplicateClaim", st.Problems)
 	}
-	if cond.Reason != maas.ReasonCommissionRefused || !strings.Contains(cond.Message, maastest.NoImageError) || !strings.Contains(cond.Message, "z-other") {
+	if cond.Reason != maas.ReasonCommissionRefused || !strings.Contains(cond.Message, maassim.NoImageError) || !strings.Contains(cond.Message, "z-other") {
 		t.Errorf("condition %+v hides a problem", cond)
 	}
 	var events []string
@@ -182,27 +182,27 @@ func TestRefusalDoesNotHideDuplicateClaim(t *testing.T) {
 // cycle is counted every cycle (no wait: a region upgrade may take it any
 // time), and the other VM's machine converges all the same.
 func TestAddressRejectedRecurs(t *testing.T) {
-	s := maastest.New(t).WithMachine(ours("m1", vmA, maastest.StatusNew)).WithMachine(ours("m2", vmB, maastest.StatusNew))
-	s.FailMatching(maastest.Match{Method: "PUT", Path: "machines/m1/"}, -1, maastest.FaultAddressRejected)
+	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew)).WithMachine(ours("m2", vmB, maassim.StatusNew))
+	s.FailMatching(maassim.Match{Method: "PUT", Path: "machines/m1/"}, -1, maassim.FaultAddressRejected)
 	cluster := newFakeCluster().withVM(vmA, "pw-a").withVM(vmB, "pw-b")
 	r := newReconciler(t, s, cluster)
 	for cycle := int32(1); cycle <= 3; cycle++ {
 		result := reconcile(t, r)
 		st, cond := cluster.status(vmA)
 		if len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonAddressRejected || st.Problems[0].Cycles != cycle ||
-			cond.Reason != maas.ReasonAddressRejected || !strings.Contains(cond.Message, maastest.Shape34AddressError) {
+			cond.Reason != maas.ReasonAddressRejected || !strings.Contains(cond.Message, maassim.Shape34AddressError) {
 			t.Fatalf("cycle %d: problems %+v, condition %+v", cycle, st.Problems, cond)
 		}
 		if got := result.Recurring(3); (len(got) == 1) != (cycle == 3) {
 			t.Errorf("cycle %d: Recurring(3) = %v", cycle, got)
 		}
 	}
-	if m, _ := s.Machine("m2"); m.Status != maastest.StatusCommissioning || m.PowerParameters[maas.PowerPass] != "pw-b" {
+	if m, _ := s.Machine("m2"); m.Status != maassim.StatusCommissioning || m.PowerParameters[maas.PowerPass] != "pw-b" {
 		t.Errorf("the other VM's machine did not converge: %+v", m)
 	}
 	// Another kind of failure starts its own count.
 	s.ClearFaults()
-	s.FailMatching(maastest.Match{Method: "PUT", Path: "machines/m1/"}, -1, maastest.FaultConflict)
+	s.FailMatching(maassim.Match{Method: "PUT", Path: "machines/m1/"}, -1, maassim.FaultConflict)
 	reconcile(t, r)
 	if st, _ := cluster.status(vmA); len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonFailing || st.Problems[0].Cycles != 1 {
 		t.Errorf("problems %+v, want Failing counted from 1", st.Problems)
@@ -222,15 +222,15 @@ func TestShapes(t *testing.T) {
 		"port only":   func(host string) string { return host + ":443" },
 		"upper case":  func(host string) string { return "https://" + strings.ToUpper(host) },
 	}
-	for _, shape := range maastest.Shapes {
+	for _, shape := range maassim.Shapes {
 		t.Run(string(shape), func(t *testing.T) {
-			s := maastest.New(t).WithShape(shape)
+			s := maassim.New(t).WithShape(shape)
 			cluster := newFakeCluster()
 			var names []string
 			vms := map[string]maas.VMRef{}
 			for i, name := range slices.Sorted(maps.Keys(forms)) {
 				vm := maas.VMRef{Namespace: "tenant-" + string(rune('a'+i)), Name: "vm"}
-				m := ours(fmt.Sprintf("m%d", i), vm, maastest.StatusNew)
+				m := ours(fmt.Sprintf("m%d", i), vm, maassim.StatusNew)
 				m.PowerParameters[maas.PowerAddress] = forms[name](maas.BMCAddress(vm, testDomain))
 				s.WithMachine(m) // stored as an older region or script left it
 				cluster.withVM(vm, "pw-"+name)
@@ -246,7 +246,7 @@ func TestShapes(t *testing.T) {
 			}
 			for systemID, vm := range vms {
 				m, _ := s.Machine(systemID)
-				if m.Status != maastest.StatusReady || m.Hostname != maas.Hostname(vm) || m.Pool != vm.Namespace ||
+				if m.Status != maassim.StatusReady || m.Hostname != maas.Hostname(vm) || m.Pool != vm.Namespace ||
 					m.PowerParameters[maas.PowerAddress] != maas.BMCAddress(vm, testDomain) || m.PowerParameters[maas.PowerPass] == "" {
 					t.Errorf("%s (%s): %+v", systemID, vm, m)
 				}

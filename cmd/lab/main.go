@@ -21,7 +21,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 func main() {
@@ -104,7 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // printAccess tells how to drive the lab's BMCs and MaaS by hand.
 func printAccess(out io.Writer, l *lab.Lab) {
-	fmt.Fprintf(out, "MaaS API: %s (API key %s)\n", l.MaaS.URL(), maastest.APIKey)
+	fmt.Fprintf(out, "MaaS API: %s (API key %s)\n", l.MaaS.URL(), maassim.APIKey)
 	for _, m := range l.MaaS.Machines() {
 		fmt.Fprintf(out, "  machine %s %-20s status %d, pool %s, power %s %s\n", m.SystemID, m.Hostname, m.Status, m.Pool, m.PowerType, m.PowerParameters["power_address"])
 	}

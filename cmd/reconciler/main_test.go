@@ -31,7 +31,7 @@ import (
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 func env(vars map[string]string) func(string) string {
@@ -209,29 +209,29 @@ func maasStatus(t *testing.T, vm maas.VMRef) *v1beta1.MaaSStatus {
 func kube() (maas.Cluster, error) { return maas.NewKubeCluster(kubeEnv.Config) }
 
 // machineOf is vm's machine as it enlists: its BMC address and hardware.
-func machineOf(systemID string, vm maas.VMRef) maastest.Machine {
-	return maastest.Machine{
+func machineOf(systemID string, vm maas.VMRef) maassim.Machine {
+	return maassim.Machine{
 		SystemID: systemID, Hostname: "enlisted-" + systemID, PowerType: "redfish",
 		HardwareUUID: testUUID, MACs: []string{testMAC},
 		PowerParameters: map[string]string{"power_address": maas.BMCAddress(vm, "bmc.example.org"), "node_id": vm.Name},
 	}
 }
 
-func args(s *maastest.Server, extra ...string) []string {
+func args(s *maassim.Server, extra ...string) []string {
 	return append([]string{"--maas-url", s.URL(), "--domain", "bmc.example.org"}, extra...)
 }
 
-var keyEnv = env(map[string]string{"MAAS_API_KEY": maastest.APIKey})
+var keyEnv = env(map[string]string{"MAAS_API_KEY": maassim.APIKey})
 
 func TestRunOnce(t *testing.T) {
 	vm := enrolledVM(t)
-	s := maastest.New(t).WithMachine(machineOf("m1", vm))
+	s := maassim.New(t).WithMachine(machineOf("m1", vm))
 	var stderr bytes.Buffer
 	if err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, &stderr, kube); err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
 	m, _ := s.Machine("m1")
-	if m.Status != maastest.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.PowerParameters["power_pass"] != "pw" {
+	if m.Status != maassim.StatusCommissioning || m.Hostname != maas.Hostname(vm) || m.PowerParameters["power_pass"] != "pw" {
 		t.Errorf("machine = %+v", m)
 	}
 	if st := maasStatus(t, vm); st == nil || st.SystemID != "m1" || st.StatusName != "Commissioning" {
@@ -247,8 +247,8 @@ func TestRunOnce(t *testing.T) {
 
 func TestRunOnceFailsWhenMaaSDoes(t *testing.T) {
 	vm := enrolledVM(t)
-	s := maastest.New(t).WithMachine(machineOf("m1", vm))
-	s.FailMatching(maastest.Match{}, -1, maastest.FaultServerError)
+	s := maassim.New(t).WithMachine(machineOf("m1", vm))
+	s.FailMatching(maassim.Match{}, -1, maassim.FaultServerError)
 	err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, io.Discard, kube)
 	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
@@ -259,7 +259,7 @@ func TestRunOnceFailsWhenMaaSDoes(t *testing.T) {
 // VirtualMachineBMCs fails the whole run.
 func TestRunOnceFailsWhenKubernetesDoes(t *testing.T) {
 	vm := enrolledVM(t)
-	s := maastest.New(t).WithMachine(machineOf("m1", vm))
+	s := maassim.New(t).WithMachine(machineOf("m1", vm))
 	cfg, err := kubeEnv.ConfigFor("nobody")
 	if err != nil {
 		t.Fatal(err)
@@ -268,7 +268,7 @@ func TestRunOnceFailsWhenKubernetesDoes(t *testing.T) {
 	if err := run(context.Background(), args(s, "--once"), keyEnv, io.Discard, io.Discard, nobody); !errors.Is(err, maas.ErrForbidden) {
 		t.Fatalf("err = %v, want ErrForbidden", err)
 	}
-	if m, _ := s.Machine("m1"); m.PowerParameters["power_pass"] != "" || m.Status != maastest.StatusNew {
+	if m, _ := s.Machine("m1"); m.PowerParameters["power_pass"] != "" || m.Status != maassim.StatusNew {
 		t.Errorf("machine changed without knowing the VMs: %+v", m)
 	}
 }
@@ -279,7 +279,7 @@ func TestRunOnceReportsMachineFailures(t *testing.T) {
 	good, bad := enrolledVM(t), enrolledVM(t)
 	badMachine := machineOf("m-bad", bad)
 	badMachine.MACs, badMachine.HardwareUUID = []string{"02:00:00:00:00:02"}, ""
-	s := maastest.New(t).WithMachine(machineOf("m-good", good)).WithMachine(badMachine)
+	s := maassim.New(t).WithMachine(machineOf("m-good", good)).WithMachine(badMachine)
 	// The bad VM's machine is proven by MAC; MaaS refuses its changes.
 	var vm kubevirtv1.VirtualMachine
 	ctx := context.Background()
@@ -290,7 +290,7 @@ func TestRunOnceReportsMachineFailures(t *testing.T) {
 	if err := kubeEnv.Client.Update(ctx, &vm); err != nil {
 		t.Fatal(err)
 	}
-	s.FailMatching(maastest.Match{Path: "machines/m-bad/"}, -1, maastest.FaultConflict)
+	s.FailMatching(maassim.Match{Path: "machines/m-bad/"}, -1, maassim.FaultConflict)
 	var stderr bytes.Buffer
 	if err := run(ctx, args(s, "--once"), keyEnv, io.Discard, &stderr, kube); err != nil {
 		t.Fatalf("run failed for one machine's fault: %v", err)
@@ -298,7 +298,7 @@ func TestRunOnceReportsMachineFailures(t *testing.T) {
 	if !strings.Contains(stderr.String(), "reconciler: failed: machine m-bad") {
 		t.Errorf("failure not reported:\n%s", stderr.String())
 	}
-	if m, _ := s.Machine("m-good"); m.Status != maastest.StatusCommissioning {
+	if m, _ := s.Machine("m-good"); m.Status != maassim.StatusCommissioning {
 		t.Errorf("good machine = %+v", m)
 	}
 }
@@ -309,8 +309,8 @@ func TestRunOnceReportsMachineFailures(t *testing.T) {
 // work.
 func TestRunOnceFailsWhenAProblemRecurs(t *testing.T) {
 	good, bad := enrolledVM(t), enrolledVM(t)
-	s := maastest.New(t).WithMachine(machineOf("m-good", good)).WithMachine(machineOf("m-bad", bad))
-	s.FailMatching(maastest.Match{Method: "PUT", Path: "machines/m-bad/"}, -1, maastest.FaultAddressRejected)
+	s := maassim.New(t).WithMachine(machineOf("m-good", good)).WithMachine(machineOf("m-bad", bad))
+	s.FailMatching(maassim.Match{Method: "PUT", Path: "machines/m-bad/"}, -1, maassim.FaultAddressRejected)
 	ctx := context.Background()
 	for runNo := 1; runNo <= 3; runNo++ {
 		var stderr bytes.Buffer
@@ -325,7 +325,7 @@ func TestRunOnceFailsWhenAProblemRecurs(t *testing.T) {
 		if st == nil || len(st.Problems) != 1 || st.Problems[0].Reason != maas.ReasonAddressRejected || st.Problems[0].Cycles != int32(runNo) {
 			t.Fatalf("run %d: bad VM's status.maas = %+v", runNo, st)
 		}
-		if m, _ := s.Machine("m-good"); m.Status != maastest.StatusCommissioning || m.PowerParameters["power_pass"] != "pw" {
+		if m, _ := s.Machine("m-good"); m.Status != maassim.StatusCommissioning || m.PowerParameters["power_pass"] != "pw" {
 			t.Errorf("run %d: the good VM's machine = %+v", runNo, m)
 		}
 	}
@@ -338,14 +338,14 @@ func TestRunOnceFailsWhenAProblemRecurs(t *testing.T) {
 // commission spans the CronJob's runs.
 func TestRunOnceWaitsOutARefusedCommission(t *testing.T) {
 	vm := enrolledVM(t)
-	s := maastest.New(t).WithoutBootImages(true).WithMachine(machineOf("m1", vm))
+	s := maassim.New(t).WithoutBootImages(true).WithMachine(machineOf("m1", vm))
 	ctx := context.Background()
 	for range 2 {
 		if err := run(ctx, args(s, "--once", "--commission-backoff", "1h", "--max-commission-backoff", "2h"), keyEnv, io.Discard, io.Discard, kube); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := s.Count(maastest.Match{Op: "commission"}); n != 1 {
+	if n := s.Count(maassim.Match{Op: "commission"}); n != 1 {
 		t.Errorf("%d commission requests in two runs, want 1 (the second run waits)", n)
 	}
 	st := maasStatus(t, vm)
@@ -357,7 +357,7 @@ func TestRunOnceWaitsOutARefusedCommission(t *testing.T) {
 
 func TestRunDryRun(t *testing.T) {
 	vm := enrolledVM(t)
-	s := maastest.New(t).WithMachine(machineOf("m1", vm))
+	s := maassim.New(t).WithMachine(machineOf("m1", vm))
 	var stdout bytes.Buffer
 	if err := run(context.Background(), args(s, "--once", "--dry-run"), keyEnv, &stdout, io.Discard, kube); err != nil {
 		t.Fatal(err)
@@ -378,7 +378,7 @@ func TestRunDryRun(t *testing.T) {
 // TestRunLoopServesMetrics: in loop mode --metrics-listen serves the
 // reconciler's metrics, and they count the cycles run.
 func TestRunLoopServesMetrics(t *testing.T) {
-	s := maastest.New(t).WithMachine(machineOf("m1", enrolledVM(t)))
+	s := maassim.New(t).WithMachine(machineOf("m1", enrolledVM(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stdout, printed := io.Pipe()
@@ -422,11 +422,11 @@ func TestRunLoopServesMetrics(t *testing.T) {
 }
 
 func TestRunLoopUntilCanceled(t *testing.T) {
-	s := maastest.New(t).WithMachine(machineOf("m1", enrolledVM(t)))
+	s := maassim.New(t).WithMachine(machineOf("m1", enrolledVM(t)))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- run(ctx, args(s, "--interval", "5ms"), keyEnv, io.Discard, io.Discard, kube) }()
-	poll.True(t, "three cycles of the loop", func() bool { return s.Count(maastest.Match{Method: "GET", Path: "machines/", Op: ""}) >= 3 })
+	poll.True(t, "three cycles of the loop", func() bool { return s.Count(maassim.Match{Method: "GET", Path: "machines/", Op: ""}) >= 3 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)

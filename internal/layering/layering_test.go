@@ -4,7 +4,9 @@
 // out of the protocols and the backend contract,
 // bmc-server, one process per VM (or per namespace), links none of the
 // Kubernetes machinery it does not use, and its command is wiring only:
-// internal/bmcserver assembles the protocols and backends.
+// internal/bmcserver assembles the protocols and backends. The simulators
+// and the lab that runs them link no "testing": they are programs' code,
+// not tests'.
 package layering
 
 import (
@@ -40,6 +42,8 @@ func TestImportRules(t *testing.T) {
 			"a BMC pod per VM: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
 		{"internal/bmcserver", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
 			"it is what every BMC pod runs: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
+		{"sim/...", []string{"testing"}, "simulators are importable by the lab, a program; a test helper takes the test's T as an interface"},
+		{"cmd/lab", []string{"testing"}, "the lab is a program: it starts the simulators with their own constructors, not a test's helpers"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.pkg, func(t *testing.T) {

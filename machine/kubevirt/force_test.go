@@ -15,7 +15,7 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // newVirtAPI puts a virt-api stand-in in front of the package's API server

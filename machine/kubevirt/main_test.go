@@ -14,7 +14,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // One API server and one simulated virt-controller for the package.

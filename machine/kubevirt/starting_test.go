@@ -13,7 +13,7 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // TestOverrideWhileStarting plays MaaS's power-on sequence against a VM

@@ -19,7 +19,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
-	"github.com/virtmetal/virtmetal/machine/kubevirt/virtsim"
+	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // Cluster is one API server and one simulated virt-controller, shared by a

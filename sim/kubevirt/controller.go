@@ -1,11 +1,17 @@
-// Package virtsim is a stand-in for KubeVirt's virt-controller in tests: it
-// watches VirtualMachines and acts on their runStrategy the way KubeVirt
-// does. It creates and deletes VMIs, moves the VM's printableStatus through
-// Starting, Running, Stopping and Stopped and the VMI's phase from Pending
-// to Running, persists a firmware UUID, and records the device every guest
-// boots from: its VMI's lowest bootOrder, when the VMI reaches Running.
-// VirtAPI stands in for virt-api's stop and restart subresources.
-package virtsim
+// Package kubevirt simulates KubeVirt's control plane, which cannot run
+// here (envtest serves KubeVirt's CRDs, nothing acts on them). Simulator
+// stands in for virt-controller: it watches VirtualMachines and acts on
+// their runStrategy the way KubeVirt does. It creates and deletes VMIs,
+// moves the VM's printableStatus through Starting, Running, Stopping and
+// Stopped and the VMI's phase from Pending to Running, persists a firmware
+// UUID, and records the device every guest boots from (sim/guest's
+// BootDevice) when its VMI reaches Running. VirtAPI stands in for virt-api's
+// stop and restart subresources. Not modelled: virt-handler and
+// virt-launcher (no pods, no domain), status conditions, migration, pause,
+// snapshots, DataVolumes, virt-api's other subresources (start, console,
+// VNC), and the guest itself (sim/guest). Importers name it virtsim, as
+// machine/kubevirt is the real backend.
+package kubevirt
 
 import (
 	"context"
@@ -30,6 +36,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/kubescheme"
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/sim/guest"
 )
 
 // shutdownFinalizer keeps a deleted VMI visible while it "shuts down", as
@@ -56,7 +63,7 @@ type Options struct {
 	Logger  logr.Logger
 }
 
-// Simulator is the fake virt-controller.
+// Simulator is the simulated virt-controller.
 type Simulator struct {
 	mgr  ctrl.Manager
 	api  client.Client // reads bypass the cache: the sim must see the template as of now
@@ -166,7 +173,7 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 			// The guest boots now, from the VMI's own bootOrder.
 			key := client.ObjectKeyFromObject(vm)
 			s.mu.Lock()
-			s.boots[key] = append(s.boots[key], BootDevice(&vmi.Spec))
+			s.boots[key] = append(s.boots[key], guest.BootDevice(&vmi.Spec))
 			s.mu.Unlock()
 			status = kubevirtv1.VirtualMachineStatusRunning
 		}
@@ -237,36 +244,4 @@ func (s *Simulator) setStatus(ctx context.Context, vm *kubevirtv1.VirtualMachine
 	vm.Status.Ready = ready
 	vm.Status.Created = status != kubevirtv1.VirtualMachineStatusStopped
 	return s.api.Status().Update(ctx, vm)
-}
-
-// BootDevice is what the "hardware" boots: the device with the lowest
-// bootOrder; without any, the first disk; without disks, the network.
-func BootDevice(spec *kubevirtv1.VirtualMachineInstanceSpec) machine.BootTarget {
-	var lowest *uint
-	target := machine.BootTarget("")
-	for _, d := range spec.Domain.Devices.Disks {
-		if d.BootOrder != nil && (lowest == nil || *d.BootOrder < *lowest) {
-			lowest, target = d.BootOrder, diskKind(d)
-		}
-	}
-	for _, n := range spec.Domain.Devices.Interfaces {
-		if n.BootOrder != nil && (lowest == nil || *n.BootOrder < *lowest) {
-			lowest, target = n.BootOrder, machine.BootPxe
-		}
-	}
-	switch {
-	case target != "":
-		return target
-	case len(spec.Domain.Devices.Disks) > 0:
-		return diskKind(spec.Domain.Devices.Disks[0])
-	default:
-		return machine.BootPxe
-	}
-}
-
-func diskKind(d kubevirtv1.Disk) machine.BootTarget {
-	if d.CDRom != nil {
-		return machine.BootCd
-	}
-	return machine.BootHdd
 }

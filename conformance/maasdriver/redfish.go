@@ -1,4 +1,12 @@
-package maastest
+// Package maasdriver replays MaaS's power drivers as clients of a BMC: the
+// Redfish driver request for request and byte for byte, and the IPMI driver
+// as the freeipmi commands it runs. It is no simulator: it is the client
+// side, kept beside the conformance suite, which replays the Redfish driver
+// against bmc-server and checks every request as it arrives; the lab's
+// simulated MaaS (sim/maas) powers its machines with both. What MaaS does
+// around a driver (its power-state polling schedule, queueing, the
+// rack controller's RPC) is not replayed.
+package maasdriver
 
 import (
 	"bufio"
@@ -38,11 +46,9 @@ var ErrPowerAuth = errors.New("PowerAuthError")
 // request and byte for byte as Twisted's Agent frames them (one TLS
 // connection per request, Connection: close, the same four headers on every
 // request, a Content-Type even on a bodiless GET, no OData-Version, bodies
-// as Python's json.dumps writes them): GET the Systems collection unless a node ID is configured,
-// ForceOff when on, PATCH Boot Once/Pxe with the ETag just read as
-// If-Match, POST the reset, then poll PowerState. The lab's simulated MaaS
-// powers its machines with it; the conformance suite replays it against
-// bmc-server and checks every request as it arrives.
+// as Python's json.dumps writes them): GET the Systems collection unless a
+// node ID is configured, ForceOff when on, PATCH Boot Once/Pxe with the ETag
+// just read as If-Match, POST the reset, then poll PowerState.
 type RedfishDriver struct {
 	// Address is the BMC's power_address: host:port or an https URL.
 	Address            string
@@ -359,5 +365,11 @@ func (d *RedfishDriver) retryDelay(attempt int) time.Duration {
 	if d.RetryDelay != nil {
 		return d.RetryDelay(attempt)
 	}
+	return defaultRetryDelay(attempt)
+}
+
+// defaultRetryDelay is MaaS's wait before a retry: half a second,
+// doubling.
+func defaultRetryDelay(attempt int) time.Duration {
 	return time.Duration(500*(1<<attempt)) * time.Millisecond
 }

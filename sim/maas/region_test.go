@@ -1,4 +1,4 @@
-package maastest_test
+package maas_test
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
 // rawGet sends GET machines/ with the given Authorization header.
-func rawGet(t *testing.T, s *maastest.Server, authorization string) (int, string) {
+func rawGet(t *testing.T, s *maassim.Server, authorization string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/", nil)
 	if err != nil {
@@ -76,9 +76,9 @@ func TestOAuth(t *testing.T) {
 		{name: "no timestamp", change: func(f map[string]string) { delete(f, "oauth_timestamp") }, want: http.StatusUnauthorized},
 		{name: "non-integer timestamp", change: func(f map[string]string) { f["oauth_timestamp"] = "soon" }, want: http.StatusBadRequest},
 		{name: "wrong version", change: func(f map[string]string) { f["oauth_version"] = "2.0" }, want: http.StatusUnauthorized},
-		{name: "timestamp at the window's edge", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(-maastest.TimestampWindow + 5*time.Second) }, want: http.StatusOK},
-		{name: "timestamp too old", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(-maastest.TimestampWindow - 10*time.Second) }, want: http.StatusUnauthorized},
-		{name: "timestamp too far ahead", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(maastest.TimestampWindow + 10*time.Second) }, want: http.StatusUnauthorized},
+		{name: "timestamp at the window's edge", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(-maassim.TimestampWindow + 5*time.Second) }, want: http.StatusOK},
+		{name: "timestamp too old", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(-maassim.TimestampWindow - 10*time.Second) }, want: http.StatusUnauthorized},
+		{name: "timestamp too far ahead", change: func(f map[string]string) { f["oauth_timestamp"] = unixIn(maassim.TimestampWindow + 10*time.Second) }, want: http.StatusUnauthorized},
 		{name: "non-admin key", change: func(f map[string]string) {
 			f["oauth_consumer_key"], f["oauth_token"], f["oauth_signature"] = "userconsumer", "usertoken", "&usersecret"
 		}, want: http.StatusOK},
@@ -88,7 +88,7 @@ func TestOAuth(t *testing.T) {
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := maastest.New(t)
+			s := maassim.New(t)
 			header := tt.header
 			if header == "" {
 				fields := validOAuth(fmt.Sprintf("nonce-%d", i))
@@ -102,7 +102,7 @@ func TestOAuth(t *testing.T) {
 			if got != tt.want {
 				t.Fatalf("status = %d (%s), want %d", got, body, tt.want)
 			}
-			if got := s.Count(maastest.Match{Path: "machines/"}); got != 1 {
+			if got := s.Count(maassim.Match{Path: "machines/"}); got != 1 {
 				t.Errorf("recorded %d requests, want 1", got)
 			}
 		})
@@ -114,8 +114,8 @@ func unixIn(d time.Duration) string { return fmt.Sprint(time.Now().Add(d).Unix()
 // TestPowerParametersAreAdminOnly: an ordinary user's key lists machines but
 // MaaS keeps power parameters (passwords) to admins.
 func TestPowerParametersAreAdminOnly(t *testing.T) {
-	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_pass": "p"}})
-	key, err := maas.ParseAPIKey(maastest.NonAdminAPIKey)
+	s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_pass": "p"}})
+	key, err := maas.ParseAPIKey(maassim.NonAdminAPIKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,9 +139,9 @@ func TestPowerParametersAreAdminOnly(t *testing.T) {
 // TestMachineHardwareJSON: hardware_uuid, interface_set and boot_interface
 // as MaaS 3.x shows them, null when unknown.
 func TestMachineHardwareJSON(t *testing.T) {
-	s := maastest.New(t).
-		WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", HardwareUUID: "6f1e2a9c-0000-4000-8000-000000000001", MACs: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}}).
-		WithMachine(maastest.Machine{SystemID: "b", Hostname: "beta"})
+	s := maassim.New(t).
+		WithMachine(maassim.Machine{SystemID: "a", Hostname: "alpha", HardwareUUID: "6f1e2a9c-0000-4000-8000-000000000001", MACs: []string{"52:54:00:00:00:01", "52:54:00:00:00:02"}}).
+		WithMachine(maassim.Machine{SystemID: "b", Hostname: "beta"})
 	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +187,7 @@ func TestMachineHardwareJSON(t *testing.T) {
 }
 
 func TestOAuthRejectsReusedNonce(t *testing.T) {
-	s := maastest.New(t)
+	s := maassim.New(t)
 	header := oauthHeader(validOAuth("same"))
 	if got, body := rawGet(t, s, header); got != http.StatusOK {
 		t.Fatalf("first use: %d %s", got, body)
@@ -198,9 +198,9 @@ func TestOAuthRejectsReusedNonce(t *testing.T) {
 }
 
 func TestMachinesAndPowerParameters(t *testing.T) {
-	s := maastest.New(t).
-		WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "p"}}).
-		WithMachine(maastest.Machine{SystemID: "b", Hostname: "beta", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
+	s := maassim.New(t).
+		WithMachine(maassim.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "p"}}).
+		WithMachine(maassim.Machine{SystemID: "b", Hostname: "beta", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
 	c := s.Client(t)
 	ctx := context.Background()
 
@@ -209,7 +209,7 @@ func TestMachinesAndPowerParameters(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(machines) != 2 || machines[0].SystemID != "a" || machines[0].Hostname != "alpha" ||
-		machines[0].StatusName != "New" || machines[0].Pool.Name != maastest.DefaultPool || machines[0].PowerType != "redfish" {
+		machines[0].StatusName != "New" || machines[0].Pool.Name != maassim.DefaultPool || machines[0].PowerType != "redfish" {
 		t.Fatalf("machines = %+v", machines)
 	}
 	params, err := c.PowerParameters(ctx)
@@ -219,7 +219,7 @@ func TestMachinesAndPowerParameters(t *testing.T) {
 	if len(params) != 2 || params["a"].String("power_pass") != "p" || params["b"].String("power_address") != "10.0.0.1" {
 		t.Fatalf("bulk power parameters = %v", params)
 	}
-	if n := s.Count(maastest.Match{Method: http.MethodGet, Path: "machines/", Op: "power_parameters"}); n != 1 {
+	if n := s.Count(maassim.Match{Method: http.MethodGet, Path: "machines/", Op: "power_parameters"}); n != 1 {
 		t.Errorf("bulk requests = %d, want 1", n)
 	}
 }
@@ -229,12 +229,12 @@ func TestUpdateMachine(t *testing.T) {
 		name    string
 		update  maas.MachineUpdate
 		wantErr error
-		check   func(t *testing.T, m maastest.Machine)
+		check   func(t *testing.T, m maassim.Machine)
 	}{
 		{
 			name:   "hostname, pool and merged power parameters",
 			update: maas.MachineUpdate{Hostname: "new-name", Pool: "tenant", PowerType: "redfish", PowerParameters: map[string]string{"power_pass": "secret"}},
-			check: func(t *testing.T, m maastest.Machine) {
+			check: func(t *testing.T, m maassim.Machine) {
 				if m.Hostname != "new-name" || m.Pool != "tenant" || m.PowerParameters["power_pass"] != "secret" || m.PowerParameters["power_address"] != "https://x" {
 					t.Errorf("machine = %+v", m)
 				}
@@ -248,9 +248,9 @@ func TestUpdateMachine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := maastest.New(t).WithPool("tenant").
-				WithMachine(maastest.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x"}}).
-				WithMachine(maastest.Machine{SystemID: "b", Hostname: "taken"})
+			s := maassim.New(t).WithPool("tenant").
+				WithMachine(maassim.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x"}}).
+				WithMachine(maassim.Machine{SystemID: "b", Hostname: "taken"})
 			_, err := s.Client(t).UpdateMachine(context.Background(), "a", tt.update)
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -258,7 +258,7 @@ func TestUpdateMachine(t *testing.T) {
 			m, _ := s.Machine("a")
 			if tt.wantErr != nil {
 				// A refused form changes nothing.
-				if m.Hostname != "alpha" || m.Pool != maastest.DefaultPool || len(m.PowerParameters) != 1 {
+				if m.Hostname != "alpha" || m.Pool != maassim.DefaultPool || len(m.PowerParameters) != 1 {
 					t.Errorf("refused update changed the machine: %+v", m)
 				}
 				return
@@ -269,7 +269,7 @@ func TestUpdateMachine(t *testing.T) {
 }
 
 func TestUpdateUnknownMachine(t *testing.T) {
-	s := maastest.New(t)
+	s := maassim.New(t)
 	_, err := s.Client(t).UpdateMachine(context.Background(), "nope", maas.MachineUpdate{Hostname: "x"})
 	if !errors.Is(err, maas.ErrNotFound) {
 		t.Fatalf("err = %v, want ErrNotFound", err)
@@ -281,18 +281,18 @@ func TestCommission(t *testing.T) {
 		status  int
 		wantErr error
 	}{
-		{maastest.StatusNew, nil},
-		{maastest.StatusReady, nil},
-		{maastest.StatusFailedCommissioning, nil},
-		{maastest.StatusBroken, nil},
-		{maastest.StatusCommissioning, maas.ErrInvalidArgument},
-		{maastest.StatusDeployed, maas.ErrInvalidArgument},
-		{maastest.StatusTesting, maas.ErrInvalidArgument},
-		{maastest.StatusFailedTesting, maas.ErrInvalidArgument},
+		{maassim.StatusNew, nil},
+		{maassim.StatusReady, nil},
+		{maassim.StatusFailedCommissioning, nil},
+		{maassim.StatusBroken, nil},
+		{maassim.StatusCommissioning, maas.ErrInvalidArgument},
+		{maassim.StatusDeployed, maas.ErrInvalidArgument},
+		{maassim.StatusTesting, maas.ErrInvalidArgument},
+		{maassim.StatusFailedTesting, maas.ErrInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint("status ", tt.status), func(t *testing.T) {
-			s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a", Status: tt.status})
+			s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "a", Hostname: "a", Status: tt.status})
 			m, err := s.Client(t).Commission(context.Background(), "a", maas.CommissionOptions{})
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -304,14 +304,14 @@ func TestCommission(t *testing.T) {
 				}
 				return
 			}
-			if m.Status != maastest.StatusCommissioning || got.Status != maastest.StatusCommissioning {
+			if m.Status != maassim.StatusCommissioning || got.Status != maassim.StatusCommissioning {
 				t.Fatalf("status after commission: reply %d, server %d", m.Status, got.Status)
 			}
 			if got.PreviousStatus != tt.status {
 				t.Errorf("previous status %d, want %d: a failed power-on returns the machine to it", got.PreviousStatus, tt.status)
 			}
 			s.Step()
-			if got, _ := s.Machine("a"); got.Status != maastest.StatusReady {
+			if got, _ := s.Machine("a"); got.Status != maassim.StatusReady {
 				t.Errorf("status after Step = %d, want Ready", got.Status)
 			}
 		})
@@ -321,7 +321,7 @@ func TestCommission(t *testing.T) {
 func TestStepAppliesBMCConfigUnlessSkipped(t *testing.T) {
 	for _, skip := range []bool{false, true} {
 		t.Run(fmt.Sprint("skip=", skip), func(t *testing.T) {
-			s := maastest.New(t).WithMachine(maastest.Machine{
+			s := maassim.New(t).WithMachine(maassim.Machine{
 				SystemID: "a", Hostname: "a", PowerType: "redfish",
 				PowerParameters: map[string]string{"power_address": "https://x", "power_pass": "real"},
 				BMCConfig:       map[string]string{"power_type": "redfish", "power_address": "https://x", "power_pass": ""},
@@ -343,7 +343,7 @@ func TestStepAppliesBMCConfigUnlessSkipped(t *testing.T) {
 }
 
 func TestPools(t *testing.T) {
-	s := maastest.New(t).WithPool("existing")
+	s := maassim.New(t).WithPool("existing")
 	c := s.Client(t)
 	ctx := context.Background()
 	if _, err := c.CreatePool(ctx, "existing", ""); !errors.Is(err, maas.ErrInvalidArgument) {
@@ -369,18 +369,18 @@ func TestPools(t *testing.T) {
 func TestFaults(t *testing.T) {
 	tests := []struct {
 		name    string
-		fault   maastest.Fault
+		fault   maassim.Fault
 		wantErr error
 		status  int
 	}{
-		{"server error", maastest.FaultServerError, maas.ErrUnavailable, http.StatusServiceUnavailable},
-		{"conflict", maastest.FaultConflict, maas.ErrConflict, http.StatusConflict},
-		{"malformed JSON", maastest.FaultMalformedJSON, maas.ErrUnavailable, http.StatusOK},
-		{"dropped connection", maastest.FaultDropConnection, maas.ErrUnavailable, 0},
+		{"server error", maassim.FaultServerError, maas.ErrUnavailable, http.StatusServiceUnavailable},
+		{"conflict", maassim.FaultConflict, maas.ErrConflict, http.StatusConflict},
+		{"malformed JSON", maassim.FaultMalformedJSON, maas.ErrUnavailable, http.StatusOK},
+		{"dropped connection", maassim.FaultDropConnection, maas.ErrUnavailable, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
+			s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "a", Hostname: "a"})
 			c := s.Client(t)
 			// A POST is never retried by net/http, so one fault is one failure.
 			s.FailNext(1, tt.fault)
@@ -388,7 +388,7 @@ func TestFaults(t *testing.T) {
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tt.wantErr)
 			}
-			if m, _ := s.Machine("a"); m.Status != maastest.StatusNew {
+			if m, _ := s.Machine("a"); m.Status != maassim.StatusNew {
 				t.Errorf("faulted request was applied: status %d", m.Status)
 			}
 			reqs := s.Requests()
@@ -403,22 +403,22 @@ func TestFaults(t *testing.T) {
 }
 
 func TestFaultDropResponseAppliesTheChange(t *testing.T) {
-	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
-	s.FailNext(1, maastest.FaultDropResponse)
+	s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "a", Hostname: "a"})
+	s.FailNext(1, maassim.FaultDropResponse)
 	_, err := s.Client(t).Commission(context.Background(), "a", maas.CommissionOptions{})
 	if !errors.Is(err, maas.ErrUnavailable) {
 		t.Fatalf("err = %v, want ErrUnavailable", err)
 	}
-	if m, _ := s.Machine("a"); m.Status != maastest.StatusCommissioning {
+	if m, _ := s.Machine("a"); m.Status != maassim.StatusCommissioning {
 		t.Fatalf("status = %d, want Commissioning", m.Status)
 	}
 }
 
 func TestFailMatchingUntilCleared(t *testing.T) {
-	s := maastest.New(t).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
+	s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "a", Hostname: "a"})
 	c := s.Client(t)
 	ctx := context.Background()
-	s.FailMatching(maastest.Match{Path: "resourcepools/"}, -1, maastest.FaultServerError)
+	s.FailMatching(maassim.Match{Path: "resourcepools/"}, -1, maassim.FaultServerError)
 	for range 3 {
 		if _, err := c.Pools(ctx); !errors.Is(err, maas.ErrUnavailable) {
 			t.Fatalf("pools: err = %v, want ErrUnavailable", err)
@@ -434,7 +434,7 @@ func TestFailMatchingUntilCleared(t *testing.T) {
 }
 
 func TestUnrecognisedOperation(t *testing.T) {
-	s := maastest.New(t)
+	s := maassim.New(t)
 	req, _ := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/?"+url.Values{"op": {"nonsense"}}.Encode(), nil)
 	req.Header.Set("Authorization", oauthHeader(validOAuth("n1")))
 	resp, err := http.DefaultClient.Do(req)

@@ -1,4 +1,4 @@
-package virtsim
+package kubevirt
 
 import (
 	"bytes"

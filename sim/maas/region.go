@@ -1,42 +1,4 @@
-// Package maastest simulates the part of the MaaS REST API 2.0 that virtmetal
-// uses, statefully and with MaaS's own rules, so the maas package can be
-// tested against it with its real client:
-//
-//   - every request must carry a valid OAuth 1.0 PLAINTEXT header for one of
-//     the server's API keys (APIKey, an admin's, or NonAdminAPIKey) with a
-//     fresh nonce and an integer timestamp within 300 s of the server's clock
-//     (else 401; a non-integer timestamp is 400, as in MaaS);
-//   - hostnames are unique DNS names: labels of at most 63 letters, digits
-//     and inner hyphens (no underscore, no leading or trailing hyphen), else
-//     400, and "Node with this Hostname already exists." for a taken one;
-//     pool names are unique (400), and pool= must name an existing pool
-//     (400);
-//   - power settings live on BMC rows, not on machines, as in MaaS: for a
-//     chassis-capable power type (redfish) machines whose power type,
-//     power_address and power_user match share one row, so a PUT of power
-//     parameters on one of them changes them for all; a PUT that changes the
-//     power type away from a shared row (power_type=manual) moves the
-//     machine to a fresh row of its own and leaves the others untouched.
-//     PUT merges power_parameters_<key> fields into the row's parameters.
-//     Every password a machine's row ever gave it is kept (PasswordsHeld),
-//     so a test sees a secret that reached a machine even for a moment;
-//   - the region validates the power address as its version does (Shape):
-//     on the 3.4 shape an address with a scheme ("https://...") fails with
-//     HTTP 500, on later shapes it is stored;
-//   - op=commission is refused with 400 unless the machine is New, Ready,
-//     Failed commissioning or Broken, and while the region has no boot image
-//     (WithoutBootImages); Step moves Commissioning machines to Ready;
-//   - GET machines/ carries no power parameters; op=power_parameters gives
-//     them per machine or in bulk, keyed by system_id, to admins only (403
-//     for NonAdminAPIKey);
-//   - machine JSON has hardware_uuid (null when unknown), interface_set with
-//     each interface's mac_address, and boot_interface, as MaaS 3.x shows
-//     them.
-//
-// Faults (5xx, 409, malformed JSON, dropped connections) can be injected for
-// the next N requests or for matching requests, and every request is
-// recorded so tests can count what a client did.
-package maastest
+package maas
 
 import (
 	"cmp"
@@ -50,10 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
-	"github.com/virtmetal/virtmetal/maas"
+	maasclient "github.com/virtmetal/virtmetal/maas"
 )
 
 // MaaS machine status codes and the names MaaS shows for them.
@@ -236,9 +197,19 @@ type faultRule struct {
 	fault     Fault
 }
 
+// TB is the part of testing.TB that New and the With* helpers use: the
+// package does not import testing, so the lab, which uses Start, links none
+// of it.
+type TB interface {
+	Helper()
+	Cleanup(func())
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
 // Server is a simulated MaaS region API on a loopback httptest server.
 type Server struct {
-	t   testing.TB
+	t   TB
 	srv *httptest.Server
 
 	mu         sync.Mutex
@@ -266,7 +237,7 @@ type poolState struct {
 
 // New starts a simulator with only the default pool; it stops when the test
 // ends.
-func New(t testing.TB) *Server {
+func New(t TB) *Server {
 	t.Helper()
 	s := Start()
 	s.t = t
@@ -445,13 +416,13 @@ func (s *Server) Enlist(m Machine) (string, error) {
 		m.Pool = DefaultPool
 	}
 	if _, dup := s.machines[m.SystemID]; dup {
-		return "", fmt.Errorf("maastest: duplicate system_id %q", m.SystemID)
+		return "", fmt.Errorf("maassim: duplicate system_id %q", m.SystemID)
 	}
 	if m.Hostname != "" && s.hostnameHolder(m.Hostname) != "" {
-		return "", fmt.Errorf("maastest: duplicate hostname %q", m.Hostname)
+		return "", fmt.Errorf("maassim: duplicate hostname %q", m.Hostname)
 	}
 	if s.pool(m.Pool) == nil {
-		return "", fmt.Errorf("maastest: machine %s in unknown pool %q", m.SystemID, m.Pool)
+		return "", fmt.Errorf("maassim: machine %s in unknown pool %q", m.SystemID, m.Pool)
 	}
 	powerType, params := m.PowerType, m.PowerParameters
 	m.PowerType, m.PowerParameters = "", nil
@@ -536,7 +507,7 @@ func (s *Server) WithDevice(hostname string) *Server {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.hostnameHolder(hostname) != "" {
-		s.t.Fatalf("maastest: duplicate hostname %q", hostname)
+		s.t.Fatalf("maassim: duplicate hostname %q", hostname)
 	}
 	s.devices = append(s.devices, hostname)
 	return s
@@ -548,7 +519,7 @@ func (s *Server) WithPool(name string) *Server {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.pool(name) != nil {
-		s.t.Fatalf("maastest: duplicate pool %q", name)
+		s.t.Fatalf("maassim: duplicate pool %q", name)
 	}
 	s.pools = append(s.pools, newPool(s.nextPoolID, name, ""))
 	s.nextPoolID++
@@ -615,10 +586,10 @@ func (s *Server) StoreBMCConfig(systemID string, config map[string]string) error
 	defer s.mu.Unlock()
 	m, ok := s.machines[systemID]
 	if !ok {
-		return fmt.Errorf("maastest: no machine %q", systemID)
+		return fmt.Errorf("maassim: no machine %q", systemID)
 	}
 	if text := s.addressError(config["power_type"], config); text != "" {
-		return fmt.Errorf("maastest: storing the BMC config of %s: %s", systemID, text)
+		return fmt.Errorf("maassim: storing the BMC config of %s: %s", systemID, text)
 	}
 	m.BMCConfig = maps.Clone(config)
 	params := maps.Clone(config)
@@ -727,7 +698,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.write(w, r, path, op, textError(http.StatusServiceUnavailable, "Service Unavailable"))
 		return
 	case FaultConflict:
-		s.write(w, r, path, op, textError(http.StatusConflict, "conflict injected by maastest"))
+		s.write(w, r, path, op, textError(http.StatusConflict, "conflict injected by the simulator"))
 		return
 	case FaultAddressRejected:
 		s.write(w, r, path, op, textError(http.StatusInternalServerError, Shape34AddressError))
@@ -806,7 +777,7 @@ func (s *Server) write(w http.ResponseWriter, r *http.Request, path, op string, 
 	if rep.json != nil {
 		body, err := json.Marshal(rep.json)
 		if err != nil {
-			rep = textError(http.StatusInternalServerError, "maastest: encoding reply: "+err.Error())
+			rep = textError(http.StatusInternalServerError, "maassim: encoding reply: "+err.Error())
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.WriteHeader(rep.status)
 			_, _ = w.Write([]byte(rep.text))
@@ -1165,13 +1136,13 @@ func (s *Server) createPool(r *http.Request) reply {
 }
 
 // Client returns a maas.Client for this server, authenticated with APIKey.
-func (s *Server) Client(t testing.TB) *maas.Client {
+func (s *Server) Client(t TB) *maasclient.Client {
 	t.Helper()
-	key, err := maas.ParseAPIKey(APIKey)
+	key, err := maasclient.ParseAPIKey(APIKey)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := maas.NewClient(s.URL(), key, nil)
+	c, err := maasclient.NewClient(s.URL(), key, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,13 @@
-package lab
+// Package node simulates the Kubernetes node and Ingress controller that
+// run virtmetal's BMC pods, which cannot run here: for each of
+// bmc-controller's BMC Deployments it runs the real bmc-server binary as a
+// process, as the kubelet would run its one container, and routes each
+// BMC's Ingress host to it. Not modelled: images and containers (the binary
+// runs as this user, with only KUBECONFIG and HOME set), replicas beyond
+// one, scheduling, resource limits, liveness probes, volumes other than
+// Secrets, Service ports and endpoints, TLS at the Ingress (bmc-server's own
+// is reached through Dial), and DNS beyond the Ingress hosts.
+package node
 
 import (
 	"bytes"
@@ -6,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -24,21 +34,46 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
 )
 
-// bmcSupervisor plays the kubelet and the Ingress controller for the
-// controller's BMC Deployments, whatever their workload mode: one bmc-server
-// process per Deployment, started with the container's arguments, its Secret
-// volumes written to folders (and rewritten when the Secrets change, as the
-// kubelet does), a kubeconfig of the pod's ServiceAccount, and loopback
-// ports in place of the container ports. A process that exits is started
-// again, as its pod would be; a changed pod template replaces it. Each
-// Ingress host leads through dial to the ready process of the Deployment
-// its backend Service selects; a per-VM process's IPMI port is found
-// through ipmiAddress.
-type bmcSupervisor struct {
-	l    *Lab
+// Options are what a node needs from the cluster and the host.
+type Options struct {
+	// Client lists Deployments, Services, Ingresses, Secrets and
+	// VirtualMachineBMCs.
+	Client client.Reader
+	// Binary is the bmc-server executable every BMC container runs.
+	Binary string
+	// Dir holds the Secret volumes; it is the processes' HOME too.
+	Dir string
+	// Domain is the BMC domain: Ingress hosts <vm>.<namespace>.<domain>
+	// name the VMs.
+	Domain string
+	// Kubeconfig is the path of a kubeconfig for a ServiceAccount, which
+	// a pod of that account is given.
+	Kubeconfig func(namespace, serviceAccount string) (string, error)
+	// Log is where the output of a process goes, by a name of the
+	// Deployment's.
+	Log func(name string) (io.Writer, error)
+	// Logf tells what went wrong; nil drops it.
+	Logf func(format string, args ...any)
+	// OnReady is told, on every routing while it holds, that a VM's BMC is
+	// ready (its host leads to a ready process that serves it); nil: not
+	// told.
+	OnReady func(vm maas.VMRef, detail string)
+}
+
+// Node plays the kubelet and the Ingress controller for the controller's
+// BMC Deployments, whatever their workload mode: one bmc-server process per
+// Deployment, started with the container's arguments, its Secret volumes
+// written to folders (and rewritten when the Secrets change, as the kubelet
+// does), a kubeconfig of the pod's ServiceAccount, and loopback ports in
+// place of the container ports. A process that exits is started again, as
+// its pod would be; a changed pod template replaces it. Each Ingress host
+// leads through Dial to the ready process of the Deployment its backend
+// Service selects; a per-VM process's IPMI port is found through
+// IPMIAddress.
+type Node struct {
+	opts Options
 	wake chan struct{} // a process got ready: route it without waiting
 
 	mu      sync.Mutex
@@ -64,7 +99,7 @@ type bmcProcess struct {
 	labels     map[string]string // its pod's
 	template   string            // what the process was started from
 	volumes    []*secretVolume   // read and written by sync only
-	proc       *process
+	proc       *Process
 	redfish    string
 	ipmi       string
 	ready      bool
@@ -97,14 +132,23 @@ func (p *bmcProcess) serves(vm maas.VMRef) bool {
 	return false
 }
 
-func newBMCSupervisor(l *Lab) *bmcSupervisor {
-	return &bmcSupervisor{l: l, wake: make(chan struct{}, 1), running: map[types.NamespacedName]*bmcProcess{}}
+// New makes a node; Run runs it.
+func New(opts Options) *Node {
+	return &Node{opts: opts, wake: make(chan struct{}, 1), running: map[types.NamespacedName]*bmcProcess{}}
 }
 
-func (s *bmcSupervisor) run(ctx context.Context) {
+func (s *Node) logf(format string, args ...any) {
+	if s.opts.Logf != nil {
+		s.opts.Logf(format, args...)
+	}
+}
+
+// Run keeps the processes and routes in line with the cluster until ctx
+// ends; StopAll then stops the processes.
+func (s *Node) Run(ctx context.Context) {
 	for {
 		if err := s.sync(ctx); err != nil && ctx.Err() == nil {
-			s.l.logf("bmc supervisor: %v", err)
+			s.logf("bmc supervisor: %v", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -117,7 +161,7 @@ func (s *bmcSupervisor) run(ctx context.Context) {
 
 // sync brings the processes in line with the Deployments, their volumes
 // with the Secrets, and the routes with the Ingresses.
-func (s *bmcSupervisor) sync(ctx context.Context) error {
+func (s *Node) sync(ctx context.Context) error {
 	var (
 		deployments appsv1.DeploymentList
 		services    corev1.ServiceList
@@ -125,11 +169,11 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 		secretList  corev1.SecretList
 		bmcs        v1beta1.VirtualMachineBMCList
 	)
-	if err := s.l.Client.List(ctx, &deployments, client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
+	if err := s.opts.Client.List(ctx, &deployments, client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
 		return err
 	}
 	for _, list := range []client.ObjectList{&services, &ingresses, &secretList, &bmcs} {
-		if err := s.l.Client.List(ctx, list); err != nil {
+		if err := s.opts.Client.List(ctx, list); err != nil {
 			return err
 		}
 	}
@@ -137,7 +181,7 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 	for _, secret := range secretList.Items {
 		secrets[client.ObjectKeyFromObject(&secret)] = secret.Data
 	}
-	if err := s.syncProcesses(deployments.Items, secrets); err != nil {
+	if err := s.syncProcesses(ctx, deployments.Items, secrets); err != nil {
 		return err
 	}
 	s.route(ingresses.Items, services.Items, vmCredentials(bmcs.Items, secrets))
@@ -146,7 +190,7 @@ func (s *bmcSupervisor) sync(ctx context.Context) error {
 
 // syncProcesses starts, replaces and stops processes after the Deployments
 // and refreshes the volumes of the ones that keep running.
-func (s *bmcSupervisor) syncProcesses(deployments []appsv1.Deployment, secrets map[types.NamespacedName]map[string][]byte) error {
+func (s *Node) syncProcesses(ctx context.Context, deployments []appsv1.Deployment, secrets map[types.NamespacedName]map[string][]byte) error {
 	wanted := map[types.NamespacedName]bool{}
 	for i := range deployments {
 		d := &deployments[i]
@@ -164,12 +208,12 @@ func (s *bmcSupervisor) syncProcesses(deployments []appsv1.Deployment, secrets m
 		case p == nil:
 		case p.template != template:
 			s.remove(key, p)
-			p.proc.stop()
-		case p.proc.exited():
+			p.proc.Stop()
+		case p.proc.Exited():
 			s.remove(key, p)
 		default:
 			if err := refreshVolumes(p, secrets); err != nil {
-				s.l.logf("refreshing the volumes of %s: %v", key, err)
+				s.logf("refreshing the volumes of %s: %v", key, err)
 			}
 			continue
 		}
@@ -180,8 +224,8 @@ func (s *bmcSupervisor) syncProcesses(deployments []appsv1.Deployment, secrets m
 		if p != nil {
 			starts = p.starts + 1
 		}
-		if err := s.start(d, template, starts, secrets); err != nil {
-			s.l.logf("starting bmc-server for %s: %v", key, err)
+		if err := s.start(ctx, d, template, starts, secrets); err != nil {
+			s.logf("starting bmc-server for %s: %v", key, err)
 		}
 	}
 	s.mu.Lock()
@@ -194,13 +238,13 @@ func (s *bmcSupervisor) syncProcesses(deployments []appsv1.Deployment, secrets m
 	}
 	s.mu.Unlock()
 	for _, p := range gone {
-		p.proc.stop()
+		p.proc.Stop()
 	}
 	return nil
 }
 
 // remove forgets the process; the next route drops its hosts.
-func (s *bmcSupervisor) remove(key types.NamespacedName, p *bmcProcess) {
+func (s *Node) remove(key types.NamespacedName, p *bmcProcess) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.running[key] == p {
@@ -209,7 +253,7 @@ func (s *bmcSupervisor) remove(key types.NamespacedName, p *bmcProcess) {
 }
 
 // start runs the Deployment's one container as its pod would.
-func (s *bmcSupervisor) start(d *appsv1.Deployment, template string, starts int, secrets map[types.NamespacedName]map[string][]byte) error {
+func (s *Node) start(ctx context.Context, d *appsv1.Deployment, template string, starts int, secrets map[types.NamespacedName]map[string][]byte) error {
 	pod := d.Spec.Template.Spec
 	if len(pod.Containers) != 1 {
 		return fmt.Errorf("want one container, got %d", len(pod.Containers))
@@ -240,20 +284,20 @@ func (s *bmcSupervisor) start(d *appsv1.Deployment, template string, starts int,
 		}
 		switch args[i] {
 		case "--listen":
-			port, err := freePort("tcp")
+			port, err := FreePort("tcp")
 			if err != nil {
 				return err
 			}
 			p.redfish = fmt.Sprintf("127.0.0.1:%d", port)
 			args[i+1] = p.redfish
 		case "--metrics-listen":
-			port, err := freePort("tcp")
+			port, err := FreePort("tcp")
 			if err != nil {
 				return err
 			}
 			args[i+1] = fmt.Sprintf("127.0.0.1:%d", port)
 		case "--ipmi-listen":
-			port, err := freePort("udp")
+			port, err := FreePort("udp")
 			if err != nil {
 				return err
 			}
@@ -264,30 +308,30 @@ func (s *bmcSupervisor) start(d *appsv1.Deployment, template string, starts int,
 	if p.redfish == "" {
 		return fmt.Errorf("no --listen in %q", container.Args)
 	}
-	kubeconfig, err := s.l.kubeconfig(d.Namespace, pod.ServiceAccountName)
+	kubeconfig, err := s.opts.Kubeconfig(d.Namespace, pod.ServiceAccountName)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(s.l.bins, "bmc-server"), args...)
-	cmd.Env = []string{"KUBECONFIG=" + kubeconfig, "HOME=" + s.l.dir}
-	logs, err := s.l.logFile("bmc-" + d.Namespace + "-" + d.Name)
+	cmd := exec.Command(s.opts.Binary, args...)
+	cmd.Env = []string{"KUBECONFIG=" + kubeconfig, "HOME=" + s.opts.Dir}
+	logs, err := s.opts.Log("bmc-" + d.Namespace + "-" + d.Name)
 	if err != nil {
 		return err
 	}
 	cmd.Stdout, cmd.Stderr = logs, logs
-	if p.proc, err = startProcess(cmd); err != nil {
+	if p.proc, err = StartProcess(cmd); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.running[key] = p
 	s.mu.Unlock()
-	go s.awaitReady(key, p)
+	go s.awaitReady(ctx, key, p)
 	return nil
 }
 
 // mountVolumes writes the pod's Secret volumes into folders, as the kubelet
 // mounts them, and returns mount path → folder.
-func (s *bmcSupervisor) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, container corev1.Container, p *bmcProcess, secrets map[types.NamespacedName]map[string][]byte) (map[string]string, error) {
+func (s *Node) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, container corev1.Container, p *bmcProcess, secrets map[types.NamespacedName]map[string][]byte) (map[string]string, error) {
 	mounts := map[string]string{}
 	for _, mount := range container.VolumeMounts {
 		var secretName string
@@ -297,14 +341,14 @@ func (s *bmcSupervisor) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, c
 			}
 		}
 		if secretName == "" {
-			return nil, fmt.Errorf("volume %s is not a Secret; the lab mounts only Secrets", mount.Name)
+			return nil, fmt.Errorf("volume %s is not a Secret; the node mounts only Secrets", mount.Name)
 		}
 		secret := types.NamespacedName{Namespace: d.Namespace, Name: secretName}
 		data, ok := secrets[secret]
 		if !ok {
 			return nil, fmt.Errorf("volume %s: Secret %s not found", mount.Name, secret)
 		}
-		v := &secretVolume{secret: secret, dir: filepath.Join(s.l.dir, "volumes", d.Namespace, d.Name, mount.Name)}
+		v := &secretVolume{secret: secret, dir: filepath.Join(s.opts.Dir, "volumes", d.Namespace, d.Name, mount.Name)}
 		if err := os.RemoveAll(v.dir); err != nil {
 			return nil, err
 		}
@@ -381,8 +425,8 @@ func writeFileAtomic(path string, data []byte) error {
 
 // awaitReady is the container's readiness probe: the process's hosts
 // resolve once it passes.
-func (s *bmcSupervisor) awaitReady(key types.NamespacedName, p *bmcProcess) {
-	ctx, cancel := context.WithCancel(s.l.ctx)
+func (s *Node) awaitReady(ctx context.Context, key types.NamespacedName, p *bmcProcess) {
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
@@ -391,7 +435,7 @@ func (s *bmcSupervisor) awaitReady(key types.NamespacedName, p *bmcProcess) {
 		case <-ctx.Done():
 		}
 	}()
-	if err := waitHTTP(ctx, "https://"+p.redfish+p.probe, 2*time.Minute); err != nil {
+	if err := WaitHTTP(ctx, "https://"+p.redfish+p.probe, 2*time.Minute); err != nil {
 		return
 	}
 	s.mu.Lock()
@@ -426,7 +470,7 @@ func vmCredentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.Namespace
 // process of the Deployment its backend Service selects. A VM's BMC is
 // ready once its host (<vm>.<namespace>.<domain>) leads to a ready process
 // that serves the VM.
-func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev1.Service, creds map[maas.VMRef]credentials) {
+func (s *Node) route(ingresses []networkingv1.Ingress, services []corev1.Service, creds map[maas.VMRef]credentials) {
 	selectors := map[types.NamespacedName]labels.Selector{}
 	for _, svc := range services {
 		if len(svc.Spec.Selector) > 0 {
@@ -446,7 +490,7 @@ func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev
 			if p.ready {
 				hosts[host] = p
 			}
-			if vm, ok := maas.ParseBMCAddress(host, s.l.Domain); ok {
+			if vm, ok := maas.ParseBMCAddress(host, s.opts.Domain); ok {
 				vms[vm] = &vmBMC{host: host, proc: p, ready: p.ready && p.serves(vm), credentials: creds[vm]}
 			}
 		}
@@ -459,14 +503,16 @@ func (s *bmcSupervisor) route(ingresses []networkingv1.Ingress, services []corev
 		}
 	}
 	s.mu.Unlock()
-	for vm, detail := range ready {
-		s.l.progress.record(vm, StepBMCReady, detail)
+	if s.opts.OnReady != nil {
+		for vm, detail := range ready {
+			s.opts.OnReady(vm, detail)
+		}
 	}
 }
 
 // backendLocked is the process of a Deployment whose pods the Service of
 // the rule's first Service backend selects, nil when none runs.
-func (s *bmcSupervisor) backendLocked(namespace string, rule networkingv1.IngressRule, selectors map[types.NamespacedName]labels.Selector) *bmcProcess {
+func (s *Node) backendLocked(namespace string, rule networkingv1.IngressRule, selectors map[types.NamespacedName]labels.Selector) *bmcProcess {
 	if rule.HTTP == nil {
 		return nil
 	}
@@ -488,9 +534,9 @@ func (s *bmcSupervisor) backendLocked(namespace string, rule networkingv1.Ingres
 	return nil
 }
 
-// dial resolves the BMCs' Ingress host names to their processes; any other
+// Dial resolves the BMCs' Ingress host names to their processes; any other
 // name does not resolve, as a BMC whose pod is not ready is not routed.
-func (s *bmcSupervisor) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+func (s *Node) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, err
@@ -505,9 +551,9 @@ func (s *bmcSupervisor) dial(ctx context.Context, network, addr string) (net.Con
 	return d.DialContext(ctx, network, p.redfish)
 }
 
-// ipmiAddress is where the VM's IPMI BMC answers, while its process is
+// IPMIAddress is where the VM's IPMI BMC answers, while its process is
 // ready.
-func (s *bmcSupervisor) ipmiAddress(vm maas.VMRef) (string, bool) {
+func (s *Node) IPMIAddress(vm maas.VMRef) (string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, p := range s.running {
@@ -518,7 +564,7 @@ func (s *bmcSupervisor) ipmiAddress(vm maas.VMRef) (string, bool) {
 	return "", false
 }
 
-// BMC is what a user needs to reach one VM's BMC in the lab.
+// BMC is what a user needs to reach one VM's BMC on the node.
 type BMC struct {
 	VM       maas.VMRef
 	Host     string // the Ingress host; requests must carry it
@@ -532,11 +578,11 @@ type BMC struct {
 }
 
 // BMCs lists the BMCs of the VMs whose Ingress leads to a process.
-func (l *Lab) BMCs() []BMC {
-	l.bmcs.mu.Lock()
-	defer l.bmcs.mu.Unlock()
+func (s *Node) BMCs() []BMC {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var out []BMC
-	for vm, b := range l.bmcs.vms {
+	for vm, b := range s.vms {
 		out = append(out, BMC{VM: vm, Host: b.host, Server: b.proc.deployment.String(), Redfish: "https://" + b.proc.redfish,
 			IPMI: b.proc.ipmi, Username: b.username, Password: b.password, Ready: b.ready, Starts: b.proc.starts})
 	}
@@ -544,21 +590,22 @@ func (l *Lab) BMCs() []BMC {
 	return out
 }
 
-// KillBMC kills the bmc-server process serving the VM (the VMs it shares
-// it with lose it too), as a crash would; the lab starts it again as its
+// Kill kills the bmc-server process serving the VM (the VMs it shares it
+// with lose it too), as a crash would; Run starts it again as its
 // Deployment would. It reports whether one ran.
-func (l *Lab) KillBMC(vm maas.VMRef) bool {
-	l.bmcs.mu.Lock()
-	b := l.bmcs.vms[vm]
-	l.bmcs.mu.Unlock()
+func (s *Node) Kill(vm maas.VMRef) bool {
+	s.mu.Lock()
+	b := s.vms[vm]
+	s.mu.Unlock()
 	if b == nil {
 		return false
 	}
-	b.proc.proc.kill()
+	b.proc.proc.Kill()
 	return true
 }
 
-func (s *bmcSupervisor) stopAll() {
+// StopAll stops every process, as the pods' deletion would.
+func (s *Node) StopAll() {
 	s.mu.Lock()
 	procs := make([]*bmcProcess, 0, len(s.running))
 	for key, p := range s.running {
@@ -571,26 +618,8 @@ func (s *bmcSupervisor) stopAll() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.proc.stop()
+			p.proc.Stop()
 		}()
 	}
 	wg.Wait()
-}
-
-// RedfishSystem reads the VM's ComputerSystem through its BMC, by its host
-// name, with its credentials; nil when it cannot.
-func (l *Lab) RedfishSystem(ctx context.Context, vm maas.VMRef) map[string]any {
-	for _, b := range l.BMCs() {
-		if b.VM != vm || !b.Ready {
-			continue
-		}
-		d := newRedfishDriver("https://"+b.Host, b.Username, b.Password, vm.Name, l.bmcs.dial)
-		system, _, err := d.Request(ctx, "GET", maastest.SystemURI(vm.Name), "", "")
-		if err != nil {
-			l.logf("reading the system of %s: %v", vm, err)
-			return nil
-		}
-		return system
-	}
-	return nil
 }

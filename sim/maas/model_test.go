@@ -1,4 +1,4 @@
-package maastest_test
+package maas_test
 
 import (
 	"context"
@@ -9,11 +9,11 @@ import (
 	"testing"
 
 	"github.com/virtmetal/virtmetal/maas"
-	"github.com/virtmetal/virtmetal/maas/maastest"
+	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
-func redfishMachine(systemID, address, user string) maastest.Machine {
-	return maastest.Machine{SystemID: systemID, Hostname: "host-" + systemID, PowerType: "redfish",
+func redfishMachine(systemID, address, user string) maassim.Machine {
+	return maassim.Machine{SystemID: systemID, Hostname: "host-" + systemID, PowerType: "redfish",
 		PowerParameters: map[string]string{"power_address": address, "power_user": user}}
 }
 
@@ -22,12 +22,12 @@ func redfishMachine(systemID, address, user string) maastest.Machine {
 // moves a machine to a row of its own; other power types never share.
 func TestSharedBMCRows(t *testing.T) {
 	ctx := context.Background()
-	s := maastest.New(t).
+	s := maassim.New(t).
 		WithMachine(redfishMachine("a", "vm.ns.bmc.test", "")).
 		WithMachine(redfishMachine("b", "vm.ns.bmc.test", "")).
 		WithMachine(redfishMachine("c", "vm.ns.bmc.test", "other-user")).
-		WithMachine(maastest.Machine{SystemID: "i1", Hostname: "i1", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}}).
-		WithMachine(maastest.Machine{SystemID: "i2", Hostname: "i2", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
+		WithMachine(maassim.Machine{SystemID: "i1", Hostname: "i1", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}}).
+		WithMachine(maassim.Machine{SystemID: "i2", Hostname: "i2", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
 	c := s.Client(t)
 	if s.BMCID("a") != s.BMCID("b") || s.BMCID("a") == s.BMCID("c") || s.BMCID("i1") == s.BMCID("i2") {
 		t.Fatalf("rows: a %d, b %d, c %d, i1 %d, i2 %d", s.BMCID("a"), s.BMCID("b"), s.BMCID("c"), s.BMCID("i1"), s.BMCID("i2"))
@@ -84,18 +84,18 @@ func TestSharedBMCRows(t *testing.T) {
 // at the end of commissioning; later shapes store it. A bare host is
 // stored by every shape.
 func TestShapeValidatesPowerAddress(t *testing.T) {
-	for _, shape := range maastest.Shapes {
+	for _, shape := range maassim.Shapes {
 		for _, address := range []string{"vm.ns.bmc.test", "https://vm.ns.bmc.test"} {
-			refused := shape == maastest.Shape34 && strings.Contains(address, "://")
+			refused := shape == maassim.Shape34 && strings.Contains(address, "://")
 			t.Run(string(shape)+" "+address, func(t *testing.T) {
 				ctx := context.Background()
-				s := maastest.New(t).WithShape(shape).
+				s := maassim.New(t).WithShape(shape).
 					WithMachine(redfishMachine("a", "old.ns.bmc.test", "")).
 					WithMachine(redfishMachine("b", "old2.ns.bmc.test", "")).
-					WithMachine(maastest.Machine{SystemID: "c", Hostname: "c", Status: maastest.StatusNew})
+					WithMachine(maassim.Machine{SystemID: "c", Hostname: "c", Status: maassim.StatusNew})
 				_, err := s.Client(t).UpdateMachine(ctx, "a", maas.MachineUpdate{PowerType: "redfish", PowerParameters: map[string]string{"power_address": address}})
 				apiErr, isAPI := errors.AsType[*maas.APIError](err)
-				if refused != (err != nil) || (refused && (!isAPI || apiErr.StatusCode != http.StatusInternalServerError || !strings.Contains(apiErr.Message, maastest.Shape34AddressError))) {
+				if refused != (err != nil) || (refused && (!isAPI || apiErr.StatusCode != http.StatusInternalServerError || !strings.Contains(apiErr.Message, maassim.Shape34AddressError))) {
 					t.Fatalf("PUT: err = %v, want refused %v with HTTP 500", err, refused)
 				}
 				want := map[bool]string{true: "old.ns.bmc.test", false: address}[refused]
@@ -113,13 +113,13 @@ func TestShapeValidatesPowerAddress(t *testing.T) {
 				}
 
 				// Commissioning's BMC config: the machine is Ready either way.
-				s.Update("c", func(m *maastest.Machine) { m.BMCConfig = config })
+				s.Update("c", func(m *maassim.Machine) { m.BMCConfig = config })
 				if _, err := s.Client(t).Commission(ctx, "c", maas.CommissionOptions{}); err != nil {
 					t.Fatal(err)
 				}
 				s.Step()
 				m, _ := s.Machine("c")
-				if m.Status != maastest.StatusReady || (m.PowerType == "redfish") == refused {
+				if m.Status != maassim.StatusReady || (m.PowerType == "redfish") == refused {
 					t.Errorf("after commissioning: %+v (refused %v)", m, refused)
 				}
 			})
@@ -131,12 +131,12 @@ func TestShapeValidatesPowerAddress(t *testing.T) {
 // commission with a 400 naming the cause, and takes them once it has one.
 func TestCommissionWithoutBootImages(t *testing.T) {
 	ctx := context.Background()
-	s := maastest.New(t).WithoutBootImages(true).WithMachine(maastest.Machine{SystemID: "a", Hostname: "a"})
+	s := maassim.New(t).WithoutBootImages(true).WithMachine(maassim.Machine{SystemID: "a", Hostname: "a"})
 	_, err := s.Client(t).Commission(ctx, "a", maas.CommissionOptions{})
-	if apiErr, ok := errors.AsType[*maas.APIError](err); !ok || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, maastest.NoImageError) {
-		t.Fatalf("err = %v, want 400 with %q", err, maastest.NoImageError)
+	if apiErr, ok := errors.AsType[*maas.APIError](err); !ok || apiErr.StatusCode != http.StatusBadRequest || !strings.Contains(apiErr.Message, maassim.NoImageError) {
+		t.Fatalf("err = %v, want 400 with %q", err, maassim.NoImageError)
 	}
-	if m, _ := s.Machine("a"); m.Status != maastest.StatusNew {
+	if m, _ := s.Machine("a"); m.Status != maassim.StatusNew {
 		t.Errorf("refused commission changed the status to %d", m.Status)
 	}
 	s.WithoutBootImages(false)
@@ -147,10 +147,10 @@ func TestCommissionWithoutBootImages(t *testing.T) {
 
 // TestFaultAddressRejected answers the 3.4 region's 500 whatever the shape.
 func TestFaultAddressRejected(t *testing.T) {
-	s := maastest.New(t).WithMachine(redfishMachine("a", "vm.ns.bmc.test", ""))
-	s.FailNext(1, maastest.FaultAddressRejected)
+	s := maassim.New(t).WithMachine(redfishMachine("a", "vm.ns.bmc.test", ""))
+	s.FailNext(1, maassim.FaultAddressRejected)
 	_, err := s.Client(t).UpdateMachine(context.Background(), "a", maas.MachineUpdate{Hostname: "b"})
-	if apiErr, ok := errors.AsType[*maas.APIError](err); !ok || apiErr.StatusCode != http.StatusInternalServerError || !strings.Contains(apiErr.Message, maastest.Shape34AddressError) {
+	if apiErr, ok := errors.AsType[*maas.APIError](err); !ok || apiErr.StatusCode != http.StatusInternalServerError || !strings.Contains(apiErr.Message, maassim.Shape34AddressError) {
 		t.Fatalf("err = %v", err)
 	}
 	if m, _ := s.Machine("a"); m.Hostname != "host-a" {

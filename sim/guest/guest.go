@@ -1,0 +1,130 @@
+// Package guest simulates what runs inside a KubeVirt VM, which cannot run
+// here: the guest's firmware and the hardware it reports. A VM instance that
+// reaches Running boots from its device of lowest bootOrder (BootDevice);
+// when that is a NIC it asks the network for a boot (Run tells each such
+// boot once, with the NIC MACs and SMBIOS the instance's spec gives); and
+// dmidecode inside it answers with that SMBIOS (Dmidecode). Nothing boots
+// for real: no DHCP, TFTP or kernel, no disk contents, no guest OS; and one
+// instance boots once (a reboot from inside the guest is not modelled; a
+// restart through KubeVirt is a new instance).
+package guest
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// BootDevice is what the "hardware" boots: the device with the lowest
+// bootOrder; without any, the first disk; without disks, the network.
+func BootDevice(spec *kubevirtv1.VirtualMachineInstanceSpec) machine.BootTarget {
+	var lowest *uint
+	target := machine.BootTarget("")
+	for _, d := range spec.Domain.Devices.Disks {
+		if d.BootOrder != nil && (lowest == nil || *d.BootOrder < *lowest) {
+			lowest, target = d.BootOrder, diskKind(d)
+		}
+	}
+	for _, n := range spec.Domain.Devices.Interfaces {
+		if n.BootOrder != nil && (lowest == nil || *n.BootOrder < *lowest) {
+			lowest, target = n.BootOrder, machine.BootPxe
+		}
+	}
+	switch {
+	case target != "":
+		return target
+	case len(spec.Domain.Devices.Disks) > 0:
+		return diskKind(spec.Domain.Devices.Disks[0])
+	default:
+		return machine.BootPxe
+	}
+}
+
+func diskKind(d kubevirtv1.Disk) machine.BootTarget {
+	if d.CDRom != nil {
+		return machine.BootCd
+	}
+	return machine.BootHdd
+}
+
+// NetBoot is one VM instance's network boot: what a PXE server learns of
+// the guest, and the SMBIOS its hardware reports.
+type NetBoot struct {
+	Namespace, Name string // the VM's (and its instance's)
+	// MACs are the instance's interface MACs as its spec gives them, in
+	// order; interfaces without one are left out.
+	MACs []string
+	// Serial and UUID are the firmware's SMBIOS serial and system UUID;
+	// "" when the spec has none.
+	Serial, UUID string
+}
+
+// NetBootOf is the network boot the instance makes.
+func NetBootOf(vmi *kubevirtv1.VirtualMachineInstance) NetBoot {
+	b := NetBoot{Namespace: vmi.Namespace, Name: vmi.Name}
+	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
+		if iface.MacAddress != "" {
+			b.MACs = append(b.MACs, iface.MacAddress)
+		}
+	}
+	if fw := vmi.Spec.Domain.Firmware; fw != nil {
+		b.Serial, b.UUID = fw.Serial, string(fw.UUID)
+	}
+	return b
+}
+
+// Run watches the VM instances c lists until ctx ends: each that is Running
+// and boots from the network (BootDevice) makes one network boot, told to
+// pxe in a goroutine of its own, as guests boot side by side.
+func Run(ctx context.Context, c client.Reader, pxe func(context.Context, NetBoot)) {
+	seen := map[types.UID]bool{} // instances already booted
+	for {
+		var vmis kubevirtv1.VirtualMachineInstanceList
+		if err := c.List(ctx, &vmis); err == nil {
+			for i := range vmis.Items {
+				vmi := &vmis.Items[i]
+				if vmi.Status.Phase != kubevirtv1.Running || vmi.DeletionTimestamp != nil || seen[vmi.UID] {
+					continue
+				}
+				seen[vmi.UID] = true
+				if BootDevice(&vmi.Spec) == machine.BootPxe {
+					go pxe(ctx, NetBootOf(vmi))
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Dmidecode is a dmidecode for the guest's hardware, as a shell script:
+// -s system-manufacturer, system-serial-number and system-uuid answer as
+// KubeVirt's SMBIOS does (manufacturer "KubeVirt" unless the cluster
+// configures another; dmidecode's placeholders where the spec has no serial
+// or UUID); any other keyword fails as dmidecode does.
+func (b NetBoot) Dmidecode() string {
+	serial, uuid := "Not Specified", "Not Settable"
+	if b.Serial != "" {
+		serial = b.Serial
+	}
+	if b.UUID != "" {
+		uuid = b.UUID
+	}
+	return "#!/bin/sh\n[ \"$1\" = -s ] || exit 2\ncase \"$2\" in\n" +
+		"system-manufacturer) echo 'KubeVirt' ;;\n" +
+		"system-serial-number) echo '" + shellSafe(serial) + "' ;;\n" +
+		"system-uuid) echo '" + shellSafe(uuid) + "' ;;\n" +
+		"*) echo \"Invalid string keyword: $2\" >&2; exit 2 ;;\nesac\n"
+}
+
+// shellSafe keeps a value inside single quotes.
+func shellSafe(s string) string { return strings.ReplaceAll(s, "'", "") }
