@@ -127,7 +127,7 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl
 func (r *BMCReconciler) readConfig(ctx context.Context, s *bmcScope) (bool, error) {
 	cfg, err := r.Config.Get(ctx)
 	if err != nil {
-		return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonConfigInvalid, err)
+		return false, s.status.fail(conditionDeploymentAvailable, reasonConfigInvalid, err)
 	}
 	s.config = cfg
 	return false, nil
@@ -137,15 +137,15 @@ func (r *BMCReconciler) findVM(ctx context.Context, s *bmcScope) (bool, error) {
 	b, vm := s.bmc, &kubevirtv1.VirtualMachine{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Spec.VMName}, vm); err != nil {
 		if !apierrors.IsNotFound(err) {
-			return false, s.status.fail(v1beta1.ConditionVMFound, reasonReadFailed, err)
+			return false, s.status.fail(conditionVMFound, reasonReadFailed, err)
 		}
 		// The VM's watch brings the BMC back here when it appears.
-		s.status.set(v1beta1.ConditionVMFound, false, reasonVMNotFound, "VirtualMachine %s does not exist", b.Spec.VMName)
+		s.status.set(conditionVMFound, false, reasonVMNotFound, "VirtualMachine %s does not exist", b.Spec.VMName)
 		r.warn(b, nil, reasonVMNotFound, "Reconcile", "VirtualMachine %s does not exist", b.Spec.VMName)
 		return true, nil
 	}
 	s.vm = vm
-	s.status.set(v1beta1.ConditionVMFound, true, reasonFound, "VirtualMachine %s exists", vm.Name)
+	s.status.set(conditionVMFound, true, reasonFound, "VirtualMachine %s exists", vm.Name)
 	return false, nil
 }
 
@@ -153,12 +153,12 @@ func (r *BMCReconciler) reconcileCredentials(ctx context.Context, s *bmcScope) (
 	// The shared bmc-server's Secret holds every VM's credentials: a
 	// tenant's BMC must not mount or serve it as its own.
 	if s.bmc.Spec.CredentialsSecret == sharedName {
-		s.status.set(v1beta1.ConditionCredentialsReady, false, reasonSecretNotAllowed, "Secret %s is the shared bmc-server's, not credentials", sharedName)
+		s.status.set(conditionCredentialsReady, false, reasonSecretNotAllowed, "Secret %s is the shared bmc-server's, not credentials", sharedName)
 		r.warn(s.bmc, nil, reasonSecretNotAllowed, "Reconcile", "Secret %s is the shared bmc-server's, not credentials", sharedName)
 		return true, nil
 	}
 	if err := r.ensureCredentials(ctx, s.bmc, s.vm, s.status); err != nil {
-		return false, s.status.fail(v1beta1.ConditionCredentialsReady, reasonCredentialsFailed, err)
+		return false, s.status.fail(conditionCredentialsReady, reasonCredentialsFailed, err)
 	}
 	return false, nil
 }
@@ -167,10 +167,10 @@ func (r *BMCReconciler) renderWorkload(ctx context.Context, s *bmcScope) (bool, 
 	w, err := r.Workload(WorkloadInput{BMC: s.bmc, VM: s.vm, Config: s.config})
 	if err != nil {
 		r.warn(s.bmc, s.vm, reasonWorkloadFailed, "Render", "%v", err)
-		return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
+		return false, s.status.fail(conditionDeploymentAvailable, reasonWorkloadFailed, err)
 	}
 	if err := r.keepHostOfOlderClaim(ctx, s.bmc, s.config, &w); err != nil {
-		return false, s.status.fail(v1beta1.ConditionIngressReady, reasonReadFailed, err)
+		return false, s.status.fail(conditionIngressReady, reasonReadFailed, err)
 	}
 	s.workload = w
 	return false, nil
@@ -179,7 +179,7 @@ func (r *BMCReconciler) renderWorkload(ctx context.Context, s *bmcScope) (bool, 
 func (r *BMCReconciler) applyWorkload(ctx context.Context, s *bmcScope) (bool, error) {
 	b, w := s.bmc, s.workload
 	if err := ownByNamespace(ctx, r.Client, b.Namespace, w.ClusterObjects); err != nil {
-		return false, s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonReadFailed, err)
+		return false, s.status.fail(conditionDeploymentAvailable, reasonReadFailed, err)
 	}
 	s.applied = map[string]client.Object{}
 	for _, obj := range slices.Concat(w.Objects, w.ClusterObjects) {
@@ -205,34 +205,34 @@ func (r *BMCReconciler) reportWorkload(ctx context.Context, s *bmcScope) (bool, 
 		// brings this BMC back.
 		d := &appsv1.Deployment{}
 		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, d); client.IgnoreNotFound(err) != nil {
-			return false, st.fail(v1beta1.ConditionDeploymentAvailable, reasonReadFailed, err)
+			return false, st.fail(conditionDeploymentAvailable, reasonReadFailed, err)
 		}
 		if err := r.sharedHealth.failure(b.Namespace); err != nil {
-			st.set(v1beta1.ConditionDeploymentAvailable, false, reasonSharedServerFailed, "shared bmc-server %s: %v", sharedName, err)
+			st.set(conditionDeploymentAvailable, false, reasonSharedServerFailed, "shared bmc-server %s: %v", sharedName, err)
 		} else {
 			st.deployment(d)
 		}
-		st.set(v1beta1.ConditionServiceReady, true, reasonShared, "Service %s serves the BMC", sharedName)
+		st.set(conditionServiceReady, true, reasonShared, "Service %s serves the BMC", sharedName)
 	case hasService:
 		st.deployment(s.applied[fmt.Sprintf("%T", &appsv1.Deployment{})])
-		st.set(v1beta1.ConditionServiceReady, true, reasonCreated, "Service %s serves the BMC", workloadName(vm.Name))
+		st.set(conditionServiceReady, true, reasonCreated, "Service %s serves the BMC", workloadName(vm.Name))
 	default:
 		st.deployment(s.applied[fmt.Sprintf("%T", &appsv1.Deployment{})])
-		st.set(v1beta1.ConditionServiceReady, true, reasonDisabled, "neither Redfish nor IPMI is on")
+		st.set(conditionServiceReady, true, reasonDisabled, "neither Redfish nor IPMI is on")
 	}
 	switch {
 	case errors.Is(w.IngressProblem, errHostTaken):
 		// No event tells of the holder going: look again now and then.
 		s.result.RequeueAfter = time.Minute
 		r.warn(b, nil, reasonHostTaken, "Render", "%v", w.IngressProblem)
-		st.set(v1beta1.ConditionIngressReady, false, reasonHostTaken, "%v", w.IngressProblem)
+		st.set(conditionIngressReady, false, reasonHostTaken, "%v", w.IngressProblem)
 	case w.IngressProblem != nil:
 		r.warn(b, nil, reasonHostNotAllowed, "Render", "%v", w.IngressProblem)
-		st.set(v1beta1.ConditionIngressReady, false, reasonHostNotAllowed, "%v", w.IngressProblem)
+		st.set(conditionIngressReady, false, reasonHostNotAllowed, "%v", w.IngressProblem)
 	case w.RedfishURL == "":
-		st.set(v1beta1.ConditionIngressReady, true, reasonDisabled, "Redfish is off")
+		st.set(conditionIngressReady, true, reasonDisabled, "Redfish is off")
 	default:
-		st.set(v1beta1.ConditionIngressReady, true, reasonCreated, "Redfish is served at %s", w.RedfishURL)
+		st.set(conditionIngressReady, true, reasonCreated, "Redfish is served at %s", w.RedfishURL)
 	}
 	return false, nil
 }
@@ -289,16 +289,16 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 			r.Events.Eventf(b, secret, corev1.EventTypeNormal, string(reasonCredentialsCreated), "Create", "created credentials Secret %s", name)
 		}
 	case apierrors.IsNotFound(err):
-		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretNotFound, "Secret %s does not exist", name)
+		st.set(conditionCredentialsReady, false, reasonSecretNotFound, "Secret %s does not exist", name)
 		return nil
 	case err != nil:
 		return err
 	}
 	if _, _, ok := v1beta1.CredentialsOf(secret); !ok {
-		st.set(v1beta1.ConditionCredentialsReady, false, reasonSecretInvalid, "Secret %s needs non-empty %q and %q", name, v1beta1.SecretUsernameKey, v1beta1.SecretPasswordKey)
+		st.set(conditionCredentialsReady, false, reasonSecretInvalid, "Secret %s needs non-empty %q and %q", name, v1beta1.SecretUsernameKey, v1beta1.SecretPasswordKey)
 		return nil
 	}
-	st.set(v1beta1.ConditionCredentialsReady, true, reasonFound, "Secret %s holds the credentials", name)
+	st.set(conditionCredentialsReady, true, reasonFound, "Secret %s holds the credentials", name)
 
 	want := b.Annotations[v1beta1.AnnotationRotateCredentials]
 	if want == "" || want == b.Status.CredentialsRotation {
@@ -309,7 +309,7 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 		return nil
 	}
 	if secret.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue {
-		st.set(v1beta1.ConditionCredentialsReady, true, reasonRotationRefused, "Secret %s is not managed by virtmetal: rotate it yourself", name)
+		st.set(conditionCredentialsReady, true, reasonRotationRefused, "Secret %s is not managed by virtmetal: rotate it yourself", name)
 		return nil
 	}
 	// The user name stays: bmc-server accepts the previous password for a
@@ -353,7 +353,7 @@ func (r *BMCReconciler) removeUnwanted(ctx context.Context, s *bmcScope) error {
 	}
 	if len(w.ClusterObjects) == 0 {
 		if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(b.Namespace, b.Spec.VMName), b.Namespace, b.Spec.VMName); err != nil {
-			return s.status.fail(v1beta1.ConditionDeploymentAvailable, reasonWorkloadFailed, err)
+			return s.status.fail(conditionDeploymentAvailable, reasonWorkloadFailed, err)
 		}
 	}
 	return nil
@@ -365,14 +365,14 @@ func (r *BMCReconciler) removeUnwanted(ctx context.Context, s *bmcScope) error {
 func (r *BMCReconciler) writeStatus(ctx context.Context, b *v1beta1.VirtualMachineBMC, s *statusBuilder) error {
 	var notReady []string
 	for _, t := range controllerConditions {
-		if c := meta.FindStatusCondition(s.status.Conditions, t); c == nil || c.Status != metav1.ConditionTrue {
-			notReady = append(notReady, t)
+		if c := meta.FindStatusCondition(s.status.Conditions, string(t)); c == nil || c.Status != metav1.ConditionTrue {
+			notReady = append(notReady, string(t))
 		}
 	}
 	if len(notReady) == 0 {
-		s.set(v1beta1.ConditionReady, true, reasonReady, "the BMC serves its VM")
+		s.set(conditionReady, true, reasonReady, "the BMC serves its VM")
 	} else {
-		s.set(v1beta1.ConditionReady, false, reasonNotReady, "not yet: %v", notReady)
+		s.set(conditionReady, false, reasonNotReady, "not yet: %v", notReady)
 	}
 	s.status.ObservedGeneration = b.Generation
 	key := client.ObjectKeyFromObject(b)
@@ -404,7 +404,7 @@ func statusUpToDate(current, want v1beta1.VirtualMachineBMCStatus) bool {
 		return false
 	}
 	for _, t := range controllerConditions {
-		if meta.FindStatusCondition(current.Conditions, t) != nil && meta.FindStatusCondition(want.Conditions, t) == nil {
+		if meta.FindStatusCondition(current.Conditions, string(t)) != nil && meta.FindStatusCondition(want.Conditions, string(t)) == nil {
 			return false
 		}
 	}

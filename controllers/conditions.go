@@ -13,6 +13,20 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 )
 
+// conditionType is a condition of the controller's part of a
+// VirtualMachineBMC status; the names are the API's.
+type conditionType string
+
+// The controller's conditions.
+const (
+	conditionReady               conditionType = v1beta1.ConditionReady
+	conditionVMFound             conditionType = v1beta1.ConditionVMFound
+	conditionCredentialsReady    conditionType = v1beta1.ConditionCredentialsReady
+	conditionDeploymentAvailable conditionType = v1beta1.ConditionDeploymentAvailable
+	conditionServiceReady        conditionType = v1beta1.ConditionServiceReady
+	conditionIngressReady        conditionType = v1beta1.ConditionIngressReady
+)
+
 // reason says why a condition is what it is, or why an Event was sent.
 // Users' alerts and scripts match these words: they never change.
 type reason string
@@ -54,21 +68,21 @@ const (
 
 // controllerConditions are the conditions the BMC reconciler owns, which
 // Ready sums up.
-var controllerConditions = []string{
-	v1beta1.ConditionVMFound, v1beta1.ConditionCredentialsReady, v1beta1.ConditionDeploymentAvailable,
-	v1beta1.ConditionServiceReady, v1beta1.ConditionIngressReady,
+var controllerConditions = []conditionType{
+	conditionVMFound, conditionCredentialsReady, conditionDeploymentAvailable,
+	conditionServiceReady, conditionIngressReady,
 }
 
 // conditionOfKind is the condition that reports a workload object's
 // failure.
-func conditionOfKind(obj client.Object) string {
+func conditionOfKind(obj client.Object) conditionType {
 	switch obj.(type) {
 	case *corev1.Service:
-		return v1beta1.ConditionServiceReady
+		return conditionServiceReady
 	case *networkingv1.Ingress:
-		return v1beta1.ConditionIngressReady
+		return conditionIngressReady
 	}
-	return v1beta1.ConditionDeploymentAvailable
+	return conditionDeploymentAvailable
 }
 
 // statusBuilder collects the controller's part of a status.
@@ -86,17 +100,17 @@ func newStatus(b *v1beta1.VirtualMachineBMC) *statusBuilder {
 	}
 }
 
-func (s *statusBuilder) set(conditionType string, ok bool, why reason, format string, args ...any) {
+func (s *statusBuilder) set(t conditionType, ok bool, why reason, format string, args ...any) {
 	status := metav1.ConditionFalse
 	if ok {
 		status = metav1.ConditionTrue
 	}
 	c := metav1.Condition{
-		Type: conditionType, Status: status, Reason: string(why),
+		Type: string(t), Status: status, Reason: string(why),
 		Message: fmt.Sprintf(format, args...), ObservedGeneration: s.generation,
 	}
 	// Keep the transition time of a condition whose status did not change.
-	if old := meta.FindStatusCondition(s.previous, conditionType); old != nil && old.Status == status {
+	if old := meta.FindStatusCondition(s.previous, string(t)); old != nil && old.Status == status {
 		c.LastTransitionTime = old.LastTransitionTime
 	} else {
 		c.LastTransitionTime = metav1.Now()
@@ -105,8 +119,8 @@ func (s *statusBuilder) set(conditionType string, ok bool, why reason, format st
 }
 
 // fail reports err on conditionType and returns it.
-func (s *statusBuilder) fail(conditionType string, why reason, err error) error {
-	s.set(conditionType, false, why, "%v", err)
+func (s *statusBuilder) fail(t conditionType, why reason, err error) error {
+	s.set(t, false, why, "%v", err)
 	return err
 }
 
@@ -115,10 +129,10 @@ func (s *statusBuilder) fail(conditionType string, why reason, err error) error 
 // learned nothing new about them.
 func (s *statusBuilder) keepUnreached() {
 	for _, t := range controllerConditions {
-		if meta.FindStatusCondition(s.status.Conditions, t) != nil {
+		if meta.FindStatusCondition(s.status.Conditions, string(t)) != nil {
 			continue
 		}
-		if old := meta.FindStatusCondition(s.previous, t); old != nil {
+		if old := meta.FindStatusCondition(s.previous, string(t)); old != nil {
 			meta.SetStatusCondition(&s.status.Conditions, *old)
 		}
 	}
@@ -129,10 +143,10 @@ func (s *statusBuilder) deployment(obj client.Object) {
 	// one message for both, so the next reconcile writes no status.
 	d, _ := obj.(*appsv1.Deployment)
 	if d == nil || !deploymentAvailable(d) {
-		s.set(v1beta1.ConditionDeploymentAvailable, false, reasonUnavailable, "bmc-server is not available yet")
+		s.set(conditionDeploymentAvailable, false, reasonUnavailable, "bmc-server is not available yet")
 		return
 	}
-	s.set(v1beta1.ConditionDeploymentAvailable, true, reasonAvailable, "bmc-server is available")
+	s.set(conditionDeploymentAvailable, true, reasonAvailable, "bmc-server is available")
 }
 
 func deploymentAvailable(d *appsv1.Deployment) bool {
