@@ -1,15 +1,16 @@
 package conformance_test
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -48,13 +49,12 @@ func TestMetal3VirtualMediaBoot(t *testing.T) {
 		t.Fatalf("ForceRestart: %v", err)
 	}
 	vm := backend.Get("vm-0")
-	deadline := time.Now().Add(maasPollTimeout)
-	for boots := vm.Boots(); len(boots) < 2 || boots[len(boots)-1] != machine.BootCd; boots = vm.Boots() {
-		if time.Now().After(deadline) {
-			t.Fatalf("boots = %v, want the restart to boot Cd", boots)
+	poll.Until(t, "the restart booting Cd", func() error {
+		if boots := vm.Boots(); len(boots) < 2 || boots[len(boots)-1] != machine.BootCd {
+			return fmt.Errorf("boots = %v", boots)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if got, _ := vm.VirtualMedia(t.Context()); got.Image != iso || !got.Inserted {
 		t.Fatalf("backend media = %+v", got)
 	}

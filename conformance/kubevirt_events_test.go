@@ -10,6 +10,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/ssetest"
 )
 
@@ -32,7 +33,7 @@ func TestKubeVirtEventStream(t *testing.T) {
 		t.Fatalf("MaaS power_on: %v", err)
 	}
 	// The boot override is used up when the VMI has booted from it.
-	kvEventually(t, "the override used up", func() bool {
+	poll.True(t, "the override used up", func() bool {
 		_, _, body := kvRequest(t, b.ts, "GET", b.system, nil, "")
 		boot, _ := body["Boot"].(map[string]any)
 		return boot["BootSourceOverrideEnabled"] == "Disabled"

@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"slices"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -17,6 +16,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -63,7 +63,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	kvEventually(t, "the VM running", func() bool {
+	poll.True(t, "the VM running", func() bool {
 		got := &kubevirtv1.VirtualMachine{}
 		return kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
 	})
@@ -105,7 +105,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	if boots := kubeSim.Boots(ns, name); !slices.Equal(boots, []machine.BootTarget{machine.BootHdd, machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Hdd Pxe]: the first VMI from disk, the one after On from the NIC", boots)
 	}
-	kvEventually(t, "the VM's own boot order back", func() bool {
+	poll.True(t, "the VM's own boot order back", func() bool {
 		got := &kubevirtv1.VirtualMachine{}
 		if err := kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got); err != nil {
 			return false
@@ -188,19 +188,8 @@ func kvRequest(t testing.TB, ts *httptest.Server, method, path string, body any,
 
 func kvWaitPower(t *testing.T, ts *httptest.Server, system, want string) {
 	t.Helper()
-	kvEventually(t, "PowerState "+want, func() bool {
+	poll.True(t, "PowerState "+want, func() bool {
 		status, _, body := kvRequest(t, ts, http.MethodGet, system, nil, "")
 		return status == http.StatusOK && body["PowerState"] == want
 	})
-}
-
-func kvEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

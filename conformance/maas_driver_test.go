@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/conformance/maasdriver"
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 )
@@ -212,15 +213,12 @@ func TestMaaSDriverRequestsByteForByte(t *testing.T) {
 			}
 			// power_reset does not wait; the transition settles on its own.
 			vm := backend.Get("vm-0")
-			for deadline := time.Now().Add(maasPollTimeout); ; time.Sleep(10 * time.Millisecond) {
-				p, _ := vm.PowerState(t.Context())
-				if p == tt.wantPower {
-					break
+			poll.Until(t, "the power state", func() error {
+				if p, _ := vm.PowerState(t.Context()); p != tt.wantPower {
+					return fmt.Errorf("power %s, want %s", p, tt.wantPower)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("power %s, want %s", p, tt.wantPower)
-				}
-			}
+				return nil
+			})
 			boots := vm.Boots()
 			if tt.wantLastPxe && (len(boots) == 0 || boots[len(boots)-1] != machine.BootPxe) {
 				t.Errorf("boots %v, want the last from Pxe", boots)

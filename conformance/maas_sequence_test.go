@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
@@ -60,14 +62,7 @@ func newMaaSServer(t *testing.T) (*redfish.Server, *memory.Backend) {
 	if err := vm.Reset(t.Context(), machine.ResetOn); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(maasPollTimeout); ; time.Sleep(10 * time.Millisecond) {
-		if p, _ := vm.PowerState(t.Context()); p == machine.PowerOn {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("vm-0 did not finish powering on")
-		}
-	}
+	poll.True(t, "vm-0 powered on", func() bool { p, _ := vm.PowerState(t.Context()); return p == machine.PowerOn })
 	srv, err := redfish.NewServer(redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleOperator}},
@@ -95,7 +90,7 @@ func startMaaSBMC(t *testing.T) (*httptest.Server, *memory.Backend, *maasPatchRe
 func maasWaitForPower(t *testing.T, client *gofish.APIClient, uri string, want schemas.PowerState) []schemas.PowerState {
 	t.Helper()
 	var seen []schemas.PowerState
-	for deadline := time.Now().Add(maasPollTimeout); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	poll.Until(t, uri+" reaching "+string(want), func() error {
 		sys, err := schemas.GetComputerSystem(client, uri)
 		if err != nil {
 			t.Fatalf("GET %s: %v", uri, err)
@@ -103,12 +98,12 @@ func maasWaitForPower(t *testing.T, client *gofish.APIClient, uri string, want s
 		if len(seen) == 0 || seen[len(seen)-1] != sys.PowerState {
 			seen = append(seen, sys.PowerState)
 		}
-		if sys.PowerState == want {
-			return seen
+		if sys.PowerState != want {
+			return fmt.Errorf("saw %v", seen)
 		}
-	}
-	t.Fatalf("%s never reached %s; saw %v", uri, want, seen)
-	return nil
+		return nil
+	})
+	return seen
 }
 
 // TestMaaSPowerSequenceWithGofish drives MaaS's Redfish power driver

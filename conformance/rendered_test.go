@@ -6,7 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"testing"
-	"time"
+
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // TestAnswersFollowEveryChange: answers are rendered once per change of
@@ -74,13 +75,7 @@ func TestAnswersFollowEveryChange(t *testing.T) {
 				b.changeOutside(t)
 				// Another writer's change reaches the BMC through its
 				// backend (for KubeVirt, an informer event): poll for it.
-				deadline := time.Now().Add(10 * time.Second)
-				for bytes.Equal(serve(t, b, b.system).body, before.body) {
-					if time.Now().After(deadline) {
-						t.Fatalf("GET %s still shows the state from before the change", b.system)
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+				poll.True(t, "GET "+b.system+" showing the change", func() bool { return !bytes.Equal(serve(t, b, b.system).body, before.body) })
 				checkETagFollowsBody(t, b, b.system, before)
 			})
 		})
