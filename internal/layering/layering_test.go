@@ -43,6 +43,9 @@ func TestImportRules(t *testing.T) {
 		{"internal/bmcserver", []string{"sigs.k8s.io/controller-runtime", "k8s.io/client-go/kubernetes", "k8s.io/client-go/informers"},
 			"it is what every BMC pod runs: controller-runtime's client and client-go's typed clientset cost about 10 MB of every pod (docs/benchmarks.md)"},
 		{"sim/...", []string{"testing"}, "simulators are importable by the lab, a program; a test helper takes the test's T as an interface"},
+		{"cmd/bmc-server", []string{"testing"}, "product binaries link no test helper (internal/poll, the simulators' test side)"},
+		{"cmd/bmc-controller", []string{"testing"}, "product binaries link no test helper (internal/poll, the simulators' test side)"},
+		{"cmd/reconciler", []string{"testing"}, "product binaries link no test helper (internal/poll, the simulators' test side)"},
 		{"cmd/lab", []string{"testing"}, "the lab is a program: it starts the simulators with their own constructors, not a test's helpers"},
 	}
 	for _, tc := range tests {
