@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -67,7 +68,8 @@ import (
 // wait that doubles with each refusal (see v1beta1.MaaSProblem).
 //
 // A Reconciler keeps no state between cycles: what must outlive one is in
-// the VirtualMachineBMC status. It is not safe for concurrent use.
+// the VirtualMachineBMC status. It is not safe for concurrent use; within a
+// cycle it works on machines concurrently (Concurrency).
 type Reconciler struct {
 	MaaS    *Client
 	Cluster Cluster
@@ -86,6 +88,31 @@ type Reconciler struct {
 	CommissionBackoff, MaxCommissionBackoff time.Duration
 	// Metrics, when set, is told of every cycle.
 	Metrics *Metrics
+	// Concurrency is how many machines a cycle works on at once (zero:
+	// DefaultConcurrency). Each machine's own steps stay in order
+	// (detach, credentials, then hostname and pool, then commission), and
+	// a machine MaaS is slow or failing for holds one slot, not the fleet.
+	Concurrency int
+}
+
+// DefaultConcurrency is Reconciler.Concurrency's default: enough for a
+// lab's 50 new VMs to be commissioned in one cycle without a request
+// burst a MaaS region would notice.
+const DefaultConcurrency = 8
+
+// eachConcurrently calls work(i) for i in [0, n), at most r.Concurrency at
+// once, and returns when all have.
+func (r *Reconciler) eachConcurrently(n int, work func(i int)) {
+	slots := make(chan struct{}, cmp.Or(r.Concurrency, DefaultConcurrency))
+	var wg sync.WaitGroup
+	for i := range n {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			work(i)
+		})
+	}
+	wg.Wait()
 }
 
 // Change is one thing a cycle changed (or, in a dry run, would change).
@@ -419,6 +446,22 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		others         []managedMachine // the other machines claiming the VM
 		credentialsSet bool
 		err            error
+		// changes are the machine's, recorded in order once its phase
+		// is done: machines run concurrently, the cycle's list does not.
+		changes []Change
+		// hostname is the one the machine may hold, claimed before the
+		// machines run (in their order, so the same machine wins a name
+		// every cycle), or why it may hold none.
+		hostname    string
+		hostnameErr error
+	}
+	recordAll := func(all []*bound) {
+		for _, x := range all {
+			for _, c := range x.changes {
+				record(c)
+			}
+			x.changes = nil
+		}
 	}
 	var all []*bound
 	for _, b := range bindings {
@@ -437,15 +480,22 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	var written []*bound
 	for _, x := range all {
 		current[x.m.SystemID] = x.m.Machine
+	}
+	wrote := make([]bool, len(all))
+	r.eachConcurrently(len(all), func(i int) {
+		x := all[i]
+		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
 		// MaaS shares one BMC row among redfish machines of one address:
 		// credentials written on the proven machine would reach every other
 		// claimant, so they are detached first, or nothing is written.
-		if x.err = r.detach(ctx, x.m, x.others, record); x.err == nil {
-			var wrote bool
-			x.credentialsSet, wrote, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, record)
-			if wrote {
-				written = append(written, x)
-			}
+		if x.err = r.detach(ctx, x.m, x.others, recordOwn); x.err == nil {
+			x.credentialsSet, wrote[i], x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, recordOwn)
+		}
+	})
+	recordAll(all)
+	for i, x := range all {
+		if wrote[i] {
+			written = append(written, x)
 		}
 	}
 	// One read-back for every write of the cycle, not one per write.
@@ -472,12 +522,28 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		}
 	}
 	poolErrs := r.ensurePools(ctx, poolsWanted, record)
+	var identities []*bound
 	for _, x := range all {
 		if ownsIdentity(x) {
-			m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, holders, poolErrs, now, record)
-			current[x.m.SystemID] = m
-			x.err = cmp.Or(err, x.err)
+			identities = append(identities, x)
+			if poolErrs[x.m.vm.Namespace] == nil {
+				x.hostname, x.hostnameErr = claimHostname(x.m, holders)
+			}
 		}
+	}
+	updated := make([]Machine, len(identities))
+	r.eachConcurrently(len(identities), func(i int) {
+		x := identities[i]
+		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
+		var err error
+		updated[i], err = r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, x.hostname, x.hostnameErr, poolErrs, now, recordOwn)
+		x.err = cmp.Or(err, x.err)
+	})
+	recordAll(identities)
+	for i, x := range identities {
+		current[x.m.SystemID] = updated[i]
+	}
+	for _, x := range all {
 		if x.err != nil {
 			failures[x.m.SystemID] = x.err
 		}
@@ -534,8 +600,8 @@ func (r *Reconciler) logFor(m managedMachine) logr.Logger {
 // machine whose credentials are in place, commissions it, unless MaaS
 // refused that and the wait the VM's status reports has not ended. It
 // returns the machine as MaaS last showed it.
-func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, reported MachineStatus, credentialsSet bool, holders map[string]string, poolErrs map[string]error, now metav1.Time, record func(Change)) (Machine, error) {
-	current, identitySet, err := r.reconcileIdentity(ctx, log, m, holders, poolErrs, record)
+func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, reported MachineStatus, credentialsSet bool, hostname string, hostnameErr error, poolErrs map[string]error, now metav1.Time, record func(Change)) (Machine, error) {
+	current, identitySet, err := r.reconcileIdentity(ctx, log, m, hostname, hostnameErr, poolErrs, record)
 	if err != nil || !identitySet || m.Status != StatusNew {
 		return current, err
 	}
@@ -655,13 +721,12 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 // reconcileIdentity gives a machine its hostname and pool. It returns the
 // machine as MaaS last showed it, and whether both are (or, in a dry run,
 // would be) in place.
-func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m managedMachine, holders map[string]string, poolErrs map[string]error, record func(Change)) (Machine, bool, error) {
+func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m managedMachine, hostname string, hostnameErr error, poolErrs map[string]error, record func(Change)) (Machine, bool, error) {
 	if err := poolErrs[m.vm.Namespace]; err != nil {
 		return m.Machine, false, err
 	}
-	hostname, err := claimHostname(m, holders)
-	if err != nil {
-		return m.Machine, false, err
+	if hostnameErr != nil {
+		return m.Machine, false, hostnameErr
 	}
 	update := MachineUpdate{}
 	if m.Hostname != hostname {

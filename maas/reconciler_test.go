@@ -2,8 +2,10 @@ package maas_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -590,5 +592,103 @@ func TestRunRecoversFromOutage(t *testing.T) {
 	}
 	if got := commissions(s, "m1"); got != 1 {
 		t.Errorf("commissions = %d", got)
+	}
+}
+
+// TestSlowMachineDelaysNoOther: MaaS hangs on one machine's commission;
+// within the same cycle every other machine is still renamed, pooled,
+// given its credentials and commissioned, each in that order, and the
+// hanging machine finishes when MaaS answers.
+func TestSlowMachineDelaysNoOther(t *testing.T) {
+	vms := []maas.VMRef{{Namespace: "tenant-a", Name: "slow"}, {Namespace: "tenant-a", Name: "web1"}, {Namespace: "tenant-b", Name: "web2"}}
+	s := maassim.New(t)
+	cluster := newFakeCluster()
+	for i, vm := range vms {
+		s.WithMachine(ours(fmt.Sprintf("m%d", i), vm, maassim.StatusNew))
+		cluster.withVM(vm, "s3cret-"+vm.Name)
+	}
+	release, waiting := s.Hold(maassim.Match{Method: "POST", Path: "machines/m0/", Op: "commission"})
+	t.Cleanup(release)
+	r := newReconciler(t, s, cluster)
+	done := make(chan maas.CycleResult)
+	go func() {
+		result, err := r.Reconcile(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		done <- result
+	}()
+	poll.True(t, "the slow machine's commission waiting", func() bool { return waiting() == 1 })
+	poll.Until(t, "the other machines commissioned while it waits", func() error {
+		for _, id := range []string{"m1", "m2"} {
+			if m, _ := s.Machine(id); m.Status != maassim.StatusCommissioning {
+				return fmt.Errorf("%s is %d", id, m.Status)
+			}
+		}
+		return nil
+	})
+	release()
+	result := <-done
+	if m, _ := s.Machine("m0"); m.Status != maassim.StatusCommissioning {
+		t.Errorf("the slow machine is %d once MaaS answered", m.Status)
+	}
+	// Each machine's steps in order, and the cycle's changes in machine
+	// order whatever order the machines finished in.
+	for _, id := range []string{"m0", "m1", "m2"} {
+		var steps []string
+		for _, req := range s.Requests() {
+			if req.Method == "POST" || req.Method == "PUT" {
+				if req.Path == "machines/"+id+"/" {
+					steps = append(steps, cmp.Or(req.Op, "update"))
+				}
+			}
+		}
+		if want := []string{"update", "update", "commission"}; !slices.Equal(steps, want) {
+			t.Errorf("%s's writes %v, want credentials, then hostname and pool, then commission", id, steps)
+		}
+	}
+	var order []string
+	for _, c := range result.Changes {
+		if c.SystemID != "" && c.Action != maas.ActionReport {
+			order = append(order, c.Action+" "+c.SystemID)
+		}
+	}
+	want := []string{
+		maas.ActionSetCredentials + " m0", maas.ActionSetCredentials + " m1", maas.ActionSetCredentials + " m2",
+		maas.ActionSetIdentity + " m0", maas.ActionCommission + " m0", maas.ActionSetIdentity + " m1", maas.ActionCommission + " m1",
+		maas.ActionSetIdentity + " m2", maas.ActionCommission + " m2",
+	}
+	if !slices.Equal(order, want) {
+		t.Errorf("changes\n %v\nwant\n %v", order, want)
+	}
+}
+
+// TestConcurrencyIsBounded: with every machine's first write held, no more
+// than Concurrency requests are in MaaS at once.
+func TestConcurrencyIsBounded(t *testing.T) {
+	s := maassim.New(t)
+	cluster := newFakeCluster()
+	for i := range 6 {
+		vm := maas.VMRef{Namespace: "tenant-a", Name: fmt.Sprintf("web%d", i)}
+		s.WithMachine(ours(fmt.Sprintf("m%d", i), vm, maassim.StatusNew))
+		cluster.withVM(vm, "s3cret")
+	}
+	release, waiting := s.Hold(maassim.Match{Method: "PUT"})
+	t.Cleanup(release)
+	r := newReconciler(t, s, cluster)
+	r.Concurrency = 2
+	done := make(chan error)
+	go func() { _, err := r.Reconcile(context.Background()); done <- err }()
+	poll.True(t, "two machines' writes waiting", func() bool { return waiting() == 2 })
+	time.Sleep(50 * time.Millisecond) // a third would be let in now, if it could
+	if n := waiting(); n != 2 {
+		t.Errorf("%d writes in MaaS at once, want Concurrency 2", n)
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := s.MaxInFlight(); n > 2 {
+		t.Errorf("MaaS saw %d requests at once, want at most 2", n)
 	}
 }

@@ -224,6 +224,9 @@ type Server struct {
 	nonces     map[string]bool
 	requests   []Request
 	faults     []*faultRule
+	holds      []*hold
+	inFlight   int // requests being handled now
+	maxFlight  int // the most at once since the last ResetRequests
 	// onCommission is told of every commission MaaS accepted.
 	onCommission func(systemID string)
 }
@@ -540,6 +543,46 @@ func (s *Server) FailMatching(match Match, n int, fault Fault) *Server {
 	return s
 }
 
+// hold keeps the requests that match waiting until released: a MaaS that
+// is slow for one machine.
+type hold struct {
+	match    Match
+	released chan struct{}
+	waiting  int
+}
+
+// Hold makes every request that matches wait, before it is handled, until
+// release is called; waiting says how many wait now.
+func (s *Server) Hold(match Match) (release func(), waiting func() int) {
+	h := &hold{match: match, released: make(chan struct{})}
+	s.mu.Lock()
+	s.holds = append(s.holds, h)
+	s.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.holds = slices.DeleteFunc(s.holds, func(x *hold) bool { return x == h })
+			s.mu.Unlock()
+			close(h.released)
+		})
+	}
+	waiting = func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return h.waiting
+	}
+	return release, waiting
+}
+
+// MaxInFlight is the most requests the server handled at once since it
+// started or ResetRequests.
+func (s *Server) MaxInFlight() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maxFlight
+}
+
 // ClearFaults removes all pending faults.
 func (s *Server) ClearFaults() {
 	s.mu.Lock()
@@ -645,6 +688,7 @@ func (s *Server) ResetRequests() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requests = nil
+	s.maxFlight = s.inFlight
 }
 
 // reply is a handler's answer: a status and a JSON value or a plain text.
@@ -690,6 +734,29 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	s.mu.Lock()
+	s.inFlight++
+	s.maxFlight = max(s.maxFlight, s.inFlight)
+	var held *hold
+	for _, h := range s.holds {
+		if h.match.matches(r.Method, path, op) {
+			held = h
+			h.waiting++
+			break
+		}
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+	}()
+	if held != nil {
+		<-held.released
+		s.mu.Lock()
+		held.waiting--
+		s.mu.Unlock()
+	}
 	s.mu.Lock()
 	fault := s.takeFault(r.Method, path, op)
 	s.mu.Unlock()
