@@ -61,6 +61,7 @@ type options struct {
 	commission     struct{ backoff, maxBackoff time.Duration }
 	dryRun         bool
 	metricsListen  string
+	concurrency    int
 	verbosity      int
 }
 
@@ -79,6 +80,7 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 	fs.DurationVar(&o.commission.maxBackoff, "max-commission-backoff", maas.DefaultMaxCommissionBackoff, "longest wait between refused commissions")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would change; change nothing")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "without --once, address to serve Prometheus metrics on at /metrics, plain HTTP, e.g. :9100 (default: off)")
+	fs.IntVar(&o.concurrency, "concurrency", maas.DefaultConcurrency, "machines worked on at once in a cycle; each machine's steps stay in order")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -94,6 +96,8 @@ func parseFlags(args []string, getenv func(string) string, stderr io.Writer) (op
 		return o, fmt.Errorf("--interval must be positive, got %v", o.interval)
 	case o.once && o.metricsListen != "":
 		return o, errors.New("--metrics-listen needs the loop mode: a --once run ends before a scrape (its \"cycle done\" log line is its summary)")
+	case o.concurrency < 1:
+		return o, fmt.Errorf("--concurrency must be 1 or more, got %d", o.concurrency)
 	case o.failAfter < 0:
 		return o, fmt.Errorf("--fail-after must be 0 or more, got %d", o.failAfter)
 	case o.commission.backoff <= 0 || o.commission.maxBackoff < o.commission.backoff:
@@ -177,6 +181,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 		CommissionBackoff:    o.commission.backoff,
 		MaxCommissionBackoff: o.commission.maxBackoff,
+		Concurrency:          o.concurrency,
 	}
 	if o.once {
 		result, err := r.Reconcile(ctx)

@@ -77,6 +77,16 @@ func TestParseFlags(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "concurrency",
+			args: []string{"--maas-url", "http://m", "--domain", "d.org", "--concurrency", "3"},
+			check: func(t *testing.T, o options) {
+				if o.concurrency != 3 {
+					t.Errorf("concurrency = %d", o.concurrency)
+				}
+			},
+		},
+		{name: "no concurrency", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--concurrency", "0"}, wantErr: "--concurrency"},
 		{name: "metrics with --once", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--once", "--metrics-listen", ":9100"}, wantErr: "--metrics-listen"},
 		{name: "negative fail-after", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--fail-after", "-1"}, wantErr: "--fail-after"},
 		{name: "back-off above its cap", args: []string{"--maas-url", "http://m", "--domain", "d.org", "--commission-backoff", "2h"}, wantErr: "--commission-backoff"},
