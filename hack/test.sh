@@ -32,6 +32,14 @@ if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   hack/setup-envtest.sh "$KUBEBUILDER_ASSETS"
 fi
 
+# KubeVirt's virt-controller and virt-api, built from the Go module (the
+# version of kubevirt.io/api in go.mod). Assigned, then exported, so that a
+# failing build stops the run (export VAR=$(...) would hide its status).
+if [ -z "${VIRTMETAL_KUBEVIRT_BIN:-}" ]; then
+  VIRTMETAL_KUBEVIRT_BIN=$(hack/setup-kubevirt.sh)
+  export VIRTMETAL_KUBEVIRT_BIN
+fi
+
 export REDFISH_SCHEMA_DIR=${REDFISH_SCHEMA_DIR:-$(cd .. && pwd)/shared/redfish-schemas}
 
 log "go vet"
