@@ -20,6 +20,13 @@
 #    Cold, this takes several minutes on 2 cores; the Go build cache makes
 #    later builds fast.
 #
+# 3. Beside them, DEST/manifests/ gets what virt-operator would install for
+#    them, printed by hack/kubevirt-manifests with virt-operator's own
+#    generators: crds.yaml (every KubeVirt CRD), rbac.yaml (ServiceAccounts,
+#    Roles and bindings of virt-api, virt-controller, virt-handler and the
+#    cluster roles), virt-api.yaml (APIServices, webhook configurations).
+#    internal/kubetest/realkubevirt reads them.
+#
 # Neither binary has a --version flag. The version is linked in where
 # KubeVirt's own build puts it (kubevirt.io/client-go/version, which virt-api
 # serves at /apis/subresources.kubevirt.io/v1/version; virt-controller does
@@ -40,6 +47,9 @@ DEST=${1:-$CACHE_HOME/virtmetal/kubevirt/${KUBEVIRT_VERSION#v}}
 SRC_CACHE=${SRC_CACHE:-$CACHE_HOME/virtmetal/kubevirt-src}
 STANDINS=$repo/hack/kubevirt-standins
 BINARIES=(virt-controller virt-api)
+# What hack/kubevirt-manifests prints (virt-operator's generators): the CRDs,
+# the RBAC, virt-api's APIServices and webhook configurations.
+MANIFESTS=(crds.yaml rbac.yaml virt-api.yaml)
 
 export GOWORK=off GOFLAGS="-mod=mod -buildvcs=false" CGO_ENABLED=0
 say() { echo "setup-kubevirt: $*" >&2; }
@@ -49,12 +59,13 @@ DEST=$(cd "$DEST" && pwd)
 
 # What the binaries are built from: the version, this script and the
 # stand-ins. A change to any of them rebuilds.
-recipe=$(cd "$repo" && cat hack/setup-kubevirt.sh $(find hack/kubevirt-standins -type f | LC_ALL=C sort) | sha256sum | cut -c1-16)
+recipe=$(cd "$repo" && cat hack/setup-kubevirt.sh $(find hack/kubevirt-standins hack/kubevirt-manifests -type f | LC_ALL=C sort) | sha256sum | cut -c1-16)
 stamp_prefix="kubevirt $KUBEVIRT_VERSION recipe $recipe"
 
 built_ok() {
   local b
   for b in "${BINARIES[@]}"; do [ -x "$DEST/$b" ] || return 1; done
+  for m in "${MANIFESTS[@]}"; do [ -s "$DEST/manifests/$m" ] || return 1; done
   [ -f "$DEST/.stamp" ] && grep -qxF -- "$stamp_prefix" <(cut -d' ' -f1-4 "$DEST/.stamp")
 }
 
@@ -133,8 +144,16 @@ tmp=$DEST/.build.new
 rm -rf "$tmp" && mkdir -p "$tmp"
 say "building ${BINARIES[*]} $KUBEVIRT_VERSION (stand-ins: $standins)"
 (cd "$src" && nice go build -trimpath -ldflags "$ldflags" -o "$tmp/" "${BINARIES[@]/#/./cmd/}")
+# The manifests virt-operator would install, from its own generators: the
+# program compiles only inside the kubevirt module, so it is copied there.
+mkdir -p "$src/hack/virtmetal-manifests" "$tmp/manifests"
+cp "$repo/hack/kubevirt-manifests/main.go" "$src/hack/virtmetal-manifests/main.go"
+(cd "$src" && nice go build -trimpath -o "$tmp/kubevirt-manifests" ./hack/virtmetal-manifests/main.go)
+(cd "$tmp/manifests" && "$tmp/kubevirt-manifests")
+rm -f "$tmp/kubevirt-manifests"
 rm -f "$DEST/.stamp"
 for b in "${BINARIES[@]}"; do mv -f "$tmp/$b" "$DEST/$b"; done
+rm -rf "$DEST/manifests" && mv "$tmp/manifests" "$DEST/manifests"
 rmdir "$tmp"
 echo "$stamp_prefix standins $standins commit $commit go $(go env GOVERSION)" >"$DEST/.stamp"
 
