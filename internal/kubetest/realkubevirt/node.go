@@ -42,7 +42,8 @@ type Node struct {
 
 	mu       sync.Mutex
 	lastErr  error
-	shutdown map[types.NamespacedName]bool // VMIs whose guest powered off
+	shutdown map[types.NamespacedName]bool     // VMIs whose guest powered off
+	boots    map[types.NamespacedName][]string // what each VMI name booted, in order
 }
 
 // StartNode registers a Node and starts its stand-in; Stop (or the
@@ -92,7 +93,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string) (*Node, error) {
 		return nil, fmt.Errorf("virt-handler token bound to %s: %w", pod.Name, err)
 	}
 	n := &Node{
-		Name: name, c: c, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{},
+		Name: name, c: c, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{}, boots: map[types.NamespacedName][]string{},
 		HandlerConfig: &rest.Config{Host: c.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: c.servingCA.certPEM}, BearerToken: tr.Status.Token, QPS: 100, Burst: 200},
 	}
 	if n.handler, err = client.New(n.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
@@ -125,6 +126,56 @@ func (n *Node) ShutdownGuest(namespace, name string) {
 	n.mu.Lock()
 	n.shutdown[types.NamespacedName{Namespace: namespace, Name: name}] = true
 	n.mu.Unlock()
+}
+
+// RebootGuest acts as the guest of a Running VMI rebooting itself: the VMI
+// stays, and the guest boots again from the same domain (its spec's boot
+// order).
+func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := n.c.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, vmi); err != nil {
+		return err
+	}
+	if vmi.Status.Phase != kubevirtv1.Running || vmi.Status.NodeName != n.Name {
+		return fmt.Errorf("VMI %s/%s is %s on %q, not Running on %s", namespace, name, vmi.Status.Phase, vmi.Status.NodeName, n.Name)
+	}
+	n.boot(types.NamespacedName{Namespace: namespace, Name: name}, vmi)
+	return nil
+}
+
+// Boots says what each boot of the VMIs of that name booted first, oldest
+// first: "disk/NAME" or "interface/NAME" (the device with the lowest
+// bootOrder, else the first disk, as libvirt does), "" if nothing.
+func (n *Node) Boots(namespace, name string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.boots[types.NamespacedName{Namespace: namespace, Name: name}]...)
+}
+
+func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
+	n.mu.Lock()
+	n.boots[key] = append(n.boots[key], BootDevice(&vmi.Spec))
+	n.mu.Unlock()
+}
+
+// BootDevice is what a VMI of this spec boots first: the disk or interface
+// with the lowest bootOrder, else the first disk.
+func BootDevice(spec *kubevirtv1.VirtualMachineInstanceSpec) string {
+	best, bestOrder := "", ^uint(0)
+	for _, d := range spec.Domain.Devices.Disks {
+		if d.BootOrder != nil && *d.BootOrder < bestOrder {
+			best, bestOrder = "disk/"+d.Name, *d.BootOrder
+		}
+	}
+	for _, i := range spec.Domain.Devices.Interfaces {
+		if i.BootOrder != nil && *i.BootOrder < bestOrder {
+			best, bestOrder = "interface/"+i.Name, *i.BootOrder
+		}
+	}
+	if best == "" && len(spec.Domain.Devices.Disks) > 0 {
+		best = "disk/" + spec.Domain.Devices.Disks[0].Name
+	}
+	return best
 }
 
 func (n *Node) run(ctx context.Context) {
@@ -207,8 +258,12 @@ func (n *Node) round(ctx context.Context) error {
 			vmi.Status.Conditions = append(vmi.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
 				Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),
 			})
-			if err := n.handler.Update(ctx, vmi); err != nil && !apierrors.IsConflict(err) {
+			err := n.handler.Update(ctx, vmi)
+			if err != nil && !apierrors.IsConflict(err) {
 				return fmt.Errorf("VMI %s Running: %w", key, err)
+			}
+			if err == nil {
+				n.boot(key, vmi)
 			}
 		}
 	}

@@ -35,7 +35,10 @@ func TestMain(m *testing.M) {
 	ctrllog.SetLogger(logr.Discard())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	start := time.Now()
-	c, err := realkubevirt.Start(ctx, realkubevirt.Options{KeepDir: os.Getenv("REALKUBEVIRT_KEEP") != ""})
+	c, err := realkubevirt.Start(ctx, realkubevirt.Options{
+		KeepDir: os.Getenv("REALKUBEVIRT_KEEP") != "",
+		Logf:    func(f string, args ...any) { fmt.Fprintf(os.Stderr, f+"\n", args...) },
+	})
 	if err != nil {
 		cancel()
 		fmt.Fprintln(os.Stderr, "realkubevirt.Start:", err)
@@ -355,5 +358,28 @@ func TestGuestShutdown(t *testing.T) {
 				t.Errorf("a new VMI %s (phase %s) after the guest powered off, want none", vmi.UID, vmi.Status.Phase)
 			}
 		})
+	}
+}
+
+// The node stand-in records what each boot boots first: the lowest
+// bootOrder of the VMI's spec, again on a guest reboot (the VMI stays).
+func TestNodeRecordsBootDevice(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	vm := newVM(ns, "vm", kubevirtv1.RunStrategyAlways)
+	spec := &vm.Spec.Template.Spec
+	spec.Domain.Devices.Disks = []kubevirtv1.Disk{{Name: "root", BootOrder: ptr.To[uint](2), DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}}
+	spec.Volumes = []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "example.invalid/disk"}}}}
+	spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", BootOrder: ptr.To[uint](1), InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}}}}
+	spec.Networks = []kubevirtv1.Network{*kubevirtv1.DefaultPodNetwork()}
+	if err := cluster.Client.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "first boot", func() (bool, error) { return len(node.Boots(ns, "vm")) == 1, nil })
+	if err := node.RebootGuest(ctx, ns, "vm"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(node.Boots(ns, "vm"), ","), "interface/default,interface/default"; got != want {
+		t.Errorf("boots = %s, want %s", got, want)
 	}
 }
