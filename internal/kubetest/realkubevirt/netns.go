@@ -27,12 +27,20 @@ type netns struct {
 
 const lockDir = "/run/virtmetal-kubevirt"
 
-func newNetns() (*netns, error) {
+// canMakeNetns says why this process cannot make a network namespace.
+func canMakeNetns() error {
 	if os.Geteuid() != 0 {
-		return nil, errors.New("realkubevirt needs root to make a network namespace for the cluster (ip netns add); it does not fall back to the simulator")
+		return errors.New("realkubevirt needs root to make a network namespace for the cluster (ip netns add); it does not fall back to the simulator")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		return nil, fmt.Errorf("realkubevirt needs the ip command (iproute2) to make a network namespace: %w", err)
+		return fmt.Errorf("realkubevirt needs the ip command (iproute2) to make a network namespace: %w", err)
+	}
+	return nil
+}
+
+func newNetns() (*netns, error) {
+	if err := canMakeNetns(); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(lockDir, 0o755); err != nil {
 		return nil, err

@@ -111,7 +111,8 @@ type Options struct {
 	// FeatureGates of the KubeVirt CR; DefaultFeatureGates when nil.
 	FeatureGates []string
 	// KeepDir leaves the folder of certificates, kubeconfigs and logs in
-	// place after Stop (its path is Cluster.Dir).
+	// place after Stop (its path is Cluster.Dir), until a later cluster
+	// uses the same network namespace slot. A failed Start always keeps it.
 	KeepDir bool
 	// Logf, when set, hears how long each step of Start took.
 	Logf func(format string, args ...any)
@@ -143,6 +144,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if opts.FeatureGates == nil {
 		opts.FeatureGates = DefaultFeatureGates
 	}
+	if err := canMakeNetns(); err != nil {
+		return nil, err
+	}
 	assets, err := kubetest.AssetsDir()
 	if err != nil {
 		return nil, err
@@ -151,21 +155,30 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "realkubevirt-")
+	ns, err := newNetns()
 	if err != nil {
 		return nil, err
 	}
-	c = &Cluster{Dir: dir, opts: opts, keepDir: opts.KeepDir}
+	// The folder is the slot's: one a killed test binary left behind is
+	// removed here, when its slot is used again.
+	dir := filepath.Join(os.TempDir(), "realkubevirt-"+ns.Name)
+	if err := os.RemoveAll(dir); err != nil {
+		ns.close()
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		ns.close()
+		return nil, err
+	}
+	c = &Cluster{Dir: dir, ns: ns, opts: opts, keepDir: opts.KeepDir}
 	defer func() {
 		if err != nil {
 			c.keepDir = true // the logs say why
 			err = fmt.Errorf("%w (logs in %s)", err, dir)
 			_ = c.Stop()
+			c = nil
 		}
 	}()
-	if c.ns, err = newNetns(); err != nil {
-		return c, err
-	}
 	for _, step := range []struct {
 		name string
 		run  func() error
