@@ -334,6 +334,23 @@ func (c *Cluster) ConfigFor(user string, groups ...string) (*rest.Config, error)
 	}, nil
 }
 
+// KubeConfigFor returns a kubeconfig file's content for ConfigFor's user,
+// for a program under test that loads its configuration the usual way; it
+// reaches kube-apiserver at the network namespace's address, as the test
+// process does.
+func (c *Cluster) KubeConfigFor(user string, groups ...string) ([]byte, error) {
+	cfg, err := c.ConfigFor(user, groups...)
+	if err != nil {
+		return nil, err
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["u"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	kc.CurrentContext = "c"
+	return clientcmd.Write(*kc)
+}
+
 // serviceAccountConfig gets a token of a ServiceAccount in Namespace by the
 // TokenRequest API, and writes a kubeconfig with it, for a component that
 // runs inside the network namespace (it reaches kube-apiserver on loopback).
