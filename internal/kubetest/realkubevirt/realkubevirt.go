@@ -26,7 +26,9 @@
 // through the status subresource: virt-controller and virt-api ignore a CR
 // without a phase), the ConfigMap kubevirt-ca, the selector-less Service
 // virt-api with an EndpointSlice of virt-api's address, the certificates
-// (CAs and leaves made in Go, in a temporary folder).
+// (CAs and leaves made in Go, in Cluster.Dir), the KubeVirt CR's default
+// architecture (virt-operator's GOARCH; without it virt-api refuses every
+// VMI).
 //
 // What does not run: no scheduler, no kubelet, no kube-controller-manager,
 // no virt-handler, no virt-operator, no guest. Without a Node (StartNode),
@@ -49,7 +51,17 @@
 // kube-apiserver and virt-api listen on the namespace's veth address in
 // 198.51.100.0/24, and the test process reaches kube-apiserver there through
 // the veth pair. That needs root; without it Start fails and says so. No
-// traffic leaves the host.
+// traffic leaves the host. The processes die with the test binary
+// (Pdeathsig); a namespace and folder a killed binary left are removed
+// when their slot is next used.
+//
+// Use, from a TestMain (CI runs as root; hack/test.sh exports
+// KUBEBUILDER_ASSETS and VIRTMETAL_KUBEVIRT_BIN):
+//
+//	c, err := realkubevirt.Start(ctx, realkubevirt.Options{})
+//	node, err := c.StartNode(ctx, "node01") // optional
+//	... c.Client, c.ConfigFor(user), c.KubeConfigFor(user), node.ShutdownGuest ...
+//	c.Stop()
 package realkubevirt
 
 import (
