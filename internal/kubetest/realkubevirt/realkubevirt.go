@@ -198,7 +198,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		{"etcd and kube-apiserver", func() error { return c.startAPIServer(ctx, assets) }},
 		{"CRDs, RBAC, KubeVirt CR", func() error { return c.install(ctx, kvBin) }},
 		{"virt-api (registered)", func() error { return c.startVirtAPI(ctx, kvBin) }},
-		{"virt-controller (leading)", func() error { return c.startVirtController(ctx, kvBin) }},
+		{"virt-controller (leading)", func() error { return c.startVirtController(ctx, kvBin, time.Time{}) }},
 	} {
 		t0 := time.Now()
 		if err = step.run(); err != nil {
@@ -639,7 +639,30 @@ func (c *Cluster) UnregisterVirtAPI(ctx context.Context) error {
 
 // --- virt-controller ------------------------------------------------------------
 
-func (c *Cluster) startVirtController(ctx context.Context, kvBin string) error {
+// RestartVirtController kills virt-controller, as a crash does, starts it
+// again and waits until it leads again (it finds its own identity, the host
+// name, in the Lease and takes it back at once).
+func (c *Cluster) RestartVirtController(ctx context.Context) error {
+	kvBin, err := BinDir()
+	if err != nil {
+		return err
+	}
+	for i, p := range c.procs {
+		if p.name != "virt-controller" {
+			continue
+		}
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		c.procs = append(c.procs[:i], c.procs[i+1:]...)
+		_ = os.Rename(p.log, filepath.Join(c.Dir, fmt.Sprintf("virt-controller.%d.log", time.Now().UnixNano())))
+		break
+	}
+	return c.startVirtController(ctx, kvBin, time.Now())
+}
+
+// startVirtController starts virt-controller and waits until it holds the
+// Lease, renewed after since.
+func (c *Cluster) startVirtController(ctx context.Context, kvBin string, since time.Time) error {
 	prom, err := c.servingCA.issue("virt-controller", nil, []string{"127.0.0.1"}, true, true)
 	if err != nil {
 		return err
@@ -673,6 +696,9 @@ func (c *Cluster) startVirtController(ctx context.Context, kvBin string) error {
 		}
 		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 			return errors.New("no holder")
+		}
+		if l.Spec.RenewTime == nil || l.Spec.RenewTime.Time.Before(since.Truncate(time.Second)) {
+			return fmt.Errorf("lease of %s not renewed since %v", *l.Spec.HolderIdentity, since)
 		}
 		return nil
 	})

@@ -383,3 +383,23 @@ func TestNodeRecordsBootDevice(t *testing.T) {
 		t.Errorf("boots = %s, want %s", got, want)
 	}
 }
+
+// virt-controller runs with leader election: killed and started again, it
+// leads again and goes on reconciling.
+func TestVirtControllerRestart(t *testing.T) {
+	ctx := context.Background()
+	start := time.Now()
+	if err := cluster.RestartVirtController(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("virt-controller leading again after %v", time.Since(start).Round(time.Millisecond))
+	ns := newNamespace(t)
+	if err := cluster.Client.Create(ctx, newVM(ns, "vm", kubevirtv1.RunStrategyAlways)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "VMI Running after the restart", func() (bool, error) {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vmi)
+		return err == nil && vmi.Status.Phase == kubevirtv1.Running, err
+	})
+}
