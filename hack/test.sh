@@ -22,6 +22,8 @@ command -v python3 >/dev/null || need_apt+=(python3)
 # deploy/'s TestImages builds and reads the images with podman (it fails
 # without it under CI=true), from binaries and the host's CA bundle.
 command -v podman >/dev/null || need_apt+=(podman)
+# internal/kubetest/realkubevirt runs KubeVirt in a network namespace of its own.
+command -v ip >/dev/null || need_apt+=(iproute2)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
@@ -34,6 +36,14 @@ fi
 if [ -z "${KUBEBUILDER_ASSETS:-}" ]; then
   export KUBEBUILDER_ASSETS="$cache/envtest/1.37.2"
   hack/setup-envtest.sh "$KUBEBUILDER_ASSETS"
+fi
+
+# KubeVirt's virt-controller and virt-api, built from the Go module (the
+# version of kubevirt.io/api in go.mod). Assigned, then exported, so that a
+# failing build stops the run (export VAR=$(...) would hide its status).
+if [ -z "${VIRTMETAL_KUBEVIRT_BIN:-}" ]; then
+  VIRTMETAL_KUBEVIRT_BIN=$(hack/setup-kubevirt.sh)
+  export VIRTMETAL_KUBEVIRT_BIN
 fi
 
 export REDFISH_SCHEMA_DIR=${REDFISH_SCHEMA_DIR:-$(cd .. && pwd)/shared/redfish-schemas}

@@ -1,0 +1,330 @@
+package realkubevirt
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Node is the stand-in for what runs on a node: the scheduler, the kubelet
+// and virt-handler, as small as they can be. It polls (every 200 ms):
+//   - binds every unbound virt-launcher pod to itself (the scheduler);
+//   - marks its bound pods Running with every container started and ready,
+//     and deletes its terminating pods at once (the kubelet);
+//   - moves its VMIs from Scheduled to Running, and a deleted VMI to
+//     Succeeded, writing status as virt-handler does, with virt-handler's
+//     ServiceAccount token bound to a virt-handler pod on this node (so
+//     virt-api's node restriction applies to it as to the real one);
+//   - keeps the Node's kubevirt.io/heartbeat fresh.
+//
+// No guest runs: a VMI is Running as soon as its pod is.
+type Node struct {
+	Name string
+	// HandlerConfig authenticates as virt-handler on this node.
+	HandlerConfig *rest.Config
+
+	c       *Cluster
+	handler client.Client
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu       sync.Mutex
+	lastErr  error
+	shutdown map[types.NamespacedName]bool     // VMIs whose guest powered off
+	boots    map[types.NamespacedName][]string // what each VMI name booted, in order
+}
+
+// StartNode registers a Node and starts its stand-in; Stop (or the
+// cluster's Stop) ends it.
+func (c *Cluster) StartNode(ctx context.Context, name string) (*Node, error) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+		"kubernetes.io/hostname":  name,
+		"kubernetes.io/arch":      "amd64",
+		"kubevirt.io/schedulable": "true",
+	}, Annotations: map[string]string{"kubevirt.io/heartbeat": time.Now().UTC().Format(time.RFC3339)}}}
+	if err := c.Client.Create(ctx, node); err != nil {
+		return nil, fmt.Errorf("creating Node %s: %w", name, err)
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("256Gi"),
+		corev1.ResourcePods: resource.MustParse("1000"),
+	}
+	node.Status = corev1.NodeStatus{
+		Capacity: capacity, Allocatable: capacity,
+		Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}},
+		Addresses:  []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: c.ns.IP}, {Type: corev1.NodeHostName, Address: name}},
+	}
+	if err := c.Client.Status().Update(ctx, node); err != nil {
+		return nil, fmt.Errorf("Node %s status: %w", name, err)
+	}
+	// The virt-handler pod of the node, so that its token names the node.
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "virt-handler-" + name, Namespace: Namespace, Labels: map[string]string{"kubevirt.io": "virt-handler"}},
+		Spec: corev1.PodSpec{
+			NodeName: name, ServiceAccountName: "kubevirt-handler",
+			Containers: []corev1.Container{{Name: "virt-handler", Image: "virt-handler"}},
+		},
+	}
+	if err := c.Client.Create(ctx, pod); err != nil {
+		return nil, fmt.Errorf("creating the virt-handler pod: %w", err)
+	}
+	if err := c.markRunning(ctx, pod); err != nil {
+		return nil, err
+	}
+	tr, err := c.Kube.CoreV1().ServiceAccounts(Namespace).CreateToken(ctx, "kubevirt-handler", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{
+			ExpirationSeconds: ptr.To[int64](48 * 3600),
+			BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("virt-handler token bound to %s: %w", pod.Name, err)
+	}
+	n := &Node{
+		Name: name, c: c, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{}, boots: map[types.NamespacedName][]string{},
+		HandlerConfig: &rest.Config{Host: c.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: c.servingCA.certPEM}, BearerToken: tr.Status.Token, QPS: 100, Burst: 200},
+	}
+	if n.handler, err = client.New(n.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
+		return nil, err
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go n.run(loopCtx)
+	c.nodes = append(c.nodes, n)
+	return n, nil
+}
+
+// Stop ends the stand-in (the Node object stays).
+func (n *Node) Stop() {
+	n.cancel()
+	<-n.done
+}
+
+// Err is the last error of a round of the stand-in, nil if the last round
+// went through.
+func (n *Node) Err() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.lastErr
+}
+
+// ShutdownGuest acts as the guest of a Running VMI powering itself off:
+// the VMI becomes Succeeded and its pod's containers exit.
+func (n *Node) ShutdownGuest(namespace, name string) {
+	n.mu.Lock()
+	n.shutdown[types.NamespacedName{Namespace: namespace, Name: name}] = true
+	n.mu.Unlock()
+}
+
+// RebootGuest acts as the guest of a Running VMI rebooting itself: the VMI
+// stays, and the guest boots again from the same domain (its spec's boot
+// order).
+func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := n.c.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, vmi); err != nil {
+		return err
+	}
+	if vmi.Status.Phase != kubevirtv1.Running || vmi.Status.NodeName != n.Name {
+		return fmt.Errorf("VMI %s/%s is %s on %q, not Running on %s", namespace, name, vmi.Status.Phase, vmi.Status.NodeName, n.Name)
+	}
+	n.boot(types.NamespacedName{Namespace: namespace, Name: name}, vmi)
+	return nil
+}
+
+// Boots says what each boot of the VMIs of that name booted first, oldest
+// first: "disk/NAME" or "interface/NAME" (the device with the lowest
+// bootOrder, else the first disk, as libvirt does), "" if nothing.
+func (n *Node) Boots(namespace, name string) []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.boots[types.NamespacedName{Namespace: namespace, Name: name}]...)
+}
+
+func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
+	n.mu.Lock()
+	n.boots[key] = append(n.boots[key], BootDevice(&vmi.Spec))
+	n.mu.Unlock()
+}
+
+// BootDevice is what a VMI of this spec boots first: the disk or interface
+// with the lowest bootOrder, else the first disk.
+func BootDevice(spec *kubevirtv1.VirtualMachineInstanceSpec) string {
+	best, bestOrder := "", ^uint(0)
+	for _, d := range spec.Domain.Devices.Disks {
+		if d.BootOrder != nil && *d.BootOrder < bestOrder {
+			best, bestOrder = "disk/"+d.Name, *d.BootOrder
+		}
+	}
+	for _, i := range spec.Domain.Devices.Interfaces {
+		if i.BootOrder != nil && *i.BootOrder < bestOrder {
+			best, bestOrder = "interface/"+i.Name, *i.BootOrder
+		}
+	}
+	if best == "" && len(spec.Domain.Devices.Disks) > 0 {
+		best = "disk/" + spec.Domain.Devices.Disks[0].Name
+	}
+	return best
+}
+
+func (n *Node) run(ctx context.Context) {
+	defer close(n.done)
+	lastBeat := time.Now()
+	for {
+		err := n.round(ctx)
+		if time.Since(lastBeat) > 30*time.Second {
+			lastBeat = time.Now()
+			patch := fmt.Sprintf(`{"metadata":{"annotations":{"kubevirt.io/heartbeat":%q}}}`, lastBeat.UTC().Format(time.RFC3339))
+			_ = n.c.Client.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}, client.RawPatch(types.MergePatchType, []byte(patch)))
+		}
+		n.mu.Lock()
+		n.lastErr = err
+		n.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (n *Node) round(ctx context.Context) error {
+	c := n.c
+	pods := &corev1.PodList{}
+	if err := c.Client.List(ctx, pods, client.MatchingLabels{"kubevirt.io": "virt-launcher"}); err != nil {
+		return err
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		switch {
+		case pod.DeletionTimestamp != nil:
+			if pod.Spec.NodeName == n.Name || pod.Spec.NodeName == "" {
+				err := c.Client.Delete(ctx, pod, client.GracePeriodSeconds(0))
+				if err != nil && !apierrors.IsNotFound(err) {
+					return err
+				}
+			}
+		case pod.Spec.NodeName == "":
+			if err := c.Kube.CoreV1().Pods(pod.Namespace).Bind(ctx, &corev1.Binding{
+				ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+				Target:     corev1.ObjectReference{Kind: "Node", Name: n.Name},
+			}, metav1.CreateOptions{}); err != nil && !apierrors.IsConflict(err) {
+				return fmt.Errorf("binding %s/%s: %w", pod.Namespace, pod.Name, err)
+			}
+		case pod.Spec.NodeName == n.Name && pod.Status.Phase == corev1.PodPending:
+			if err := c.markRunning(ctx, pod); err != nil {
+				return err
+			}
+		}
+	}
+	vmis := &kubevirtv1.VirtualMachineInstanceList{}
+	if err := n.handler.List(ctx, vmis); err != nil {
+		return err
+	}
+	for i := range vmis.Items {
+		vmi := &vmis.Items[i]
+		if vmi.Status.NodeName != n.Name || vmi.IsFinal() {
+			continue
+		}
+		key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
+		n.mu.Lock()
+		off := n.shutdown[key]
+		n.mu.Unlock()
+		switch {
+		case vmi.DeletionTimestamp != nil || off:
+			setPhase(vmi, kubevirtv1.Succeeded)
+			if err := n.handler.Update(ctx, vmi); err != nil && !apierrors.IsConflict(err) {
+				return fmt.Errorf("VMI %s Succeeded: %w", key, err)
+			}
+			n.mu.Lock()
+			delete(n.shutdown, key)
+			n.mu.Unlock()
+			if err := n.podsExited(ctx, vmi); err != nil {
+				return err
+			}
+		case vmi.Status.Phase == kubevirtv1.Scheduled:
+			setPhase(vmi, kubevirtv1.Running)
+			vmi.Status.Conditions = append(vmi.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
+				Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),
+			})
+			err := n.handler.Update(ctx, vmi)
+			if err != nil && !apierrors.IsConflict(err) {
+				return fmt.Errorf("VMI %s Running: %w", key, err)
+			}
+			if err == nil {
+				n.boot(key, vmi)
+			}
+		}
+	}
+	return nil
+}
+
+// markRunning writes a pod's status as the kubelet does once its
+// containers started.
+func (c *Cluster) markRunning(ctx context.Context, pod *corev1.Pod) error {
+	now := metav1.Now()
+	pod.Status.Phase = corev1.PodRunning
+	pod.Status.PodIP = "10.244.0.10"
+	pod.Status.HostIP = c.ns.IP
+	pod.Status.StartTime = &now
+	pod.Status.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+	}
+	pod.Status.ContainerStatuses = nil
+	for _, ctr := range pod.Spec.Containers {
+		pod.Status.ContainerStatuses = append(pod.Status.ContainerStatuses, corev1.ContainerStatus{
+			Name: ctr.Name, Image: ctr.Image, ImageID: ctr.Image, Ready: true, Started: ptr.To(true),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+		})
+	}
+	if err := c.Client.Status().Update(ctx, pod); err != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("pod %s/%s Running: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}
+
+// podsExited marks the VMI's launcher pods Succeeded, as the kubelet does
+// when virt-launcher exits after the domain ended.
+func (n *Node) podsExited(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) error {
+	pods := &corev1.PodList{}
+	if err := n.c.Client.List(ctx, pods, client.InNamespace(vmi.Namespace), client.MatchingLabels{"kubevirt.io/created-by": string(vmi.UID)}); err != nil {
+		return err
+	}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		now := metav1.Now()
+		pod.Status.Phase = corev1.PodSucceeded
+		for j := range pod.Status.ContainerStatuses {
+			pod.Status.ContainerStatuses[j].Ready = false
+			pod.Status.ContainerStatuses[j].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", FinishedAt: now}}
+		}
+		if err := n.c.Client.Status().Update(ctx, pod); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// setPhase moves a VMI to a phase and records when, as virt-handler does
+// (virt-controller counts a VMI that ends without a Running timestamp as a
+// failed start, and backs off).
+func setPhase(vmi *kubevirtv1.VirtualMachineInstance, phase kubevirtv1.VirtualMachineInstancePhase) {
+	vmi.Status.Phase = phase
+	vmi.Status.PhaseTransitionTimestamps = append(vmi.Status.PhaseTransitionTimestamps, kubevirtv1.VirtualMachineInstancePhaseTransitionTimestamp{
+		Phase: phase, PhaseTransitionTimestamp: metav1.Now(),
+	})
+}
