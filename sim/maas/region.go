@@ -225,8 +225,9 @@ type Server struct {
 	requests   []Request
 	faults     []*faultRule
 	holds      []*hold
-	inFlight   int // requests being handled now
-	maxFlight  int // the most at once since the last ResetRequests
+	latency    time.Duration // before each request is handled
+	inFlight   int           // requests being handled now
+	maxFlight  int           // the most at once since the last ResetRequests
 	// onCommission is told of every commission MaaS accepted.
 	onCommission func(systemID string)
 }
@@ -575,6 +576,15 @@ func (s *Server) Hold(match Match) (release func(), waiting func() int) {
 	return release, waiting
 }
 
+// WithLatency makes every request wait d before it is handled: a region
+// across a network, whose round trips a reconciler's cycle pays.
+func (s *Server) WithLatency(d time.Duration) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.latency = d
+	return s
+}
+
 // MaxInFlight is the most requests the server handled at once since it
 // started or ResetRequests.
 func (s *Server) MaxInFlight() int {
@@ -737,6 +747,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.inFlight++
 	s.maxFlight = max(s.maxFlight, s.inFlight)
+	latency := s.latency
 	var held *hold
 	for _, h := range s.holds {
 		if h.match.matches(r.Method, path, op) {
@@ -751,6 +762,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.inFlight--
 		s.mu.Unlock()
 	}()
+	time.Sleep(latency)
 	if held != nil {
 		<-held.released
 		s.mu.Lock()
