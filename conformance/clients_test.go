@@ -10,6 +10,7 @@ import (
 	"github.com/stmcginnis/gofish"
 	"github.com/stmcginnis/gofish/schemas"
 
+	"github.com/virtmetal/virtmetal/conformance"
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -94,13 +95,13 @@ func TestSushyBehaviour(t *testing.T) {
 	if res.StatusCode != http.StatusOK || !strings.HasPrefix(etag, `"`) {
 		t.Fatalf("GET: %d, ETag %q; sushy wants a strong ETag", res.StatusCode, etag)
 	}
-	resetTypes, _ := lookupPath(body, "Actions", "#ComputerSystem.Reset", "ResetType@Redfish.AllowableValues").([]any)
+	resetTypes, _ := conformance.Lookup(body, "Actions", "#ComputerSystem.Reset", "ResetType@Redfish.AllowableValues").([]any)
 	for _, want := range []string{"On", "ForceOff", "GracefulShutdown", "GracefulRestart", "ForceRestart"} {
 		if !slices.Contains(resetTypes, any(want)) {
 			t.Errorf("ResetType allowable values %v lack %s, which sushy maps", resetTypes, want)
 		}
 	}
-	targets, _ := lookupPath(body, "Boot", "BootSourceOverrideTarget@Redfish.AllowableValues").([]any)
+	targets, _ := conformance.Lookup(body, "Boot", "BootSourceOverrideTarget@Redfish.AllowableValues").([]any)
 	for _, want := range []string{"None", "Pxe", "Hdd", "Cd"} {
 		if !slices.Contains(targets, any(want)) {
 			t.Errorf("BootSourceOverrideTarget allowable values %v lack %s", targets, want)
@@ -126,16 +127,4 @@ func TestSushyBehaviour(t *testing.T) {
 	if res, _ := sushy("POST", system+"/Actions/ComputerSystem.Reset", `{"ResetType": "ForceOff"}`, nil); res.StatusCode != http.StatusNoContent {
 		t.Errorf("ForceOff: %d", res.StatusCode)
 	}
-}
-
-func lookupPath(body map[string]any, keys ...string) any {
-	var cur any = body
-	for _, k := range keys {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil
-		}
-		cur = m[k]
-	}
-	return cur
 }

@@ -170,6 +170,23 @@ func (s *session) protectedURIs() []string {
 
 // errorBodyProblems validates an error answer: JSON, the redfish-error
 // schema, and each @Message.ExtendedInfo entry against its Message type.
+// createdProblems checks a 201 answer: its body against its schema, and
+// that the body is the resource at Location.
+func (s *session) createdProblems(where string, created reply, location string) ([]string, error) {
+	var problems []string
+	violations, err := s.validator.Validate(where, created.body)
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range violations {
+		problems = append(problems, "201 body: "+v.String())
+	}
+	if id, _ := created.json["@odata.id"].(string); strings.TrimSuffix(id, "/") != strings.TrimSuffix(location, "/") {
+		problems = append(problems, fmt.Sprintf("201 body's @odata.id %q is not the Location %q", id, location))
+	}
+	return problems, nil
+}
+
 func (s *session) errorBodyProblems(uri string, r reply) ([]string, error) {
 	if !strings.HasPrefix(r.header.Get("Content-Type"), "application/json") {
 		return []string{fmt.Sprintf("Content-Type is %q, want application/json", r.header.Get("Content-Type"))}, nil
@@ -375,16 +392,9 @@ func (s *session) checkSessionLifeCycle(ctx context.Context) error {
 		s.fail(ruleSessions, "POST "+sessionsPath, "login answered %d with X-Auth-Token %t and Location %q, want 201, a token and the session's URI", created.status, token != "", location)
 		return nil
 	}
-	var problems []string
-	violations, err := s.validator.Validate("POST "+sessionsPath, created.body)
+	problems, err := s.createdProblems("POST "+sessionsPath, created, location)
 	if err != nil {
 		return err
-	}
-	for _, v := range violations {
-		problems = append(problems, "201 body: "+v.String())
-	}
-	if id, _ := created.json["@odata.id"].(string); strings.TrimSuffix(id, "/") != strings.TrimSuffix(location, "/") {
-		problems = append(problems, fmt.Sprintf("201 body's @odata.id %q is not the Location %q", id, location))
 	}
 	if _, hasPassword := created.json["Password"]; hasPassword && created.json["Password"] != nil {
 		problems = append(problems, "201 body shows the Password")

@@ -129,16 +129,9 @@ func (s *session) openEventSources(ctx context.Context) error {
 		return nil
 	}
 	src.pushPath = location
-	var problems []string
-	violations, err := s.validator.Validate(where, created.body)
+	problems, err := s.createdProblems(where, created, location)
 	if err != nil {
 		return err
-	}
-	for _, v := range violations {
-		problems = append(problems, "201 body: "+v.String())
-	}
-	if id, _ := created.json["@odata.id"].(string); strings.TrimSuffix(id, "/") != strings.TrimSuffix(location, "/") {
-		problems = append(problems, fmt.Sprintf("201 body's @odata.id %q is not the Location %q", id, location))
 	}
 	problems = append(problems, propertiesDiffer("201 body", created.json, posted, "Destination", "Protocol", "SubscriptionType", "Context")...)
 	s.check(ruleSubscriptions, where, problems)

@@ -445,6 +445,7 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		vm             *EnrolledVM
 		others         []managedMachine // the other machines claiming the VM
 		credentialsSet bool
+		wrote          bool // credentials written this cycle
 		err            error
 		// changes are the machine's, recorded in order once its phase
 		// is done: machines run concurrently, the cycle's list does not.
@@ -481,7 +482,6 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	for _, x := range all {
 		current[x.m.SystemID] = x.m.Machine
 	}
-	wrote := make([]bool, len(all))
 	r.eachConcurrently(len(all), func(i int) {
 		x := all[i]
 		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
@@ -489,12 +489,12 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		// credentials written on the proven machine would reach every other
 		// claimant, so they are detached first, or nothing is written.
 		if x.err = r.detach(ctx, x.m, x.others, recordOwn); x.err == nil {
-			x.credentialsSet, wrote[i], x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, recordOwn)
+			x.credentialsSet, x.wrote, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, recordOwn)
 		}
 	})
 	recordAll(all)
-	for i, x := range all {
-		if wrote[i] {
+	for _, x := range all {
+		if x.wrote {
 			written = append(written, x)
 		}
 	}
@@ -531,17 +531,15 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 			}
 		}
 	}
-	updated := make([]Machine, len(identities))
 	r.eachConcurrently(len(identities), func(i int) {
 		x := identities[i]
 		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
-		var err error
-		updated[i], err = r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, x.hostname, x.hostnameErr, poolErrs, now, recordOwn)
-		x.err = cmp.Or(err, x.err)
+		m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, x.hostname, x.hostnameErr, poolErrs, now, recordOwn)
+		x.m.Machine, x.err = m, cmp.Or(err, x.err)
 	})
 	recordAll(identities)
-	for i, x := range identities {
-		current[x.m.SystemID] = updated[i]
+	for _, x := range identities {
+		current[x.m.SystemID] = x.m.Machine
 	}
 	for _, x := range all {
 		if x.err != nil {

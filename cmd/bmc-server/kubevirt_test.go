@@ -198,17 +198,7 @@ func TestSharedKubeVirtWiring(t *testing.T) {
 	}
 	systems := func(host, user, pass string) (int, []string) {
 		res := doAtHost(t, httpClient, "GET", s.base+"/redfish/v1/Systems", host, user, pass, "")
-		var body struct {
-			Members []struct {
-				ID string `json:"@odata.id"`
-			}
-		}
-		_ = json.Unmarshal(res.body, &body)
-		var ids []string
-		for _, m := range body.Members {
-			ids = append(ids, m.ID)
-		}
-		return res.status, ids
+		return res.status, memberIDs(res.body)
 	}
 	for _, vm := range []struct{ name, host, user, pass string }{
 		{"web1", web1Host, "maas-web1", "pw-web1"},
@@ -250,4 +240,19 @@ func TestSharedKubeVirtWiring(t *testing.T) {
 	if got := runStrategy("web2"); got != kubevirtv1.RunStrategyHalted {
 		t.Errorf("web2's runStrategy after Reset On at web1's host: %q, want %q", got, kubevirtv1.RunStrategyHalted)
 	}
+}
+
+// memberIDs are the @odata.id of a collection's Members.
+func memberIDs(collection []byte) []string {
+	var body struct {
+		Members []struct {
+			ID string `json:"@odata.id"`
+		}
+	}
+	_ = json.Unmarshal(collection, &body)
+	var ids []string
+	for _, m := range body.Members {
+		ids = append(ids, m.ID)
+	}
+	return ids
 }

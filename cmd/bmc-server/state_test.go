@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -47,17 +46,7 @@ func TestSubscriptionsSurviveARestartPerVM(t *testing.T) {
 		if res.status != http.StatusOK {
 			t.Fatalf("Subscriptions at %s: %d %s", hosts[vm], res.status, res.body)
 		}
-		var body struct {
-			Members []struct {
-				ID string `json:"@odata.id"`
-			}
-		}
-		_ = json.Unmarshal(res.body, &body)
-		var ids []string
-		for _, m := range body.Members {
-			ids = append(ids, m.ID)
-		}
-		return ids
+		return memberIDs(res.body)
 	}
 
 	first := startServer(t, args, nil, fastTuning)
