@@ -12,6 +12,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
 	maassim "github.com/virtmetal/virtmetal/sim/maas"
@@ -167,13 +168,18 @@ func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VM
 	if got.Spec.RunStrategy == nil || *got.Spec.RunStrategy != kubevirtv1.RunStrategyHalted {
 		t.Errorf("VM runStrategy %v, want Halted (MaaS powered it off)", got.Spec.RunStrategy)
 	}
-	system := l.RedfishSystem(ctx, vm)
-	if system == nil {
-		t.Fatalf("cannot read the Redfish system of %s", vm)
-	}
-	if system["PowerState"] != "Off" {
-		t.Errorf("Redfish system: PowerState %v, want Off", system["PowerState"])
-	}
+	// MaaS powered it off as commissioning ended; the VM may still be
+	// PoweringOff when MaaS shows Ready.
+	poll.Until(t, "the Redfish system Off", func() error {
+		system := l.RedfishSystem(ctx, vm)
+		if system == nil {
+			t.Fatalf("cannot read the Redfish system of %s", vm)
+		}
+		if system["PowerState"] != "Off" {
+			return fmt.Errorf("Redfish system: PowerState %v, want Off", system["PowerState"])
+		}
+		return nil
+	})
 	if !l.OnceConsumed(vm) {
 		t.Errorf("the Once override was still set after the commissioning's PXE boot")
 	}
