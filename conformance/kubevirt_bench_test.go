@@ -57,7 +57,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 		steps := []struct {
 			reset string
 			want  kubevirtv1.VirtualMachineRunStrategy
-		}{{"On", kubevirtv1.RunStrategyAlways}, {"ForceOff", kubevirtv1.RunStrategyHalted}}
+		}{{"On", kubevirtv1.RunStrategyRerunOnFailure}, {"ForceOff", kubevirtv1.RunStrategyHalted}}
 		i := 0
 		for b.Loop() {
 			step := steps[i%len(steps)]

@@ -234,8 +234,8 @@ func TestSharedKubeVirtWiring(t *testing.T) {
 		}
 		return *vm.Spec.RunStrategy
 	}
-	if got := runStrategy("web1"); got != kubevirtv1.RunStrategyAlways {
-		t.Errorf("web1's runStrategy after Reset On: %q, want %q", got, kubevirtv1.RunStrategyAlways)
+	if got := runStrategy("web1"); got != kubevirtv1.RunStrategyRerunOnFailure {
+		t.Errorf("web1's runStrategy after Reset On: %q, want %q", got, kubevirtv1.RunStrategyRerunOnFailure)
 	}
 	if got := runStrategy("web2"); got != kubevirtv1.RunStrategyHalted {
 		t.Errorf("web2's runStrategy after Reset On at web1's host: %q, want %q", got, kubevirtv1.RunStrategyHalted)

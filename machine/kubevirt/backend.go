@@ -1,6 +1,6 @@
 // Package kubevirt is the machine backend for one KubeVirt VirtualMachine:
 // a BMC's view of a VM. It translates power actions into the VM's
-// runStrategy and KubeVirt's stop and restart subresources, boot overrides
+// runStrategy and KubeVirt's start, stop and restart subresources, boot overrides
 // into the devices' bootOrder, and virtual media into a CDI DataVolume
 // attached as a CD-ROM.
 //
@@ -478,7 +478,7 @@ func (b *Backend) deleteVMI(ctx context.Context, uid types.UID, grace *int64) er
 	return b.apiError(err, "deleting the VirtualMachineInstance")
 }
 
-// subresourceResult is how virt-api answered a stop or restart.
+// subresourceResult is how virt-api answered a start, stop or restart.
 type subresourceResult int
 
 const (
@@ -491,7 +491,7 @@ const (
 	subresourceNotServed
 )
 
-// callSubresource PUTs options to the VM's stop or restart subresource.
+// callSubresource PUTs options to one of the VM's subresources (start, stop, restart).
 func (b *Backend) callSubresource(ctx context.Context, subresource string, options any) (subresourceResult, error) {
 	body, err := json.Marshal(options)
 	if err != nil {
@@ -513,7 +513,7 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 		// virt-api's own 404 (the VM is missing) names the kubevirt.io
 		// group; the API server's 404 for an unserved group does not.
 		if !b.subresourcesMissing.Swap(true) {
-			b.log.V(1).Info("KubeVirt's subresource API is not served; forcing power by deleting the VMI, which waits for the VMI's own grace period",
+			b.log.V(1).Info("KubeVirt's subresource API is not served; powering by runStrategy Always and VMI deletion instead (restarts after a guest poweroff; a forced stop waits for the VMI's own grace period)",
 				"group", kubevirtv1.SubresourceGroupName)
 		}
 		return subresourceNotServed, nil

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -13,10 +14,13 @@ import (
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
-func benchMachine(b *testing.B) (machine.Machine, string) {
+func benchMachine(b *testing.B) (machine.Machine, string) { return benchMachineVia(b, env.Config) }
+
+// benchMachineVia runs the machine's backend with cfg.
+func benchMachineVia(b *testing.B, cfg *rest.Config) (machine.Machine, string) {
 	ns := cluster.NewNamespace(b)
 	newVM(b, ns, "vm", nil)
-	backend := kubevirttest.StartBackend(b, env.Config, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
+	backend := kubevirttest.StartBackend(b, cfg, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
 	m, err := backend.Machine(context.Background(), "vm")
 	if err != nil {
 		b.Fatal(err)
@@ -47,14 +51,15 @@ func BenchmarkInventory(b *testing.B) {
 }
 
 // BenchmarkReset alternates On and ForceOff and measures until the API
-// server's VM carries the new runStrategy.
+// server's VM carries the new runStrategy, with virt-api's stand-in serving
+// ForceOff's stop.
 func BenchmarkReset(b *testing.B) {
-	m, ns := benchMachine(b)
+	m, ns := benchMachineVia(b, newVirtAPI(b).Config())
 	ctx := context.Background()
 	steps := []struct {
 		reset machine.ResetType
 		want  kubevirtv1.VirtualMachineRunStrategy
-	}{{machine.ResetOn, kubevirtv1.RunStrategyAlways}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
+	}{{machine.ResetOn, kubevirtv1.RunStrategyRerunOnFailure}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
 	i := 0
 	for b.Loop() {
 		step := steps[i%2]

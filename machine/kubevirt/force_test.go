@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/funcr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
@@ -20,7 +22,7 @@ import (
 
 // newVirtAPI puts a virt-api stand-in in front of the package's API server
 // until the test ends.
-func newVirtAPI(t *testing.T) *virtsim.VirtAPI {
+func newVirtAPI(t testing.TB) *virtsim.VirtAPI {
 	t.Helper()
 	api, err := virtsim.NewVirtAPI(env.Config)
 	if err != nil {
@@ -30,7 +32,7 @@ func newVirtAPI(t *testing.T) *virtsim.VirtAPI {
 	return api
 }
 
-// subresourceCall is a stop or restart call with its grace period.
+// subresourceCall is a start, stop or restart call with its grace period.
 type subresourceCall struct {
 	subresource string
 	grace       int64 // -1: none given
@@ -80,15 +82,16 @@ func TestForcedPower(t *testing.T) {
 		{"ForceOff deletes the VMI where stop is not served", http.StatusNotFound, true, false, machine.ResetForceOff, nil, stop0, true, machine.PowerOff, 1, kubevirtv1.RunStrategyHalted},
 		{"ForceOff of an off VM: virt-api's conflict is success", 0, false, false, machine.ResetForceOff, nil, stop0, false, machine.PowerOff, 0, kubevirtv1.RunStrategyHalted},
 		{"ForceOff refused by virt-api still ends Halted", http.StatusConflict, true, false, machine.ResetForceOff, nil, stop0, false, machine.PowerOff, 1, kubevirtv1.RunStrategyHalted},
-		{"ForceOff with virt-api unavailable changes nothing", http.StatusServiceUnavailable, true, false, machine.ResetForceOff, machine.ErrUnavailable, stop0, false, machine.PowerOn, 1, kubevirtv1.RunStrategyAlways},
+		{"ForceOff with virt-api unavailable changes nothing", http.StatusServiceUnavailable, true, false, machine.ResetForceOff, machine.ErrUnavailable, stop0, false, machine.PowerOn, 1, kubevirtv1.RunStrategyRerunOnFailure},
 		{"ForceOff of a deleted VM", 0, false, true, machine.ResetForceOff, machine.ErrNotFound, stop0, false, "", 0, ""},
 		{"ForceOff of a deleted VM, stop not served", http.StatusNotFound, false, true, machine.ResetForceOff, machine.ErrNotFound, stop0, false, "", 0, ""},
-		{"ForceRestart calls restart with gracePeriodSeconds 0", 0, true, false, machine.ResetForceRestart, nil, restart0, false, machine.PowerOn, 2, kubevirtv1.RunStrategyAlways},
-		{"PowerCycle is a forced restart", 0, true, false, machine.ResetPowerCycle, nil, restart0, false, machine.PowerOn, 2, kubevirtv1.RunStrategyAlways},
+		{"GracefulRestart calls restart without a grace period", 0, true, false, machine.ResetGracefulRestart, nil, []subresourceCall{{"restart", -1}}, false, machine.PowerOn, 2, kubevirtv1.RunStrategyRerunOnFailure},
+		{"ForceRestart calls restart with gracePeriodSeconds 0", 0, true, false, machine.ResetForceRestart, nil, restart0, false, machine.PowerOn, 2, kubevirtv1.RunStrategyRerunOnFailure},
+		{"PowerCycle is a forced restart", 0, true, false, machine.ResetPowerCycle, nil, restart0, false, machine.PowerOn, 2, kubevirtv1.RunStrategyRerunOnFailure},
 		{"ForceRestart deletes the VMI where restart is not served", http.StatusNotFound, true, false, machine.ResetForceRestart, nil, restart0, true, machine.PowerOn, 2, kubevirtv1.RunStrategyAlways},
 		{"ForceRestart refused by virt-api deletes the VMI", http.StatusConflict, true, false, machine.ResetForceRestart, nil, restart0, true, machine.PowerOn, 2, kubevirtv1.RunStrategyAlways},
-		{"ForceRestart of an off VM starts it without restart", 0, false, false, machine.ResetForceRestart, nil, nil, false, machine.PowerOn, 1, kubevirtv1.RunStrategyAlways},
-		{"ForceRestart with virt-api unavailable changes nothing", http.StatusServiceUnavailable, true, false, machine.ResetForceRestart, machine.ErrUnavailable, restart0, false, machine.PowerOn, 1, kubevirtv1.RunStrategyAlways},
+		{"ForceRestart of an off VM starts it without restart", 0, false, false, machine.ResetForceRestart, nil, nil, false, machine.PowerOn, 1, kubevirtv1.RunStrategyRerunOnFailure},
+		{"ForceRestart with virt-api unavailable changes nothing", http.StatusServiceUnavailable, true, false, machine.ResetForceRestart, machine.ErrUnavailable, restart0, false, machine.PowerOn, 1, kubevirtv1.RunStrategyRerunOnFailure},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -193,6 +196,66 @@ func TestForcedPowerFallbackLog(t *testing.T) {
 				if !strings.Contains(l, `"level"=1`) {
 					t.Errorf("logged at another level than V(1): %s", l)
 				}
+			}
+		})
+	}
+}
+
+// TestGuestPowerOffStaysOff: a guest that powers itself off leaves the
+// machine Off, as a server's OS does (MaaS's enlistment and commissioning
+// environments end with poweroff); On then starts it through virt-api's
+// start, or, where no virt-api serves start, through runStrategy Always.
+func TestGuestPowerOffStaysOff(t *testing.T) {
+	tests := []struct {
+		name    string
+		answer  int // the virt-api stand-in's; 0: acts as virt-api
+		wantRun kubevirtv1.VirtualMachineRunStrategy
+	}{
+		{"start served", 0, kubevirtv1.RunStrategyRerunOnFailure},
+		{"start not served", http.StatusNotFound, kubevirtv1.RunStrategyAlways},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := t.Context()
+			ns := cluster.NewNamespace(t)
+			newVM(t, ns, "vm", nil)
+			api := newVirtAPI(t)
+			m := mustMachine(t, kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{}), "vm")
+			if err := m.Reset(ctx, machine.ResetOn); err != nil {
+				t.Fatalf("Reset On: %v", err)
+			}
+			waitPower(t, m, machine.PowerOn)
+			if err := sim.ShutdownGuest(ctx, ns, "vm"); err != nil {
+				t.Fatalf("ShutdownGuest: %v", err)
+			}
+			waitPower(t, m, machine.PowerOff)
+			// Settled: virt-controller acted on the strategy, removed the
+			// VMI and has no start to act on, so nothing starts the VM.
+			poll.True(t, "the VM settled off", func() bool {
+				vm := getVM(t, ns, "vm")
+				err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, &kubevirtv1.VirtualMachineInstance{})
+				return apierrors.IsNotFound(err) && vm.Status.RunStrategy == kubevirtv1.RunStrategyRerunOnFailure &&
+					vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusStopped && len(vm.Status.StateChangeRequests) == 0
+			})
+			if st, err := m.PowerState(ctx); err != nil || st != machine.PowerOff {
+				t.Errorf("PowerState after the guest powered off = %s, %v; want Off", st, err)
+			}
+			if boots := sim.Boots(ns, "vm"); len(boots) != 1 {
+				t.Errorf("boots %v after the guest powered off, want the first one only", boots)
+			}
+
+			api.Answer(tc.answer)
+			before := len(api.Requests())
+			if err := m.Reset(ctx, machine.ResetOn); err != nil {
+				t.Fatalf("Reset On after the guest powered off: %v", err)
+			}
+			if calls, _ := forcing(api.Requests()[before:], ns, "vm"); !slices.Equal(calls, []subresourceCall{{"start", -1}}) {
+				t.Errorf("subresource calls %v, want one start", calls)
+			}
+			waitPower(t, m, machine.PowerOn)
+			poll.True(t, "a second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
+			if got := getVM(t, ns, "vm").Spec.RunStrategy; got == nil || *got != tc.wantRun {
+				t.Errorf("runStrategy %v, want %s", got, tc.wantRun)
 			}
 		})
 	}

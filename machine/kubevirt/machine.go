@@ -53,19 +53,25 @@ var (
 	gracePeriodNone int64 = 0
 	halted                = kubevirtv1.RunStrategyHalted
 	always                = kubevirtv1.RunStrategyAlways
+	// poweredOn is the runStrategy a BMC's On writes. A server whose OS
+	// powers it off stays off, and MaaS relies on that (its enlistment and
+	// commissioning environments end with poweroff): with Always KubeVirt
+	// would start a new VMI at once. RerunOnFailure restarts only a VMI that
+	// failed, as a server's power-restore policy would.
+	poweredOn = kubevirtv1.RunStrategyRerunOnFailure
 )
 
-// Reset translates a power action into runStrategy and KubeVirt's stop and
-// restart subresources. It acts on the desired state, never on the
-// (lagging) status, so actions issued back to back converge on the last one.
+// Reset translates a power action into runStrategy and KubeVirt's start,
+// stop and restart subresources. It acts on the desired state, never on
+// the (lagging) status, so actions issued back to back converge on the
+// last one.
 func (m *Machine) Reset(ctx context.Context, r machine.ResetType) error {
 	if err := m.Capabilities().CheckReset(r); err != nil {
 		return err
 	}
 	switch r {
 	case machine.ResetOn, machine.ResetForceOn:
-		_, err := m.b.writeRunStrategy(ctx, always)
-		return err
+		return m.b.powerOn(ctx)
 	case machine.ResetGracefulShutdown:
 		// virt-controller stops the VMI with the VM's grace period (ACPI).
 		_, err := m.b.writeRunStrategy(ctx, halted)
@@ -77,6 +83,54 @@ func (m *Machine) Reset(ctx context.Context, r machine.ResetType) error {
 	default: // GracefulRestart: CheckReset admitted nothing else
 		return m.restart(ctx, false)
 	}
+}
+
+// powerOn writes runStrategy RerunOnFailure, which starts a VM coming from
+// another strategy. A VM that already has it and is off (its guest powered
+// off, or a start failed for good) starts only through virt-api's start.
+// Where no virt-api serves it, Always is the one way to start the VM, at
+// the price of restarts after a guest poweroff; it is written at once while
+// virt-api is known to be missing, since a VMI the fallbacks delete under
+// RerunOnFailure would not come back.
+func (b *Backend) powerOn(ctx context.Context) error {
+	target := poweredOn
+	if b.subresourcesMissing.Load() {
+		target = always
+	}
+	if _, err := b.writeRunStrategy(ctx, target); err != nil {
+		return err
+	}
+	vm, vmi, err := b.readLive(ctx)
+	if err != nil || !stoppedForGood(vm, vmi) {
+		return err
+	}
+	result, err := b.callSubresource(ctx, "start", &kubevirtv1.StartOptions{})
+	if err != nil || result != subresourceNotServed {
+		// Refused: a start is already requested, or the VMI runs again.
+		return err
+	}
+	_, err = b.writeRunStrategy(ctx, always)
+	return err
+}
+
+// stoppedForGood reports whether virt-controller has settled a VM with
+// runStrategy RerunOnFailure as off: it acted on that strategy, no start is
+// requested, and there is no VMI or only one that ended.
+func stoppedForGood(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
+	strategy, err := vm.RunStrategy()
+	if err != nil || strategy != poweredOn || vm.Status.RunStrategy != poweredOn || startRequested(vm) {
+		return false
+	}
+	return vmi == nil || vmi.Status.Phase == kubevirtv1.Succeeded
+}
+
+func startRequested(vm *kubevirtv1.VirtualMachine) bool {
+	for _, r := range vm.Status.StateChangeRequests {
+		if r.Action == kubevirtv1.StartRequest {
+			return true
+		}
+	}
+	return false
 }
 
 // forceOff stops the VM at once. virt-handler shuts a VMI down within the
@@ -99,31 +153,55 @@ func (m *Machine) forceOff(ctx context.Context) error {
 	return m.b.deleteVMI(ctx, vmi.UID, &gracePeriodNone)
 }
 
-// restart makes a new VMI: with runStrategy Always virt-controller starts
-// one where there is none (the VM is off) and replaces one that stops. A
-// forced restart asks virt-api (restart, gracePeriodSeconds 0); where that
-// is not served or refused (the VMI went meanwhile), and for a graceful
-// restart, deleting the VMI makes virt-controller replace it.
+// restart powers on a VM that is off and restarts one that is on through
+// virt-api's restart, which has virt-controller stop the VMI (at once when
+// forced, with its grace period otherwise) and start a new one, whatever
+// the strategy.
 func (m *Machine) restart(ctx context.Context, force bool) error {
-	vmi, err := m.b.writeRunStrategy(ctx, always)
-	if err != nil || vmi == nil {
+	vm, vmi, err := m.b.readLive(ctx)
+	if err != nil {
 		return err
 	}
-	if !force {
-		return m.b.deleteVMI(ctx, vmi.UID, nil)
+	if strategy, _ := vm.RunStrategy(); strategy == halted || vmi == nil || vmi.DeletionTimestamp != nil || vmi.IsFinal() {
+		return m.b.powerOn(ctx) // off or on its way there
 	}
-	return m.b.restartNow(ctx, vmi.UID)
+	if _, err := m.b.writeRunStrategy(ctx, poweredOn); err != nil {
+		return err
+	}
+	options := &kubevirtv1.RestartOptions{}
+	if force {
+		options.GracePeriodSeconds = &gracePeriodNone
+	}
+	return m.b.restartVMI(ctx, vmi.UID, options)
 }
 
-// restartNow replaces the VMI with that UID at once: virt-api's restart
-// with gracePeriodSeconds 0, or, where that is not served or is refused,
-// deleting the VMI.
+// restartNow replaces the VMI with that UID at once.
 func (b *Backend) restartNow(ctx context.Context, uid types.UID) error {
-	result, err := b.callSubresource(ctx, "restart", &kubevirtv1.RestartOptions{GracePeriodSeconds: &gracePeriodNone})
+	return b.restartVMI(ctx, uid, &kubevirtv1.RestartOptions{GracePeriodSeconds: &gracePeriodNone})
+}
+
+// restartVMI asks virt-api to restart the VMI with that UID. Refused
+// because that VMI ended meanwhile, it powers on what is off now. Where
+// virt-api does not serve restart, or refuses it for a VMI still there, the
+// VM is set to Always and the VMI deleted, so virt-controller replaces it.
+func (b *Backend) restartVMI(ctx context.Context, uid types.UID, options *kubevirtv1.RestartOptions) error {
+	result, err := b.callSubresource(ctx, "restart", options)
 	if err != nil || result == subresourceDone {
 		return err
 	}
-	return b.deleteVMI(ctx, uid, &gracePeriodNone)
+	if result == subresourceRefused {
+		_, vmi, err := b.readLive(ctx)
+		if err != nil {
+			return err
+		}
+		if vmi == nil || vmi.UID != uid || vmi.IsFinal() {
+			return b.powerOn(ctx)
+		}
+	}
+	if _, err := b.writeRunStrategy(ctx, always); err != nil {
+		return err
+	}
+	return b.deleteVMI(ctx, uid, options.GracePeriodSeconds)
 }
 
 // setRunStrategy writes runStrategy directly (clearing the deprecated
@@ -149,7 +227,10 @@ func powerState(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineIns
 		return observed
 	}
 	switch {
-	case (strategy == always || strategy == kubevirtv1.RunStrategyRerunOnFailure) && observed == machine.PowerOff:
+	case strategy == poweredOn && observed == machine.PowerOff && !stoppedForGood(vm, vmi):
+		// virt-controller has not acted on the strategy or the start yet.
+		return machine.PoweringOn
+	case strategy == always && observed == machine.PowerOff:
 		return machine.PoweringOn
 	case strategy == halted && (observed == machine.PowerOn || observed == machine.PoweringOn || observed == machine.Paused):
 		return machine.PoweringOff

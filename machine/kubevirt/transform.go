@@ -18,7 +18,13 @@ func keepWhatIsRead(obj any) (any, error) {
 	case *kubevirtv1.VirtualMachine:
 		o.ManagedFields = nil
 		delete(o.Annotations, lastAppliedAnnotation)
-		o.Status = kubevirtv1.VirtualMachineStatus{PrintableStatus: o.Status.PrintableStatus}
+		// PowerState tells an Off settled by virt-controller from a start
+		// under way by the strategy it acted on and the requests it has.
+		o.Status = kubevirtv1.VirtualMachineStatus{
+			PrintableStatus:     o.Status.PrintableStatus,
+			RunStrategy:         o.Status.RunStrategy,
+			StateChangeRequests: o.Status.StateChangeRequests,
+		}
 	case *kubevirtv1.VirtualMachineInstance:
 		o.ManagedFields = nil
 		o.Annotations, o.Labels, o.OwnerReferences, o.Finalizers = nil, nil, nil, nil

@@ -51,6 +51,40 @@ func TestPowerState(t *testing.T) {
 	}
 }
 
+// TestPowerStateAfterOn: under the strategy On writes (RerunOnFailure), a
+// VM reads Off once virt-controller has settled it off (the guest powered
+// off) and PoweringOn while a start is still to come.
+func TestPowerStateAfterOn(t *testing.T) {
+	succeeded := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Succeeded}}
+	failed := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Failed}}
+	tests := []struct {
+		name       string
+		actedOn    kubevirtv1.VirtualMachineRunStrategy // status.runStrategy
+		startAsked bool
+		vmi        *kubevirtv1.VirtualMachineInstance
+		want       machine.PowerState
+	}{
+		{"virt-controller not there yet", halted, false, nil, machine.PoweringOn},
+		{"the guest powered off", poweredOn, false, nil, machine.PowerOff},
+		{"the guest powered off, VMI not removed yet", poweredOn, false, succeeded, machine.PowerOff},
+		{"start requested after the guest powered off", poweredOn, true, nil, machine.PoweringOn},
+		{"the VMI failed: KubeVirt restarts it", poweredOn, false, failed, machine.PoweringOn},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			vm := &kubevirtv1.VirtualMachine{Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: &poweredOn}}
+			vm.Status.PrintableStatus = kubevirtv1.VirtualMachineStatusStopped
+			vm.Status.RunStrategy = tc.actedOn
+			if tc.startAsked {
+				vm.Status.StateChangeRequests = []kubevirtv1.VirtualMachineStateChangeRequest{{Action: kubevirtv1.StartRequest}}
+			}
+			if got := powerState(vm, tc.vmi); got != tc.want {
+				t.Fatalf("powerState = %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
 func order(n uint) *uint { return &n }
 
 // bootOrders lists the disks' then the interfaces' bootOrder (0 for none).

@@ -1,16 +1,22 @@
-// Package kubevirt simulates KubeVirt's control plane, which cannot run
-// here (envtest serves KubeVirt's CRDs, nothing acts on them). Simulator
+// Package kubevirt simulates KubeVirt's control plane on a bare API server
+// (envtest), for tests that need what the real one
+// (internal/kubetest/realkubevirt) cannot give: injected virt-api faults,
+// starts held mid-way, recorded boots, many VMs on one process. Simulator
 // stands in for virt-controller: it watches VirtualMachines and acts on
-// their runStrategy the way KubeVirt does. It creates and deletes VMIs,
-// moves the VM's printableStatus through Starting, Running, Stopping and
-// Stopped and the VMI's phase from Pending to Running, persists a firmware
-// UUID, and records the device every guest boots from (sim/guest's
-// BootDevice) when its VMI reaches Running. VirtAPI stands in for virt-api's
-// stop and restart subresources. Not modelled: virt-handler and
-// virt-launcher (no pods, no domain), status conditions, migration, pause,
-// snapshots, DataVolumes, virt-api's other subresources (start, console,
-// VNC), and the guest itself (sim/guest). Importers name it virtsim, as
-// machine/kubevirt is the real backend.
+// their runStrategy and status.stateChangeRequests the way KubeVirt does
+// (Always replaces an ended VMI; RerunOnFailure removes one and starts anew
+// only after a failure or a start request; Manual starts only on request).
+// It creates and deletes VMIs, moves the VM's printableStatus through
+// Starting, Running, Stopping and Stopped and the VMI's phase from Pending
+// to Running (Succeeded when a test shuts the guest down), records the
+// strategy it acted on in status.runStrategy, persists a firmware UUID, and
+// records the device every guest boots from (sim/guest's BootDevice) when
+// its VMI reaches Running. VirtAPI stands in for virt-api's start, stop and
+// restart subresources. Not modelled: virt-handler and virt-launcher (no
+// pods, no domain), status conditions, migration, pause, snapshots,
+// DataVolumes, virt-api's other subresources (console, VNC), and the guest
+// itself (sim/guest). Importers name it virtsim, as machine/kubevirt is the
+// real backend.
 package kubevirt
 
 import (
@@ -22,6 +28,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/google/uuid"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -138,9 +145,7 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	run := strategy == kubevirtv1.RunStrategyAlways || strategy == kubevirtv1.RunStrategyRerunOnFailure
-	stop := strategy == kubevirtv1.RunStrategyHalted
-
+	before := vm.Status.DeepCopy()
 	var result ctrl.Result
 	var status kubevirtv1.VirtualMachinePrintableStatus
 	switch {
@@ -154,11 +159,19 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 			return ctrl.Result{Requeue: true}, nil // then start a new one, or report Stopped
 		}
 		result.RequeueAfter = left
-	case vmi != nil && stop:
+	case vmi != nil && (stopRequested(vm, vmi.UID) || endsVMI(strategy, vmi.Status.Phase)):
 		status = kubevirtv1.VirtualMachineStatusStopping
+		if vmi.IsFinal() {
+			status = kubevirtv1.VirtualMachineStatusStopped
+		}
 		if err := s.api.Delete(ctx, vmi); err != nil && !apierrors.IsNotFound(err) {
 			return ctrl.Result{}, err
 		}
+		if strategy == kubevirtv1.RunStrategyRerunOnFailure && vmi.Status.Phase == kubevirtv1.Failed {
+			vm.Status.StateChangeRequests = append(vm.Status.StateChangeRequests, kubevirtv1.VirtualMachineStateChangeRequest{Action: kubevirtv1.StartRequest})
+		}
+	case vmi != nil && vmi.IsFinal():
+		status = kubevirtv1.VirtualMachineStatusStopped
 	case vmi != nil && vmi.Status.Phase == kubevirtv1.Running:
 		status = kubevirtv1.VirtualMachineStatusRunning
 	case vmi != nil:
@@ -177,16 +190,76 @@ func (s *Simulator) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resul
 			s.mu.Unlock()
 			status = kubevirtv1.VirtualMachineStatusRunning
 		}
-	case run:
+	case startsVMI(vm, strategy):
 		status = kubevirtv1.VirtualMachineStatusStarting
 		if err := s.createVMI(ctx, vm); err != nil {
 			return ctrl.Result{}, err
 		}
+		vm.Status.StateChangeRequests = nil
 		result.RequeueAfter = s.opts.StartDelay
 	default:
 		status = kubevirtv1.VirtualMachineStatusStopped
 	}
-	return result, s.setStatus(ctx, vm, status)
+	if vmi == nil {
+		// Stop requests name a VMI; with none left they are done.
+		vm.Status.StateChangeRequests = slices.DeleteFunc(vm.Status.StateChangeRequests, func(r kubevirtv1.VirtualMachineStateChangeRequest) bool {
+			return r.Action == kubevirtv1.StopRequest
+		})
+	}
+	vm.Status.RunStrategy = strategy
+	return result, s.setStatus(ctx, vm, before, status)
+}
+
+// endsVMI reports whether virt-controller removes a VMI in that phase under
+// the strategy: Halted stops every VMI; Always replaces one that ended;
+// RerunOnFailure removes one that ended (and starts anew only after a
+// failure). Manual and Once leave an ended VMI in place.
+func endsVMI(strategy kubevirtv1.VirtualMachineRunStrategy, phase kubevirtv1.VirtualMachineInstancePhase) bool {
+	switch strategy {
+	case kubevirtv1.RunStrategyHalted:
+		return true
+	case kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyRerunOnFailure:
+		return phase == kubevirtv1.Succeeded || phase == kubevirtv1.Failed
+	}
+	return false
+}
+
+// startsVMI reports whether virt-controller starts a VM that has no VMI:
+// Always does; RerunOnFailure when coming from another strategy or asked
+// to (virt-api's start); Manual only when asked to; Once once, when coming
+// from another strategy.
+func startsVMI(vm *kubevirtv1.VirtualMachine, strategy kubevirtv1.VirtualMachineRunStrategy) bool {
+	asked := slices.ContainsFunc(vm.Status.StateChangeRequests, func(r kubevirtv1.VirtualMachineStateChangeRequest) bool {
+		return r.Action == kubevirtv1.StartRequest
+	})
+	switch strategy {
+	case kubevirtv1.RunStrategyAlways:
+		return true
+	case kubevirtv1.RunStrategyRerunOnFailure, kubevirtv1.RunStrategyOnce:
+		return asked || vm.Status.RunStrategy != strategy
+	case kubevirtv1.RunStrategyManual:
+		return asked
+	}
+	return false
+}
+
+// stopRequested reports whether the VM's status asks for the VMI with that
+// UID to stop (virt-api's stop and restart).
+func stopRequested(vm *kubevirtv1.VirtualMachine, uid types.UID) bool {
+	return slices.ContainsFunc(vm.Status.StateChangeRequests, func(r kubevirtv1.VirtualMachineStateChangeRequest) bool {
+		return r.Action == kubevirtv1.StopRequest && r.UID != nil && *r.UID == uid
+	})
+}
+
+// ShutdownGuest has the VM's guest power itself off: its VMI ends
+// Succeeded, as virt-handler reports a domain that shut down.
+func (s *Simulator) ShutdownGuest(ctx context.Context, namespace, name string) error {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := s.api.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, vmi); err != nil {
+		return err
+	}
+	vmi.Status.Phase = kubevirtv1.Succeeded
+	return s.api.Update(ctx, vmi)
 }
 
 // persistUUID gives the VM a stable firmware UUID, as virt-controller does.
@@ -235,13 +308,14 @@ func (s *Simulator) finalize(ctx context.Context, vmi *kubevirtv1.VirtualMachine
 	return nil
 }
 
-func (s *Simulator) setStatus(ctx context.Context, vm *kubevirtv1.VirtualMachine, status kubevirtv1.VirtualMachinePrintableStatus) error {
-	ready := status == kubevirtv1.VirtualMachineStatusRunning
-	if vm.Status.PrintableStatus == status && vm.Status.Ready == ready {
+// setStatus writes the VM's status: printableStatus, ready and created as
+// given, with whatever Reconcile changed in vm.Status since it read before.
+func (s *Simulator) setStatus(ctx context.Context, vm *kubevirtv1.VirtualMachine, before *kubevirtv1.VirtualMachineStatus, status kubevirtv1.VirtualMachinePrintableStatus) error {
+	vm.Status.PrintableStatus = status
+	vm.Status.Ready = status == kubevirtv1.VirtualMachineStatusRunning
+	vm.Status.Created = status != kubevirtv1.VirtualMachineStatusStopped
+	if equality.Semantic.DeepEqual(before, &vm.Status) {
 		return nil
 	}
-	vm.Status.PrintableStatus = status
-	vm.Status.Ready = ready
-	vm.Status.Created = status != kubevirtv1.VirtualMachineStatusStopped
 	return s.api.Status().Update(ctx, vm)
 }

@@ -27,9 +27,9 @@ import (
 )
 
 // VirtAPI stands in for the part of KubeVirt's virt-api a BMC uses: the
-// stop and restart subresources of the API group subresources.kubevirt.io,
+// start, stop and restart subresources of the API group subresources.kubevirt.io,
 // which envtest does not serve. It is an HTTPS reverse proxy in front of the
-// API server: it answers PUTs to those two subresources itself, as virt-api
+// API server: it answers PUTs to those subresources itself, as virt-api
 // does, and passes everything else on with the credentials it was given.
 // Clients configured with Config see one API server that serves both. It
 // records every request that is not a read.
@@ -106,10 +106,12 @@ func NewVirtAPI(cfg *rest.Config) (*VirtAPI, error) {
 	return a, nil
 }
 
-// Config reaches the API server through the proxy, with no credentials.
+// Config reaches the API server through the proxy, with no credentials and
+// no client-side rate limit, as bmc-server configures its client.
 func (a *VirtAPI) Config() *rest.Config {
 	return &rest.Config{
 		Host:            a.server.URL,
+		QPS:             -1,
 		TLSClientConfig: rest.TLSClientConfig{CAData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: a.server.Certificate().Raw})},
 	}
 }
@@ -169,12 +171,12 @@ func (a *VirtAPI) record(r *http.Request) error {
 }
 
 // subresourceCall recognises PUT
-// /apis/subresources.kubevirt.io/v1/namespaces/NS/virtualmachines/NAME/{stop,restart}.
+// /apis/subresources.kubevirt.io/v1/namespaces/NS/virtualmachines/NAME/{start,stop,restart}.
 func subresourceCall(r *http.Request) (types.NamespacedName, string, bool) {
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
 	if r.Method != http.MethodPut || len(parts) != 8 || parts[0] != "apis" || parts[1] != kubevirtv1.SubresourceGroupName ||
 		parts[2] != kubevirtv1.ApiLatestVersion || parts[3] != "namespaces" || parts[5] != "virtualmachines" ||
-		(parts[7] != "stop" && parts[7] != "restart") {
+		(parts[7] != "start" && parts[7] != "stop" && parts[7] != "restart") {
 		return types.NamespacedName{}, "", false
 	}
 	return types.NamespacedName{Namespace: parts[4], Name: parts[6]}, parts[7], true
@@ -182,12 +184,18 @@ func subresourceCall(r *http.Request) (types.NamespacedName, string, bool) {
 
 func (a *VirtAPI) serve(w http.ResponseWriter, r *http.Request, key types.NamespacedName, subresource string) {
 	var err error
-	if subresource == "stop" {
+	switch subresource {
+	case "start":
+		opts := kubevirtv1.StartOptions{}
+		if err = decode(r, &opts); err == nil {
+			err = a.start(r.Context(), key)
+		}
+	case "stop":
 		opts := kubevirtv1.StopOptions{}
 		if err = decode(r, &opts); err == nil {
 			err = a.stop(r.Context(), key, opts)
 		}
-	} else {
+	default:
 		opts := kubevirtv1.RestartOptions{}
 		if err = decode(r, &opts); err == nil {
 			err = a.restart(r.Context(), key, opts)
@@ -225,6 +233,60 @@ func (a *VirtAPI) readWithStrategy(ctx context.Context, key types.NamespacedName
 	return vm, vmi, strategy, nil
 }
 
+// start acts as virt-api does: a VM whose VMI runs is a conflict; Halted
+// becomes Always; RerunOnFailure and Manual get a start request for
+// virt-controller (with a stop request for an ended VMI it must remove
+// first), except RerunOnFailure after a failure, which restarts by itself;
+// Always and Once take no start requests.
+func (a *VirtAPI) start(ctx context.Context, key types.NamespacedName) error {
+	vm, vmi, strategy, err := a.readWithStrategy(ctx, key)
+	if err != nil {
+		return err
+	}
+	if vmi != nil && !vmi.IsFinal() && vmi.Status.Phase != kubevirtv1.Unknown && vmi.Status.Phase != kubevirtv1.VmPhaseUnset {
+		return apierrors.NewConflict(kubevirtv1.Resource("virtualmachine"), key.Name, errors.New("VM is already running"))
+	}
+	switch strategy {
+	case kubevirtv1.RunStrategyHalted:
+		return a.setStrategy(ctx, vm, kubevirtv1.RunStrategyAlways)
+	case kubevirtv1.RunStrategyRerunOnFailure, kubevirtv1.RunStrategyManual:
+		if strategy == kubevirtv1.RunStrategyRerunOnFailure && vmi != nil && vmi.Status.Phase == kubevirtv1.Failed {
+			return apierrors.NewConflict(kubevirtv1.Resource("virtualmachine"), key.Name, errors.New("RerunOnFailure does not support starting VM from failed state"))
+		}
+		requests := []kubevirtv1.VirtualMachineStateChangeRequest{{Action: kubevirtv1.StartRequest}}
+		if vmi != nil {
+			requests = append([]kubevirtv1.VirtualMachineStateChangeRequest{{Action: kubevirtv1.StopRequest, UID: &vmi.UID}}, requests...)
+		}
+		return a.request(ctx, key, requests)
+	}
+	return apierrors.NewConflict(kubevirtv1.Resource("virtualmachine"), key.Name, fmt.Errorf("%s does not support manual start requests", strategy))
+}
+
+// request hands state change requests to virt-controller in the VM's
+// status. As virt-api's patch (guarded by a test of the requests alone), it
+// waits for no other write of the VM, and a VM with requests pending
+// refuses more.
+func (a *VirtAPI) request(ctx context.Context, key types.NamespacedName, requests []kubevirtv1.VirtualMachineStateChangeRequest) error {
+	for {
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := a.api.Get(ctx, key, vm); err != nil {
+			return apierrors.NewInternalError(err)
+		}
+		if len(vm.Status.StateChangeRequests) > 0 {
+			return apierrors.NewInternalError(errors.New("unable to complete request: stop/start already underway"))
+		}
+		vm.Status.StateChangeRequests = requests
+		err := a.api.Status().Update(ctx, vm)
+		switch {
+		case apierrors.IsConflict(err):
+			continue // another write of the VM, not of its requests
+		case err != nil:
+			return apierrors.NewInternalError(err)
+		}
+		return nil
+	}
+}
+
 // stop acts as virt-api does: a running VMI first gets the requested grace
 // period (virt-handler gives a shutting-down VMI that long); then Always
 // and Once become Halted, while Halted (only with a shorter grace period),
@@ -245,7 +307,7 @@ func (a *VirtAPI) stop(ctx context.Context, key types.NamespacedName, opts kubev
 	}
 	switch strategy {
 	case kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyOnce:
-		if err := a.halt(ctx, vm); err != nil {
+		if err := a.setStrategy(ctx, vm, kubevirtv1.RunStrategyHalted); err != nil {
 			return err
 		}
 	case kubevirtv1.RunStrategyHalted:
@@ -269,7 +331,8 @@ func (a *VirtAPI) stop(ctx context.Context, key types.NamespacedName, opts kubev
 
 // restart acts as virt-api does: only a VM with a VMI and a strategy that
 // restarts (not Halted, not Once) restarts, and only grace period 0 (kill
-// at once) or none (the VMI's own) is allowed.
+// at once) or none (the VMI's own) is allowed. It asks virt-controller to
+// stop the VMI and start a new one, whatever the strategy.
 func (a *VirtAPI) restart(ctx context.Context, key types.NamespacedName, opts kubevirtv1.RestartOptions) error {
 	if g := opts.GracePeriodSeconds; g != nil && *g != 0 {
 		return apierrors.NewBadRequest(fmt.Sprintf("gracePeriodSeconds %d: only 0 is supported for a forced restart", *g))
@@ -290,6 +353,11 @@ func (a *VirtAPI) restart(ctx context.Context, key types.NamespacedName, opts ku
 		if err := a.setGracePeriod(ctx, vmi, 0); err != nil {
 			return err
 		}
+	}
+	if err := a.request(ctx, key, []kubevirtv1.VirtualMachineStateChangeRequest{
+		{Action: kubevirtv1.StopRequest, UID: &vmi.UID}, {Action: kubevirtv1.StartRequest},
+	}); err != nil {
+		return err
 	}
 	return a.deleteVMI(ctx, vmi)
 }
@@ -312,17 +380,18 @@ func (a *VirtAPI) read(ctx context.Context, key types.NamespacedName) (*kubevirt
 	return vm, vmi, nil
 }
 
-// halt turns the VM off with a patch guarded by a test of the field it
+// setStrategy sets the VM's run strategy (spec.running false or true where
+// the VM uses that) with a patch guarded by a test of the field it
 // replaces, so only a concurrent power change makes it a conflict.
-func (a *VirtAPI) halt(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
+func (a *VirtAPI) setStrategy(ctx context.Context, vm *kubevirtv1.VirtualMachine, strategy kubevirtv1.VirtualMachineRunStrategy) error {
 	type op struct {
 		Op    string `json:"op"`
 		Path  string `json:"path"`
 		Value any    `json:"value"`
 	}
-	ops := []op{{"test", "/spec/running", vm.Spec.Running}, {"replace", "/spec/running", false}}
+	ops := []op{{"test", "/spec/running", vm.Spec.Running}, {"replace", "/spec/running", strategy == kubevirtv1.RunStrategyAlways}}
 	if vm.Spec.RunStrategy != nil {
-		ops = []op{{"test", "/spec/runStrategy", *vm.Spec.RunStrategy}, {"replace", "/spec/runStrategy", kubevirtv1.RunStrategyHalted}}
+		ops = []op{{"test", "/spec/runStrategy", *vm.Spec.RunStrategy}, {"replace", "/spec/runStrategy", strategy}}
 	}
 	patch, err := json.Marshal(ops)
 	if err != nil {

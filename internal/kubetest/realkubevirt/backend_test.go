@@ -1,0 +1,181 @@
+package realkubevirt_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
+)
+
+// bmcMachine runs the kubevirt backend for the VM as the controller's
+// bmc-server would: as the VM's ServiceAccount, holding only the per-VM
+// Role deploy/bmc renders. Any 403 is a bug in that Role or the backend.
+func bmcMachine(t *testing.T, namespace, vm string) machine.Machine {
+	t.Helper()
+	ctx := context.Background()
+	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: namespace, VMName: vm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetNamespace() == "" && o.GetKind() != "ClusterRole" && o.GetKind() != "ClusterRoleBinding" {
+			o.SetNamespace(namespace)
+		}
+		if err := cluster.Client.Create(ctx, o); err != nil {
+			t.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+	}
+	cfg, err := cluster.ConfigFor(kubetest.ServiceAccountUser(namespace, "bmc-"+vm), "system:serviceaccounts", "system:serviceaccounts:"+namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := kubevirttest.StartBackend(t, cfg, namespace, vm, kubevirt.Options{Logger: logr.Discard()})
+	m, err := b.Machine(ctx, vm)
+	if err != nil {
+		t.Fatalf("Machine: %v", err)
+	}
+	return m
+}
+
+// newHaltedVM creates a powered-off VM as a tenant would.
+func newHaltedVM(t *testing.T) (namespace string, key client.ObjectKey) {
+	t.Helper()
+	ns := newNamespace(t)
+	if err := cluster.Client.Create(context.Background(), newVM(ns, "vm", kubevirtv1.RunStrategyHalted)); err != nil {
+		t.Fatal(err)
+	}
+	return ns, client.ObjectKey{Namespace: ns, Name: "vm"}
+}
+
+// waitPower waits until the machine reads want and KubeVirt's objects
+// agree: a Running VMI for On, none (or one that ended) for Off. It returns
+// the running VMI's UID.
+func waitPower(t *testing.T, m machine.Machine, key client.ObjectKey, want machine.PowerState) types.UID {
+	t.Helper()
+	var uid types.UID
+	eventually(t, "power "+string(want), func() (bool, error) {
+		st, err := m.PowerState(context.Background())
+		if err != nil || st != want {
+			return false, fmt.Errorf("PowerState %s, %v", st, err)
+		}
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		err = cluster.Client.Get(context.Background(), key, vmi)
+		switch want {
+		case machine.PowerOn:
+			uid = vmi.UID
+			return err == nil && vmi.Status.Phase == kubevirtv1.Running, fmt.Errorf("VMI phase %q, %v", vmi.Status.Phase, err)
+		default:
+			return client.IgnoreNotFound(err) == nil && (err != nil || vmi.IsFinal()), fmt.Errorf("VMI phase %q, %v", vmi.Status.Phase, err)
+		}
+	})
+	return uid
+}
+
+// Every ResetType the backend advertises, from On and from Off, against
+// KubeVirt's own virt-controller and virt-api, with the per-VM Role: each
+// ends in the state Redfish reports, read back from the real objects; a
+// restart of a running VM makes a new VMI.
+func TestEveryResetOnRealKubeVirt(t *testing.T) {
+	tests := []struct {
+		reset   machine.ResetType
+		want    machine.PowerState
+		restart bool // from On, a new VMI
+	}{
+		{machine.ResetOn, machine.PowerOn, false},
+		{machine.ResetForceOn, machine.PowerOn, false},
+		{machine.ResetForceOff, machine.PowerOff, false},
+		{machine.ResetGracefulShutdown, machine.PowerOff, false},
+		{machine.ResetGracefulRestart, machine.PowerOn, true},
+		{machine.ResetForceRestart, machine.PowerOn, true},
+		{machine.ResetPowerCycle, machine.PowerOn, true},
+	}
+	for _, from := range []machine.PowerState{machine.PowerOff, machine.PowerOn} {
+		for _, tc := range tests {
+			t.Run(fmt.Sprintf("%s from %s", tc.reset, from), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				ns, key := newHaltedVM(t)
+				m := bmcMachine(t, ns, "vm")
+				var before types.UID
+				if from == machine.PowerOn {
+					if err := m.Reset(ctx, machine.ResetOn); err != nil {
+						t.Fatalf("Reset On: %v", err)
+					}
+					before = waitPower(t, m, key, machine.PowerOn)
+				}
+				if err := m.Reset(ctx, tc.reset); err != nil {
+					t.Fatalf("Reset %s: %v", tc.reset, err)
+				}
+				if tc.restart && from == machine.PowerOn {
+					eventually(t, "a new VMI", func() (bool, error) {
+						vmi := &kubevirtv1.VirtualMachineInstance{}
+						err := cluster.Client.Get(ctx, key, vmi)
+						return err == nil && vmi.UID != before, err
+					})
+				}
+				if after := waitPower(t, m, key, tc.want); !tc.restart && from == machine.PowerOn && tc.want == machine.PowerOn && after != before {
+					t.Errorf("VMI %s before, %s after: %s made a new VMI", before, after, tc.reset)
+				}
+			})
+		}
+	}
+}
+
+// A guest that powers itself off stays off, as a server's does (MaaS's
+// enlistment and commissioning end with poweroff), and reads Off; On then
+// starts it again. A guest reboot keeps the VM on, with the same VMI.
+func TestGuestPowerOffOnRealKubeVirt(t *testing.T) {
+	ctx := context.Background()
+	ns, key := newHaltedVM(t)
+	m := bmcMachine(t, ns, "vm")
+	if err := m.Reset(ctx, machine.ResetOn); err != nil {
+		t.Fatalf("Reset On: %v", err)
+	}
+	first := waitPower(t, m, key, machine.PowerOn)
+
+	if err := node.RebootGuest(ctx, ns, "vm"); err != nil {
+		t.Fatalf("RebootGuest: %v", err)
+	}
+	if again := waitPower(t, m, key, machine.PowerOn); again != first {
+		t.Errorf("VMI %s after a guest reboot, want %s (the same)", again, first)
+	}
+
+	node.ShutdownGuest(ns, "vm")
+	waitPower(t, m, key, machine.PowerOff)
+	eventually(t, "virt-controller settles the VM off", func() (bool, error) {
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := cluster.Client.Get(ctx, key, vm); err != nil {
+			return false, err
+		}
+		return vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusStopped && vm.Status.RunStrategy == kubevirtv1.RunStrategyRerunOnFailure,
+			fmt.Errorf("printableStatus %q, status.runStrategy %q", vm.Status.PrintableStatus, vm.Status.RunStrategy)
+	})
+	// Settled, nothing is left to start it; still, give virt-controller
+	// the time a restart would take.
+	time.Sleep(2 * time.Second)
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := cluster.Client.Get(ctx, key, vmi); err == nil && !vmi.IsFinal() {
+		t.Fatalf("a VMI %s (phase %s) after the guest powered off, want none", vmi.UID, vmi.Status.Phase)
+	}
+	if st, err := m.PowerState(ctx); err != nil || st != machine.PowerOff {
+		t.Fatalf("PowerState after the guest powered off = %s, %v; want Off", st, err)
+	}
+
+	if err := m.Reset(ctx, machine.ResetOn); err != nil {
+		t.Fatalf("Reset On after the guest powered off: %v", err)
+	}
+	if next := waitPower(t, m, key, machine.PowerOn); next == first {
+		t.Errorf("On after the guest powered off kept VMI %s, want a new one", first)
+	}
+}
