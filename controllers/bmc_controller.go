@@ -48,7 +48,7 @@ const legacyClusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
 // those of deploy/bmc/rbac.yaml.tmpl:
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;delete
-// +kubebuilder:rbac:groups=subresources.kubevirt.io,resources=virtualmachines/stop;virtualmachines/restart,verbs=update
+// +kubebuilder:rbac:groups=subresources.kubevirt.io,resources=virtualmachines/start;virtualmachines/stop;virtualmachines/restart,verbs=update
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=create;get;delete
 // +kubebuilder:rbac:groups=instancetype.kubevirt.io,resources=virtualmachineinstancetypes;virtualmachineclusterinstancetypes,verbs=get
 
@@ -95,7 +95,10 @@ func (r *BMCReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl
 		}
 		r.statuses.forget(req.NamespacedName)
 		// The BMC is named after its VM.
-		return ctrl.Result{}, deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(req.Namespace, req.Name), req.Namespace, req.Name)
+		if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(req.Namespace, req.Name), req.Namespace, req.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{}, deleteLegacyClusterRBAC(ctx, r.Client, req.Namespace, req.Name)
 	}
 	if controllerutil.RemoveFinalizer(b, legacyClusterRBACFinalizer) {
 		return ctrl.Result{}, r.Client.Update(ctx, b) // its update event brings it back
@@ -355,6 +358,9 @@ func (r *BMCReconciler) removeUnwanted(ctx context.Context, s *bmcScope) error {
 		if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(b.Namespace, b.Spec.VMName), b.Namespace, b.Spec.VMName); err != nil {
 			return s.status.fail(conditionDeploymentAvailable, reasonWorkloadFailed, err)
 		}
+	}
+	if err := deleteLegacyClusterRBAC(ctx, r.Client, b.Namespace, b.Spec.VMName); err != nil {
+		return s.status.fail(conditionDeploymentAvailable, reasonWorkloadFailed, err)
 	}
 	return nil
 }

@@ -538,40 +538,82 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	}
 }
 
-// TestClusterInstancetypeRBAC uses a VirtualMachineBMC made by hand in a
-// namespace that is not opted in: in an opted-in one enrolment makes the
-// BMC again at once, and its cluster RBAC with it.
+// TestClusterInstancetypeRBAC uses VirtualMachineBMCs made by hand in
+// namespaces that are not opted in: in an opted-in one enrolment makes the
+// BMC again at once, and its cluster RBAC with it. Namespace cluster-it with
+// VM b-web1 and namespace cluster-it-b with VM web1 each get cluster RBAC of
+// their own (a dash-joined name made them one object, which the second
+// tenant's BMC took over). Cluster RBAC an earlier version made for a VM
+// (cluster-it-c's web1) under the dash-joined name goes; an object under
+// such a name made for another VM stays.
 func TestClusterInstancetypeRBAC(t *testing.T) {
 	sharedManager(t)
-	ns := namespace(t, "cluster-it", false)
-	vm := newVM(ns, "web1")
-	vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
-	createVM(t, vm)
-	key := client.ObjectKeyFromObject(vm)
-	b := &v1beta1.VirtualMachineBMC{}
-	b.Namespace, b.Name, b.Spec.VMName = ns, vm.Name, vm.Name
-	if err := admin.Create(context.Background(), b); err != nil {
-		t.Fatal(err)
+	ctx := context.Background()
+	legacy := func(namespace, vm, madeFor string) *rbacv1.ClusterRole {
+		return &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{
+			Name:   bmc.LegacyClusterRBACName(namespace, vm),
+			Labels: map[string]string{v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelNamespace: namespace, v1beta1.LabelVM: madeFor},
+		}}
 	}
-	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-it-web1"}
-	poll.Until(t, "cluster RBAC", func() error {
-		if err := get(name, &rbacv1.ClusterRole{}); err != nil {
-			return err
+	earlier, foreign := legacy("cluster-it-c", "web1", "web1"), legacy("cluster-it", "b-web1", "someone-else")
+	for _, obj := range []client.Object{earlier, foreign} {
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatal(err)
 		}
-		return get(name, &rbacv1.ClusterRoleBinding{})
-	})
-	if err := admin.Delete(context.Background(), b); err != nil {
-		t.Fatal(err)
 	}
-	poll.Until(t, "cluster RBAC removed with the BMC", func() error {
-		if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
-			return err
+	type tenant struct{ namespace, vm string }
+	tenants := []tenant{{"cluster-it", "b-web1"}, {"cluster-it-b", "web1"}, {"cluster-it-c", "web1"}}
+	var bmcs []*v1beta1.VirtualMachineBMC
+	for _, tn := range tenants {
+		namespace(t, tn.namespace, false)
+		vm := newVM(tn.namespace, tn.vm)
+		vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
+		createVM(t, vm)
+		b := &v1beta1.VirtualMachineBMC{}
+		b.Namespace, b.Name, b.Spec.VMName = tn.namespace, vm.Name, vm.Name
+		if err := admin.Create(ctx, b); err != nil {
+			t.Fatal(err)
 		}
-		if err := gone(name, &rbacv1.ClusterRoleBinding{}); err != nil {
-			return err
-		}
-		return gone(key, &v1beta1.VirtualMachineBMC{})
+		bmcs = append(bmcs, b)
+	}
+	for _, tn := range tenants {
+		name := types.NamespacedName{Name: bmc.ClusterRBACName(tn.namespace, tn.vm)}
+		poll.Until(t, "cluster RBAC of "+tn.namespace+"/"+tn.vm, func() error {
+			binding := &rbacv1.ClusterRoleBinding{}
+			if err := get(name, &rbacv1.ClusterRole{}); err != nil {
+				return err
+			}
+			if err := get(name, binding); err != nil {
+				return err
+			}
+			if len(binding.Subjects) != 1 || binding.Subjects[0].Namespace != tn.namespace || binding.Subjects[0].Name != "bmc-"+tn.vm {
+				return fmt.Errorf("subjects %+v, want only bmc-%s of %s", binding.Subjects, tn.vm, tn.namespace)
+			}
+			return nil
+		})
+	}
+	poll.Until(t, "the earlier version's cluster RBAC of the VM deleted", func() error {
+		return gone(types.NamespacedName{Name: earlier.Name}, &rbacv1.ClusterRole{})
 	})
+	if err := get(types.NamespacedName{Name: foreign.Name}, &rbacv1.ClusterRole{}); err != nil {
+		t.Errorf("cluster RBAC of another VM under the old name: %v, want it left", err)
+	}
+
+	for i, b := range bmcs {
+		if err := admin.Delete(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		name := types.NamespacedName{Name: bmc.ClusterRBACName(tenants[i].namespace, tenants[i].vm)}
+		poll.Until(t, "cluster RBAC removed with the BMC", func() error {
+			if err := gone(name, &rbacv1.ClusterRole{}); err != nil {
+				return err
+			}
+			if err := gone(name, &rbacv1.ClusterRoleBinding{}); err != nil {
+				return err
+			}
+			return gone(client.ObjectKeyFromObject(b), &v1beta1.VirtualMachineBMC{})
+		})
+	}
 }
 
 func TestTwoNamespacesSameVMName(t *testing.T) {
@@ -901,7 +943,7 @@ func TestClusterRBACIsOwnedByItsNamespace(t *testing.T) {
 	if err := admin.Get(ctx, types.NamespacedName{Name: ns}, namespaceObj); err != nil {
 		t.Fatal(err)
 	}
-	name := types.NamespacedName{Name: "virtmetal-bmc-cluster-owner-web1"}
+	name := types.NamespacedName{Name: bmc.ClusterRBACName(ns, "web1")}
 	poll.Until(t, "cluster RBAC owned by the Namespace, no finalizer", func() error {
 		for _, obj := range []client.Object{&rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}} {
 			if err := get(name, obj); err != nil {

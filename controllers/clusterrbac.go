@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/deploy/bmc"
 )
 
 // A BMC whose VM has a cluster instancetype gets a ClusterRole and binding
@@ -33,6 +34,12 @@ func ownByNamespace(ctx context.Context, c client.Reader, namespace string, objs
 		setOwner(obj, namespaceKind, ns, collectedWith)
 	}
 	return nil
+}
+
+// deleteLegacyClusterRBAC deletes what an earlier version made for the VM
+// under bmc.LegacyClusterRBACName (a name two tenants' VMs could share).
+func deleteLegacyClusterRBAC(ctx context.Context, c client.Client, namespace, vm string) error {
+	return deleteClusterRBAC(ctx, c, bmc.LegacyClusterRBACName(namespace, vm), namespace, vm)
 }
 
 // deleteClusterRBAC deletes the cluster RBAC named name when the cache

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
@@ -77,7 +78,7 @@ func TestRoleFollowsTheInstancetype(t *testing.T) {
 	vm.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
 	createVM(t, vm)
 	key := client.ObjectKeyFromObject(vm)
-	clusterName := types.NamespacedName{Name: "virtmetal-bmc-instancetype-change-web1"}
+	clusterName := types.NamespacedName{Name: bmc.ClusterRBACName(ns, "web1")}
 	poll.Until(t, "cluster RBAC", func() error { return get(clusterName, &rbacv1.ClusterRole{}) })
 	update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
 		obj.(*kubevirtv1.VirtualMachine).Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Kind: "VirtualMachineInstancetype", Name: "team-small"}

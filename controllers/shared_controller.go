@@ -231,6 +231,9 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 			return err
 		}
 	}
+	if err := deleteLegacyClusterRBAC(ctx, r.Client, namespace, ""); err != nil {
+		return err
+	}
 	meta := metav1.ObjectMeta{Name: sharedName, Namespace: namespace, Labels: sharedLabels()}
 	objects = append(objects,
 		bmcDeployment(meta, bmcPod{
@@ -318,7 +321,10 @@ func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
 			return err
 		}
 	}
-	return deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(namespace, ""), namespace, "")
+	if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(namespace, ""), namespace, ""); err != nil {
+		return err
+	}
+	return deleteLegacyClusterRBAC(ctx, r.Client, namespace, "")
 }
 
 // deleteShared deletes key when the cache shows it as a shared object: an

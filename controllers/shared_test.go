@@ -400,7 +400,7 @@ func TestSharedObjectsGoWithTheLastBMC(t *testing.T) {
 	withIT := newVM(ns, "web2")
 	withIT.Spec.Instancetype = &kubevirtv1.InstancetypeMatcher{Name: "u1.small"}
 	createVM(t, withIT)
-	clusterName := types.NamespacedName{Name: "virtmetal-bmcs-" + ns}
+	clusterName := types.NamespacedName{Name: bmc.ClusterRBACName(ns, "")}
 	poll.Until(t, "shared bmc-server", func() error { return serves(ns, "web1", "web2") })
 	poll.Until(t, "cluster RBAC of the union", func() error {
 		role := &rbacv1.ClusterRole{}

@@ -66,8 +66,22 @@ type rendering struct {
 func StateSecretName(vm string) string { return vm + "-bmc-state" }
 
 // ClusterRBACName is the name of the ClusterRole and ClusterRoleBinding that
-// grant the cluster instancetypes; vm is "" for a shared bmc-server.
+// grant the cluster instancetypes; vm is "" for a shared bmc-server. A
+// namespace's name holds no dot, so the dot after it keeps every
+// (namespace, VM) pair's name its own: one tenant cannot name a VM so that
+// its BMC's cluster RBAC takes over another tenant's.
 func ClusterRBACName(namespace, vm string) string {
+	if vm == "" {
+		return "virtmetal-bmcs." + namespace
+	}
+	return "virtmetal-bmc." + namespace + "." + vm
+}
+
+// LegacyClusterRBACName is the name earlier versions gave the same
+// objects, joined by dashes, under which namespace a and VM b-c met
+// namespace a-b and VM c. The controller deletes objects of that name made
+// for the same VM.
+func LegacyClusterRBACName(namespace, vm string) string {
 	if vm == "" {
 		return "virtmetal-bmcs-" + namespace
 	}

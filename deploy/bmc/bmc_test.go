@@ -67,7 +67,7 @@ func TestRBACObjects(t *testing.T) {
 				}
 			}
 			slices.Sort(forcing)
-			if want := []string{"virtualmachines/restart", "virtualmachines/stop"}; !slices.Equal(forcing, want) {
+			if want := []string{"virtualmachines/restart", "virtualmachines/start", "virtualmachines/stop"}; !slices.Equal(forcing, want) {
 				t.Errorf("subresources.kubevirt.io resources %v, want %v", forcing, want)
 			}
 			if tc.extra != "" {
@@ -106,7 +106,7 @@ func TestSharedRBAC(t *testing.T) {
 			var kinds []string
 			for _, o := range objs {
 				kinds = append(kinds, o.GetKind())
-				if o.GetName() != "virtmetal-bmcs" && o.GetName() != "virtmetal-bmcs-lab" {
+				if o.GetName() != "virtmetal-bmcs" && o.GetName() != bmc.ClusterRBACName("lab", "") {
 					t.Errorf("%s named %s", o.GetKind(), o.GetName())
 				}
 				if l := o.GetLabels(); l["virtmetal.io/shared"] != "true" || l["virtmetal.io/vm"] != "" {
@@ -125,7 +125,7 @@ func TestSharedRBAC(t *testing.T) {
 					verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
 					var want []string
 					switch resources[0] {
-					case "virtualmachines", "virtualmachineinstances", "virtualmachines/stop":
+					case "virtualmachines", "virtualmachineinstances", "virtualmachines/start":
 						want = tc.params.VMs
 					case "datavolumes":
 						if slices.Equal(verbs, []string{"create"}) {
@@ -163,6 +163,33 @@ func TestRBACRejectsBadNames(t *testing.T) {
 	} {
 		if _, err := bmc.RenderRBAC(p); err == nil {
 			t.Errorf("RenderRBAC(%+v) accepted it", p)
+		}
+	}
+}
+
+// TestClusterRBACNamesAreDistinct: no two tenants' VMs (nor a VM and a
+// namespace's shared server) share cluster RBAC, however they are named;
+// the dash-joined names of earlier versions did for these pairs.
+func TestClusterRBACNamesAreDistinct(t *testing.T) {
+	pairs := [][2]string{ // namespace, VM ("" for the shared server)
+		{"a", "b-c"}, {"a-b", "c"},
+		{"a", "b.c"}, {"a-b", ""}, {"s", "a"}, {"a", ""},
+		{"team", "web-1"}, {"team-web", "1"}, {"team-web-1", ""},
+	}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		name := bmc.ClusterRBACName(p[0], p[1])
+		if other, ok := seen[name]; ok {
+			t.Errorf("%v and %v share the name %s", p, other, name)
+		}
+		seen[name] = p
+	}
+	// The clean-up finds what earlier versions made under these names.
+	for _, tc := range []struct{ namespace, vm, want string }{
+		{"a", "b-c", "virtmetal-bmc-a-b-c"}, {"lab", "", "virtmetal-bmcs-lab"},
+	} {
+		if got := bmc.LegacyClusterRBACName(tc.namespace, tc.vm); got != tc.want {
+			t.Errorf("LegacyClusterRBACName(%q, %q) = %q, want %q", tc.namespace, tc.vm, got, tc.want)
 		}
 	}
 }
