@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -178,4 +179,79 @@ func TestGuestPowerOffOnRealKubeVirt(t *testing.T) {
 	if next := waitPower(t, m, key, machine.PowerOn); next == first {
 		t.Errorf("On after the guest powered off kept VMI %s, want a new one", first)
 	}
+}
+
+// A VM made the kubectl way, with spec.running instead of runStrategy: the
+// backend powers it on and off through the strategy, which virt-api's
+// validator accepts because the backend clears spec.running with it.
+func TestSpecRunningVMOnRealKubeVirt(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	vm := newVM(ns, "vm", "")
+	vm.Spec.RunStrategy, vm.Spec.Running = nil, ptr.To(false)
+	if err := cluster.Client.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(vm)
+	m := bmcMachine(t, ns, "vm")
+	for _, step := range []struct {
+		reset machine.ResetType
+		want  machine.PowerState
+	}{{machine.ResetOn, machine.PowerOn}, {machine.ResetForceOff, machine.PowerOff}, {machine.ResetOn, machine.PowerOn}} {
+		if err := m.Reset(ctx, step.reset); err != nil {
+			t.Fatalf("Reset %s: %v", step.reset, err)
+		}
+		waitPower(t, m, key, step.want)
+	}
+}
+
+// Boot overrides on the real control plane: Pxe Once boots the network
+// once, and the next start the disk; Continuous stays until disabled. The
+// node stand-in records each boot's first device from the VMI's spec.
+func TestBootOverrideOnRealKubeVirt(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	vm := newVM(ns, "vm", kubevirtv1.RunStrategyHalted)
+	spec := &vm.Spec.Template.Spec
+	spec.Domain.Devices.Disks = []kubevirtv1.Disk{{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}}
+	spec.Volumes = []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "example.invalid/disk:1"}}}}
+	spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}}}}
+	spec.Networks = []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}}
+	if err := cluster.Client.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	key := client.ObjectKeyFromObject(vm)
+	m := bmcMachine(t, ns, "vm")
+	mode := m.Capabilities().BootModes[0]
+	boots := 0
+	step := func(o *machine.BootOverride, reset machine.ResetType, want string) {
+		t.Helper()
+		if o != nil {
+			o.Mode = mode
+			if err := m.SetBootOverride(ctx, *o); err != nil {
+				t.Fatalf("SetBootOverride %+v: %v", *o, err)
+			}
+		}
+		if err := m.Reset(ctx, reset); err != nil {
+			t.Fatalf("Reset %s: %v", reset, err)
+		}
+		boots++
+		eventually(t, fmt.Sprintf("boot %d", boots), func() (bool, error) {
+			got := node.Boots(ns, "vm")
+			return len(got) >= boots, fmt.Errorf("boots %v", got)
+		})
+		waitPower(t, m, key, machine.PowerOn)
+		if got := node.Boots(ns, "vm"); len(got) != boots || got[boots-1] != want {
+			t.Fatalf("boots %v, want boot %d from %s", got, boots, want)
+		}
+	}
+	step(&machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce}, machine.ResetOn, "interface/default")
+	eventually(t, "the Once override consumed", func() (bool, error) {
+		o, err := m.BootOverride(ctx)
+		return err == nil && o.Enabled == machine.BootDisabled, fmt.Errorf("override %+v, %v", o, err)
+	})
+	step(nil, machine.ResetForceRestart, "disk/root")
+	step(&machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootContinuous}, machine.ResetForceRestart, "interface/default")
+	step(nil, machine.ResetGracefulRestart, "interface/default")
+	step(&machine.BootOverride{Target: machine.BootHdd, Enabled: machine.BootDisabled}, machine.ResetForceRestart, "disk/root")
 }
