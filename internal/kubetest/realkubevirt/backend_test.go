@@ -3,6 +3,8 @@ package realkubevirt_test
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +24,7 @@ import (
 // bmcMachine runs the kubevirt backend for the VM as the controller's
 // bmc-server would: as the VM's ServiceAccount, holding only the per-VM
 // Role deploy/bmc renders. Any 403 is a bug in that Role or the backend.
-func bmcMachine(t *testing.T, namespace, vm string) machine.Machine {
+func bmcMachine(t testing.TB, namespace, vm string) machine.Machine {
 	t.Helper()
 	ctx := context.Background()
 	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: namespace, VMName: vm})
@@ -50,7 +52,7 @@ func bmcMachine(t *testing.T, namespace, vm string) machine.Machine {
 }
 
 // newHaltedVM creates a powered-off VM as a tenant would.
-func newHaltedVM(t *testing.T) (namespace string, key client.ObjectKey) {
+func newHaltedVM(t testing.TB) (namespace string, key client.ObjectKey) {
 	t.Helper()
 	ns := newNamespace(t)
 	if err := cluster.Client.Create(context.Background(), newVM(ns, "vm", kubevirtv1.RunStrategyHalted)); err != nil {
@@ -254,4 +256,56 @@ func TestBootOverrideOnRealKubeVirt(t *testing.T) {
 	step(&machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootContinuous}, machine.ResetForceRestart, "interface/default")
 	step(nil, machine.ResetGracefulRestart, "interface/default")
 	step(&machine.BootOverride{Target: machine.BootHdd, Enabled: machine.BootDisabled}, machine.ResetForceRestart, "disk/root")
+}
+
+// BenchmarkReset is machine/kubevirt's BenchmarkReset on the real control
+// plane, with the per-VM Role: On and ForceOff alternating, each until the
+// API server's VM carries the new runStrategy.
+func BenchmarkReset(b *testing.B) {
+	ctx := context.Background()
+	ns, key := newHaltedVM(b)
+	m := bmcMachine(b, ns, "vm")
+	steps := []struct {
+		reset machine.ResetType
+		want  kubevirtv1.VirtualMachineRunStrategy
+	}{{machine.ResetOn, kubevirtv1.RunStrategyRerunOnFailure}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
+	i := 0
+	for b.Loop() {
+		step := steps[i%2]
+		i++
+		if err := m.Reset(ctx, step.reset); err != nil {
+			b.Fatal(err)
+		}
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := cluster.Client.Get(ctx, key, vm); err != nil {
+			b.Fatal(err)
+		}
+		if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != step.want {
+			b.Fatalf("after %s the API server has runStrategy %v", step.reset, vm.Spec.RunStrategy)
+		}
+	}
+}
+
+// BenchmarkConcurrentReset: 8 clients act on one VM at once, On and
+// ForceOff mixed, as several provisioning tools or retries would; errors
+// are counted (want 0), and the VM ends in one of the asked states.
+func BenchmarkConcurrentReset(b *testing.B) {
+	ctx := context.Background()
+	ns, _ := newHaltedVM(b)
+	m := bmcMachine(b, ns, "vm")
+	var failures atomic.Int64
+	for b.Loop() {
+		var wg sync.WaitGroup
+		for c := range 8 {
+			reset := []machine.ResetType{machine.ResetOn, machine.ResetForceOff}[c%2]
+			wg.Go(func() {
+				if err := m.Reset(ctx, reset); err != nil {
+					failures.Add(1)
+					b.Logf("Reset %s: %v", reset, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	b.ReportMetric(float64(failures.Load()), "errors")
 }

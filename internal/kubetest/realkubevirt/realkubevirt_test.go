@@ -61,7 +61,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func newNamespace(t *testing.T) string {
+func newNamespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("rkv-%d", namespaces.Add(1))}}
 	if err := cluster.Client.Create(context.Background(), ns); err != nil {
@@ -113,7 +113,7 @@ func newVM(namespace, name string, strategy kubevirtv1.VirtualMachineRunStrategy
 }
 
 // eventually polls until cond holds or 30 s pass.
-func eventually(t *testing.T, what string, cond func() (bool, error)) {
+func eventually(t testing.TB, what string, cond func() (bool, error)) {
 	t.Helper()
 	var last error
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
