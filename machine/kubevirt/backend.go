@@ -113,6 +113,9 @@ type Backend struct {
 	// a start that would boot without the override, so one start is
 	// restarted once.
 	restartMu sync.Mutex
+	// subresourceMu has the backend's calls of virt-api's subresources
+	// take turns (callSubresource).
+	subresourceMu sync.Mutex
 
 	instancetypes instancetypeMemo
 }
@@ -499,8 +502,25 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	err = b.api.subresources.Put().Namespace(b.namespace).Resource("virtualmachines").Name(b.vmName).
-		SubResource(subresource).Body(body).Do(ctx).Error()
+	// virt-api hands each call to virt-controller as a patch of the VM's
+	// status.stateChangeRequests guarded by a test of their current value,
+	// and answers 500 when another call or virt-controller changed them in
+	// between: the calls take turns, and such an answer is retried.
+	b.subresourceMu.Lock()
+	defer b.subresourceMu.Unlock()
+	backoff := wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 4}
+	for {
+		err = b.api.subresources.Put().Namespace(b.namespace).Resource("virtualmachines").Name(b.vmName).
+			SubResource(subresource).Body(body).Do(ctx).Error()
+		if !apierrors.IsInternalError(err) || backoff.Steps <= 1 || ctx.Err() != nil {
+			break
+		}
+		b.log.V(1).Info("virt-api failed the request; retrying", "subresource", subresource, "reason", err.Error())
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff.Step()):
+		}
+	}
 	var status apierrors.APIStatus
 	switch {
 	case err == nil:
