@@ -22,7 +22,7 @@ func TestInventoryResources(t *testing.T) {
 			}
 		}}
 		b.replaced["vm-1"] = &stubMachine{Machine: b.Get("vm-1"), decorate: func(inv *machine.Inventory) {
-			inv.CPU.Architecture = "s390x"
+			inv.CPU.Architecture = machine.ArchS390X
 		}}
 	})
 	storage := system0 + "/Storage/1"

@@ -141,7 +141,8 @@ func normalizeMAC(mac string) string {
 }
 
 // disks lists disks and CD-ROMs with the capacity the spec states (a
-// DataVolume template's request or an emptyDisk's capacity), else 0.
+// DataVolume template's request, for a dataVolume volume or a claim the
+// template makes, or an emptyDisk's capacity), else 0, and their bus.
 func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
 	spec := &vm.Spec.Template.Spec
 	capacity := map[string]int64{}
@@ -158,6 +159,8 @@ func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
 		switch {
 		case v.DataVolume != nil:
 			capacity[v.Name] = templates[v.DataVolume.Name]
+		case v.PersistentVolumeClaim != nil:
+			capacity[v.Name] = templates[v.PersistentVolumeClaim.ClaimName]
 		case v.EmptyDisk != nil:
 			capacity[v.Name] = v.EmptyDisk.Capacity.Value()
 		}

@@ -60,6 +60,7 @@ func TestDisks(t *testing.T) {
 				{Name: "data", DiskDevice: kubevirtv1.DiskDevice{LUN: &kubevirtv1.LunTarget{Bus: kubevirtv1.DiskBusSCSI}}},
 				{Name: "scratch", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSATA}}},
 				{Name: "claim"},
+				{Name: "template-claim"},
 				{Name: "cd", DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}}},
 			}}},
 			Volumes: []kubevirtv1.Volume{
@@ -68,6 +69,8 @@ func TestDisks(t *testing.T) {
 				{Name: "scratch", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}},
 				{Name: "claim", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
 					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "existing"}}}},
+				{Name: "template-claim", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data-dv"}}}},
 			},
 		}},
 	}}
@@ -77,6 +80,8 @@ func TestDisks(t *testing.T) {
 		{Name: "scratch", Kind: machine.DiskKindDisk, Bus: machine.DiskBusSATA, CapacityBytes: 1 << 30},
 		// A claim made outside the VM: its size is not in the VM's spec.
 		{Name: "claim", Kind: machine.DiskKindDisk},
+		// The claim a DataVolume template makes has the template's size.
+		{Name: "template-claim", Kind: machine.DiskKindDisk, CapacityBytes: 5 << 30},
 		{Name: "cd", Kind: machine.DiskKindCdrom, Bus: machine.DiskBusSATA},
 	}
 	if got := disks(vm); !slices.Equal(got, want) {
