@@ -132,7 +132,8 @@ func TestGofishWalksTheWholeTree(t *testing.T) {
 		check(sys.ID+" identity", []string{sys.UUID, sys.SerialNumber, sys.Manufacturer, sys.Model, sys.Name},
 			[]string{inv.UUID, inv.SerialNumber, inv.Manufacturer, inv.Model, inv.Name})
 		check(sys.ID+" PowerState", sys.PowerState, power)
-		check(sys.ID+" LogicalProcessorCount", sys.ProcessorSummary.LogicalProcessorCount, inv.CPUs)
+		check(sys.ID+" ProcessorSummary", []any{sys.ProcessorSummary.Count, sys.ProcessorSummary.CoreCount, sys.ProcessorSummary.LogicalProcessorCount},
+			[]any{inv.CPU.Sockets, inv.CPU.Sockets * inv.CPU.Cores, inv.CPU.LogicalProcessors()})
 		check(sys.ID+" TotalSystemMemoryGiB", sys.MemorySummary.TotalSystemMemoryGiB, float64(inv.MemoryMiB)/1024)
 		check(sys.ID+" Boot", []string{string(sys.Boot.BootSourceOverrideTarget), string(sys.Boot.BootSourceOverrideEnabled), string(sys.Boot.BootSourceOverrideMode)},
 			[]string{string(override.Target), string(override.Enabled), string(override.Mode)})
@@ -169,6 +170,63 @@ func TestGofishWalksTheWholeTree(t *testing.T) {
 			}
 		}
 		check(sys.ID+" SimpleStorage devices", gotDisks, wantDisks)
+
+		processors, err := sys.Processors()
+		if err != nil || len(processors) != inv.CPU.Sockets {
+			t.Fatalf("%s Processors: %v, %d, want one per socket (%d)", sys.ID, err, len(processors), inv.CPU.Sockets)
+		}
+		for _, p := range processors {
+			check(sys.ID+" processor "+p.ID, []any{p.ProcessorType, p.ProcessorArchitecture, p.InstructionSet, p.Model, p.TotalCores, p.TotalThreads},
+				[]any{"CPU", "x86", "x86-64", inv.CPU.Model, inv.CPU.Cores, inv.CPU.Cores * inv.CPU.Threads})
+		}
+		modules, err := sys.Memory()
+		if err != nil || len(modules) != 1 {
+			t.Fatalf("%s Memory: %v, %d modules, want 1", sys.ID, err, len(modules))
+		}
+		check(sys.ID+" memory CapacityMiB", modules[0].CapacityMiB, inv.MemoryMiB)
+		subsystems, err := sys.Storage()
+		if err != nil || len(subsystems) != 1 {
+			t.Fatalf("%s Storage: %v, %d subsystems, want 1", sys.ID, err, len(subsystems))
+		}
+		drives, err := subsystems[0].Drives()
+		if err != nil {
+			t.Fatalf("%s Drives: %v", sys.ID, err)
+		}
+		var gotDrives, wantDrives []any
+		for _, d := range drives {
+			volumes, err := d.Volumes()
+			if err != nil {
+				t.Errorf("%s drive %s Volumes: %v", sys.ID, d.ID, err)
+			}
+			for _, v := range volumes {
+				back, err := v.Drives()
+				if err != nil {
+					t.Errorf("%s volume %s Drives: %v", sys.ID, v.ID, err)
+				}
+				check(sys.ID+" volume "+v.ID, []any{v.Name, v.CapacityBytes, ids(back)}, []any{d.Name, d.CapacityBytes, []string{d.ID}})
+			}
+			gotDrives = append(gotDrives, []any{d.Name, d.CapacityBytes, d.Protocol, len(volumes)})
+		}
+		for _, d := range inv.Disks {
+			var capacity *int64
+			if d.CapacityBytes > 0 {
+				capacity = &d.CapacityBytes
+			}
+			protocol, volumes := "", 0
+			if d.Bus == machine.DiskBusSATA {
+				protocol = "SATA"
+			}
+			if d.Kind == machine.DiskKindDisk {
+				volumes = 1
+			}
+			wantDrives = append(wantDrives, []any{d.Name, capacity, protocol, volumes})
+		}
+		check(sys.ID+" drives", gotDrives, wantDrives)
+		storageVolumes, err := subsystems[0].Volumes()
+		if err != nil {
+			t.Errorf("%s Storage Volumes: %v", sys.ID, err)
+		}
+		check(sys.ID+" Storage Volumes", len(storageVolumes), volumesOf(inv.Disks))
 
 		media, err := sys.VirtualMedia()
 		if err != nil || len(media) != 1 {
@@ -231,8 +289,8 @@ func TestGofishWalksTheWholeTree(t *testing.T) {
 		m := backend.Get(ch.ID)
 		inv, _ := m.Inventory(ctx)
 		power, _ := m.PowerState(ctx)
-		check(ch.ID+" chassis identity", []string{ch.SerialNumber, ch.Manufacturer, ch.Model, string(ch.PowerState)},
-			[]string{inv.SerialNumber, inv.Manufacturer, inv.Model, string(power)})
+		check(ch.ID+" chassis identity", []string{ch.SerialNumber, ch.Manufacturer, ch.Model, string(ch.PowerState), ch.UUID},
+			[]string{inv.SerialNumber, inv.Manufacturer, inv.Model, string(power), inv.UUID})
 		systems, err := ch.ComputerSystems()
 		if err != nil {
 			t.Errorf("%s ComputerSystems: %v", ch.ID, err)
@@ -392,4 +450,15 @@ func crawlTree(t *testing.T, ts *httptest.Server) []string {
 			}
 		}
 	})
+}
+
+// volumesOf counts the disks that hold a Volume: the hard disks.
+func volumesOf(disks []machine.Disk) int {
+	n := 0
+	for _, d := range disks {
+		if d.Kind == machine.DiskKindDisk {
+			n++
+		}
+	}
+	return n
 }

@@ -32,13 +32,25 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 			RunStrategy: &halted,
 			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
 				Domain: kubevirtv1.DomainSpec{
-					CPU:       &kubevirtv1.CPU{Cores: 2},
-					Memory:    &kubevirtv1.Memory{Guest: &memory},
-					Firmware:  &kubevirtv1.Firmware{UUID: "5b0c6f5e-2f3a-4d1b-8e6c-7a9d0e1f2a3b", Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
-					Devices:   kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{Name: "pxe", MacAddress: "02:00:00:00:09:01", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}}},
+					CPU:      &kubevirtv1.CPU{Cores: 2},
+					Memory:   &kubevirtv1.Memory{Guest: &memory},
+					Firmware: &kubevirtv1.Firmware{UUID: "5b0c6f5e-2f3a-4d1b-8e6c-7a9d0e1f2a3b", Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
+					Devices: kubevirtv1.Devices{
+						Interfaces: []kubevirtv1.Interface{{Name: "pxe", MacAddress: "02:00:00:00:09:01", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}},
+						// A disk of known size on SATA and one of unknown size:
+						// Storage's Drives and Volumes from a VM's spec.
+						Disks: []kubevirtv1.Disk{
+							{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSATA}}},
+							{Name: "image", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
+						},
+					},
 					Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
 				},
 				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+				Volumes: []kubevirtv1.Volume{
+					{Name: "root", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("20Gi")}}},
+					{Name: "image", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/fedora:latest"}}},
+				},
 			}},
 		},
 	}
@@ -58,5 +70,7 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 	}
 	ts := httptest.NewTLSServer(server)
 	t.Cleanup(ts.Close)
-	requireClean(t, runSuite(t, ts, suiteUser, suitePass), 23) // one machine: 23 resources, its virtual CD among them
+	// One machine: 44 resources, its virtual CD, processor, memory, drives
+	// and volumes among them.
+	requireClean(t, runSuite(t, ts, suiteUser, suitePass), 44)
 }

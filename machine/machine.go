@@ -129,12 +129,35 @@ type Inventory struct {
 	SerialNumber string // SMBIOS system serial
 	Manufacturer string
 	Model        string
-	CPUs         int    // logical processors
-	CPUModel     string // may be empty
-	MemoryMiB    int64
+	CPU          CPU
+	MemoryMiB    int64 // guest memory
 	NICs         []NIC
 	Disks        []Disk
 }
+
+// CPU is the processor topology the guest sees: Sockets × Cores × Threads
+// logical processors.
+type CPU struct {
+	Sockets      int    // at least 1
+	Cores        int    // per socket, at least 1
+	Threads      int    // per core, at least 1
+	Model        string // may be empty
+	Architecture Architecture
+}
+
+// LogicalProcessors is the number of hardware threads.
+func (c CPU) LogicalProcessors() int { return c.Sockets * c.Cores * c.Threads }
+
+// Architecture is the guest's instruction set, in Go's GOARCH names; empty
+// when unknown.
+type Architecture string
+
+const (
+	ArchAMD64   Architecture = "amd64"
+	ArchARM64   Architecture = "arm64"
+	ArchPPC64LE Architecture = "ppc64le"
+	ArchS390X   Architecture = "s390x"
+)
 
 // NIC is a network interface.
 type NIC struct {
@@ -151,11 +174,22 @@ const (
 	DiskKindCdrom DiskKind = "Cdrom"
 )
 
+// DiskBus is the bus a disk is attached to the guest by.
+type DiskBus string
+
+const (
+	DiskBusVirtio DiskBus = "virtio"
+	DiskBusSATA   DiskBus = "sata"
+	DiskBusSCSI   DiskBus = "scsi"
+	DiskBusUSB    DiskBus = "usb"
+)
+
 // Disk is a block device of the machine.
 type Disk struct {
 	Name          string
 	Kind          DiskKind
-	CapacityBytes int64 // 0 when unknown
+	Bus           DiskBus // empty when unknown
+	CapacityBytes int64   // 0 when unknown
 }
 
 // VirtualMedia is the state of the machine's virtual CD drive.

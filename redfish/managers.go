@@ -133,6 +133,9 @@ func (s *Server) getChassis(c *call) (result, error) {
 	body["Manufacturer"] = inv.Manufacturer
 	body["Model"] = inv.Model
 	body["SerialNumber"] = inv.SerialNumber
+	if inv.UUID != "" {
+		body["UUID"] = inv.UUID // the system's: a VM is one chassis
+	}
 	body["PowerState"] = string(power)
 	body["Status"] = statusOK()
 	body["Links"] = map[string]any{

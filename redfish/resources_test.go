@@ -425,11 +425,13 @@ func TestTrailingSlashAndMaaSHeaders(t *testing.T) {
 func TestResponseHeaders(t *testing.T) {
 	f := newFixture(t, nil)
 	paths := map[string]string{
-		"/redfish/v1/":        "http://redfish.dmtf.org/schemas/v1/ServiceRoot.v1_20_0.json",
-		"/redfish/v1/Systems": "http://redfish.dmtf.org/schemas/v1/ComputerSystemCollection.json",
-		system0:               "http://redfish.dmtf.org/schemas/v1/ComputerSystem.v1_27_0.json",
-		sysCD0:                "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
-		"/redfish/v1/odata":   "http://redfish.dmtf.org/schemas/v1/odata-v4.json",
+		"/redfish/v1/":                   "http://redfish.dmtf.org/schemas/v1/ServiceRoot.v1_20_0.json",
+		"/redfish/v1/Systems":            "http://redfish.dmtf.org/schemas/v1/ComputerSystemCollection.json",
+		system0:                          "http://redfish.dmtf.org/schemas/v1/ComputerSystem.v1_27_0.json",
+		sysCD0:                           "http://redfish.dmtf.org/schemas/v1/VirtualMedia.v1_6_0.json",
+		system0 + "/Storage/1/Volumes":   "http://redfish.dmtf.org/schemas/swordfish/v1/VolumeCollection.json",
+		system0 + "/Storage/1/Volumes/1": "http://redfish.dmtf.org/schemas/swordfish/v1/Volume.v1_10_0.json",
+		"/redfish/v1/odata":              "http://redfish.dmtf.org/schemas/v1/odata-v4.json",
 	}
 	for path, schema := range paths {
 		res := f.do(asAdmin("GET", path, ""))
@@ -469,7 +471,10 @@ func TestMetadata(t *testing.T) {
 	}
 	namespaces := map[string]string{}
 	for _, ref := range doc.References {
-		if !strings.HasPrefix(ref.URI, "http://redfish.dmtf.org/schemas/v1/") || !strings.HasSuffix(ref.URI, "_v1.xml") {
+		dmtf := strings.HasPrefix(ref.URI, "http://redfish.dmtf.org/schemas/v1/")
+		// Volume's schemas are Swordfish's, published under its own path.
+		swordfish := strings.HasPrefix(ref.URI, "http://redfish.dmtf.org/schemas/swordfish/v1/Volume")
+		if !dmtf && !swordfish || !strings.HasSuffix(ref.URI, "_v1.xml") {
 			t.Errorf("reference %q is not a DMTF CSDL URI", ref.URI)
 		}
 		for _, inc := range ref.Includes {
@@ -479,7 +484,10 @@ func TestMetadata(t *testing.T) {
 	// Every @odata.type the service shows must be declared.
 	for _, path := range []string{"/redfish/v1/", "/redfish/v1/Systems", system0, system0 + "/EthernetInterfaces/default", system0 + "/SimpleStorage/1",
 		sysCD0, manager0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
-		"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Roles/ReadOnly"} {
+		"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Roles/ReadOnly",
+		system0 + "/Processors", system0 + "/Processors/1", system0 + "/Memory", system0 + "/Memory/1",
+		system0 + "/Storage", system0 + "/Storage/1", system0 + "/Storage/1/Drives/1",
+		system0 + "/Storage/1/Volumes", system0 + "/Storage/1/Volumes/1"} {
 		odataType, _ := f.do(asAdmin("GET", path, "")).json["@odata.type"].(string)
 		parts := strings.Split(strings.TrimPrefix(odataType, "#"), ".")
 		ns := strings.Join(parts[:len(parts)-1], ".")

@@ -63,6 +63,7 @@ func (s *Server) routes() []route {
 		// A subscription's id is a number; a DELETE of "SSE" is a 404.
 		subscription = subscriptionsPath + "/{subscriptionID:[0-9]+}"
 		sysLog       = sys + "/LogServices/" + logServiceID
+		sysStorage   = sys + "/Storage/{storageID}"
 		mgrLog       = mgr + "/LogServices/" + logServiceID
 	)
 	return []route{
@@ -79,6 +80,15 @@ func (s *Server) routes() []route {
 		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil, whileMachineState},
 		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil, whileMachineState},
 		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil, whileMachineState},
+		{http.MethodGet, sys + "/Processors", privLogin, s.getProcessors, nil, whileMachineState},
+		{http.MethodGet, sys + "/Processors/{processorID}", privLogin, s.getProcessor, nil, whileMachineState},
+		{http.MethodGet, sys + "/Memory", privLogin, s.getMemoryCollection, nil, whileMachineState},
+		{http.MethodGet, sys + "/Memory/{memoryID}", privLogin, s.getMemory, nil, whileMachineState},
+		{http.MethodGet, sys + "/Storage", privLogin, s.getStorageCollection, nil, whileMachineState},
+		{http.MethodGet, sysStorage, privLogin, s.getStorage, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Drives/{driveID}", privLogin, s.getDrive, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Volumes", privLogin, s.getVolumes, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Volumes/{volumeID}", privLogin, s.getVolume, nil, whileMachineState},
 		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil, whileMachineState},
 		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia, nil, whileMachineState},
 		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil, perRequest},

@@ -4,7 +4,23 @@ import "strings"
 
 // schemaBase is where DMTF publishes the schemas; clients resolve
 // @odata.type, Link headers and $metadata references against it.
-const schemaBase = "http://redfish.dmtf.org/schemas/v1/"
+// swordfishBase is where the Swordfish schemas Redfish uses live (their
+// $id, and their CSDL's Uri in every DMTF file that references them).
+const (
+	schemaBase    = "http://redfish.dmtf.org/schemas/v1/"
+	swordfishBase = "http://redfish.dmtf.org/schemas/swordfish/v1/"
+)
+
+// swordfishNamespaces are the served namespaces that Swordfish defines.
+var swordfishNamespaces = map[string]bool{"Volume": true, "VolumeCollection": true}
+
+// baseOf is where the schema of a namespace is published.
+func baseOf(namespace string) string {
+	if swordfishNamespaces[namespace] {
+		return swordfishBase
+	}
+	return schemaBase
+}
 
 // schemaType is one DMTF schema type the service serves. Every body, the
 // Link header and $metadata derive their type names from these values, so a
@@ -32,7 +48,7 @@ func (t schemaType) versionedNamespace() string {
 }
 
 // csdlURI is the DMTF CSDL document that defines the namespace.
-func (t schemaType) csdlURI() string { return schemaBase + t.namespace + "_v1.xml" }
+func (t schemaType) csdlURI() string { return baseOf(t.namespace) + t.namespace + "_v1.xml" }
 
 // Versions chosen from the DMTF 2025.4 bundle: the newest minor version of
 // each schema, declared with its .0 errata.
@@ -68,6 +84,15 @@ var (
 	typeEvent                = schemaType{"Event", "v1_10_0"}
 	typeEventDestinationColl = schemaType{"EventDestinationCollection", ""}
 	typeEventDestination     = schemaType{"EventDestination", "v1_16_0"}
+	typeProcessorCollection  = schemaType{"ProcessorCollection", ""}
+	typeProcessor            = schemaType{"Processor", "v1_22_0"}
+	typeMemoryCollection     = schemaType{"MemoryCollection", ""}
+	typeMemory               = schemaType{"Memory", "v1_23_0"}
+	typeStorageCollection    = schemaType{"StorageCollection", ""}
+	typeStorage              = schemaType{"Storage", "v1_21_0"}
+	typeDrive                = schemaType{"Drive", "v1_22_0"}
+	typeVolumeCollection     = schemaType{"VolumeCollection", ""}
+	typeVolume               = schemaType{"Volume", "v1_10_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -82,6 +107,8 @@ var servedTypes = []schemaType{
 	typeSystemCollection, typeSystem,
 	typeEthernetCollection, typeEthernetInterface,
 	typeSimpleStorageColl, typeSimpleStorage,
+	typeProcessorCollection, typeProcessor, typeMemoryCollection, typeMemory,
+	typeStorageCollection, typeStorage, typeDrive, typeVolumeCollection, typeVolume,
 	typeManagerCollection, typeManager,
 	typeVirtualMediaColl, typeVirtualMedia,
 	typeChassisCollection, typeChassis,
@@ -102,5 +129,5 @@ func describedBy(odataType string) string {
 	if len(parts) < 2 {
 		return ""
 	}
-	return schemaBase + strings.Join(parts[:len(parts)-1], ".") + ".json"
+	return baseOf(parts[0]) + strings.Join(parts[:len(parts)-1], ".") + ".json"
 }

@@ -143,15 +143,14 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 		"BootSourceOverrideEnabled@Redfish.AllowableValues": bootEnabledAllowed,
 		"BootSourceOverrideMode@Redfish.AllowableValues":    stringsOf(caps.BootModes),
 	}
-	processors := map[string]any{"Count": inv.CPUs, "LogicalProcessorCount": inv.CPUs}
-	if inv.CPUModel != "" {
-		processors["Model"] = inv.CPUModel
-	}
-	body["ProcessorSummary"] = processors
+	body["ProcessorSummary"] = processorSummary(inv.CPU)
 	body["MemorySummary"] = map[string]any{"TotalSystemMemoryGiB": float64(inv.MemoryMiB) / 1024}
+	body["Processors"] = link(processorsPath(id))
+	body["Memory"] = link(memoryPath(id))
 	body["EthernetInterfaces"] = link(path + "/EthernetInterfaces")
 	body["LogServices"] = link(logServicesPath(path))
 	body["SimpleStorage"] = link(path + "/SimpleStorage")
+	body["Storage"] = link(path + "/Storage")
 	if caps.VirtualMedia {
 		body["VirtualMedia"] = link(mediaCollectionPath(id))
 	}

@@ -19,7 +19,13 @@ import (
 // loader maps it onto the local bundle folder so nothing goes to the network.
 const dmtfSchemaPrefix = "http://redfish.dmtf.org/schemas/v1/"
 
-// notInBundlePrefix marks references to schemas the bundle lacks (Swordfish).
+// swordfishSchemaPrefix names the Swordfish schemas (Volume, ...). DSP8010
+// carries those Redfish's own schemas use, in the same folder; a reference
+// to one of them reads the bundle's file, to any other one is not in it.
+const swordfishSchemaPrefix = "http://redfish.dmtf.org/schemas/swordfish/v1/"
+
+// notInBundlePrefix marks references to schemas the bundle lacks (the rest
+// of Swordfish).
 // They load as the schema `false`, so a body that uses such a property fails
 // with a message naming the missing schema instead of passing unchecked.
 const notInBundlePrefix = "urn:virtmetal:not-in-bundle:"
@@ -184,7 +190,8 @@ func (l *bundleLoader) readDocument(name string) (map[string]any, error) {
 
 // rewriteRefs adjusts every $ref of a freshly loaded document:
 //   - a missing errata points at the newest errata of its vX_Y;
-//   - a schema outside the bundle (Swordfish) points at a `false` schema;
+//   - a Swordfish schema the bundle holds is read from it, as if DMTF's;
+//   - a schema outside the bundle (other Swordfish) points at a `false` schema;
 //   - a reference to "any version of resource X" (the unversioned anyOf of
 //     idRef and every X.vN file) becomes idRef alone. Crawled bodies only hold
 //     references there, never expanded resources, and compiling every
@@ -251,6 +258,12 @@ func (l *bundleLoader) rewriteRef(ref string) (string, error) {
 	if strings.HasPrefix(ref, "#") {
 		return ref, nil
 	}
+	if rest, ok := strings.CutPrefix(ref, swordfishSchemaPrefix); ok {
+		name, _, _ := strings.Cut(rest, "#")
+		if _, err := l.resolveFile(name); err == nil {
+			ref = dmtfSchemaPrefix + rest
+		}
+	}
 	rest, ok := strings.CutPrefix(ref, dmtfSchemaPrefix)
 	if !ok {
 		return notInBundlePrefix + url.PathEscape(ref), nil
@@ -291,7 +304,7 @@ func anyVersionDefinition(doc map[string]any, definition string) bool {
 		return false
 	}
 	for _, alt := range alternatives[1:] {
-		name, _, _ := strings.Cut(strings.TrimPrefix(alt, dmtfSchemaPrefix), "#")
+		name, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(alt, dmtfSchemaPrefix), swordfishSchemaPrefix), "#")
 		if !versionedName.MatchString(name) {
 			return false
 		}

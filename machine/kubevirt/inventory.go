@@ -29,7 +29,7 @@ func (m *Machine) Inventory(ctx context.Context) (machine.Inventory, error) {
 		Name:         vm.Name,
 		Manufacturer: "KubeVirt",
 		Model:        "VirtualMachine",
-		CPUs:         cpuCount(spec, it),
+		CPU:          cpuOf(spec, it),
 		MemoryMiB:    memoryMiB(spec, it),
 		NICs:         nics(spec, vmi),
 		Disks:        disks(vm),
@@ -45,23 +45,47 @@ func (m *Machine) Inventory(ctx context.Context) (machine.Inventory, error) {
 		// virt-controller writes firmware.uuid into every VM it syncs.
 		return machine.Inventory{}, machine.Errorf(machine.ErrUnavailable, "VirtualMachine %s/%s has no firmware UUID yet", vm.Namespace, vm.Name)
 	}
-	if cpu := spec.Domain.CPU; cpu != nil {
-		inv.CPUModel = cpu.Model
-	}
 	return inv, nil
 }
 
-func cpuCount(spec *kubevirtv1.VirtualMachineInstanceSpec, it *instancetypev1beta1.VirtualMachineInstancetypeSpec) int {
-	if it != nil && it.CPU.Guest > 0 {
-		return int(it.CPU.Guest)
+// cpuOf is the topology virt-launcher gives the guest: an instancetype's
+// guest CPUs as sockets (KubeVirt's default preferSockets; preferences are
+// not read), else the domain's sockets, cores and threads (each 1 when
+// unset), else as many sockets as the CPU limit or request, rounded up.
+func cpuOf(spec *kubevirtv1.VirtualMachineInstanceSpec, it *instancetypev1beta1.VirtualMachineInstancetypeSpec) machine.CPU {
+	c := machine.CPU{Sockets: 1, Cores: 1, Threads: 1, Architecture: architecture(spec.Architecture)}
+	cpu := spec.Domain.CPU
+	if cpu != nil {
+		c.Model = cpu.Model
 	}
-	if cpu := spec.Domain.CPU; cpu != nil && cpu.Sockets+cpu.Cores+cpu.Threads > 0 {
-		return int(max(cpu.Sockets, 1) * max(cpu.Cores, 1) * max(cpu.Threads, 1))
+	switch {
+	case it != nil && it.CPU.Guest > 0:
+		c.Sockets = int(it.CPU.Guest)
+		if it.CPU.Model != nil && c.Model == "" {
+			c.Model = *it.CPU.Model
+		}
+	case cpu != nil && cpu.Sockets+cpu.Cores+cpu.Threads > 0:
+		c.Sockets, c.Cores, c.Threads = int(max(cpu.Sockets, 1)), int(max(cpu.Cores, 1)), int(max(cpu.Threads, 1))
+	default:
+		resources := spec.Domain.Resources
+		q, ok := resources.Limits[corev1.ResourceCPU]
+		if !ok {
+			q, ok = resources.Requests[corev1.ResourceCPU]
+		}
+		if ok {
+			c.Sockets = int(max(q.Value(), 1)) // Value rounds up
+		}
 	}
-	if q, ok := spec.Domain.Resources.Requests[corev1.ResourceCPU]; ok {
-		return int(max(q.MilliValue()+999, 1000) / 1000) // whole CPUs, rounded up
+	return c
+}
+
+// architecture maps the VM's spec.architecture; a VM that names none runs
+// on the cluster's default, amd64 unless KubeVirt is configured otherwise.
+func architecture(arch string) machine.Architecture {
+	if arch == "" {
+		return machine.ArchAMD64
 	}
-	return 1
+	return machine.Architecture(arch)
 }
 
 func memoryMiB(spec *kubevirtv1.VirtualMachineInstanceSpec, it *instancetypev1beta1.VirtualMachineInstancetypeSpec) int64 {
@@ -117,7 +141,8 @@ func normalizeMAC(mac string) string {
 }
 
 // disks lists disks and CD-ROMs with the capacity the spec states (a
-// DataVolume template's request or an emptyDisk's capacity), else 0.
+// DataVolume template's request, for a dataVolume volume or a claim the
+// template makes, or an emptyDisk's capacity), else 0, and their bus.
 func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
 	spec := &vm.Spec.Template.Spec
 	capacity := map[string]int64{}
@@ -134,17 +159,25 @@ func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
 		switch {
 		case v.DataVolume != nil:
 			capacity[v.Name] = templates[v.DataVolume.Name]
+		case v.PersistentVolumeClaim != nil:
+			capacity[v.Name] = templates[v.PersistentVolumeClaim.ClaimName]
 		case v.EmptyDisk != nil:
 			capacity[v.Name] = v.EmptyDisk.Capacity.Value()
 		}
 	}
 	var out []machine.Disk
 	for _, d := range spec.Domain.Devices.Disks {
-		kind := machine.DiskKindDisk
-		if d.CDRom != nil {
-			kind = machine.DiskKindCdrom
+		disk := machine.Disk{Name: d.Name, Kind: machine.DiskKindDisk, CapacityBytes: capacity[d.Name]}
+		switch {
+		case d.CDRom != nil:
+			disk.Kind = machine.DiskKindCdrom
+			disk.Bus = machine.DiskBus(d.CDRom.Bus)
+		case d.Disk != nil:
+			disk.Bus = machine.DiskBus(d.Disk.Bus)
+		case d.LUN != nil:
+			disk.Bus = machine.DiskBus(d.LUN.Bus)
 		}
-		out = append(out, machine.Disk{Name: d.Name, Kind: kind, CapacityBytes: capacity[d.Name]})
+		out = append(out, disk)
 	}
 	return out
 }

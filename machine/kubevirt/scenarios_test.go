@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -218,20 +219,29 @@ func TestInventory(t *testing.T) {
 			vm.Spec.Template.Spec.Domain.Memory = nil
 		}
 	}
+	amd64 := func(sockets, cores, threads int, model string) machine.CPU {
+		return machine.CPU{Sockets: sockets, Cores: cores, Threads: threads, Model: model, Architecture: machine.ArchAMD64}
+	}
 	tests := []struct {
 		name      string
 		change    func(*kubevirtv1.VirtualMachine)
-		cpus      int
+		cpu       machine.CPU
 		memoryMiB int64
 		mode      machine.BootMode
 	}{
-		{"domain cores and guest memory", nil, 2, 1024, machine.BootModeUEFI},
-		{"namespaced instancetype", withInstancetype("VirtualMachineInstancetype", "large"), 8, 16384, machine.BootModeUEFI},
-		{"cluster instancetype", withInstancetype("", cit.Name), 1, 512, machine.BootModeUEFI},
+		{"domain cores and guest memory", nil, amd64(1, 2, 1, ""), 1024, machine.BootModeUEFI},
+		{"namespaced instancetype", withInstancetype("VirtualMachineInstancetype", "large"), amd64(8, 1, 1, ""), 16384, machine.BootModeUEFI},
+		{"cluster instancetype", withInstancetype("", cit.Name), amd64(1, 1, 1, ""), 512, machine.BootModeUEFI},
 		{"sockets cores threads, BIOS", func(vm *kubevirtv1.VirtualMachine) {
 			vm.Spec.Template.Spec.Domain.CPU = &kubevirtv1.CPU{Sockets: 2, Cores: 3, Threads: 2, Model: "host-passthrough"}
 			vm.Spec.Template.Spec.Domain.Firmware.Bootloader = &kubevirtv1.Bootloader{BIOS: &kubevirtv1.BIOS{}}
-		}, 12, 1024, machine.BootModeLegacy},
+		}, amd64(2, 3, 2, "host-passthrough"), 1024, machine.BootModeLegacy},
+		{"CPU limit as sockets, arm64", func(vm *kubevirtv1.VirtualMachine) {
+			vm.Spec.Template.Spec.Architecture = "arm64"
+			vm.Spec.Template.Spec.Domain.CPU = nil
+			vm.Spec.Template.Spec.Domain.Resources.Limits = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2500m")}
+			vm.Spec.Template.Spec.Domain.Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
+		}, machine.CPU{Sockets: 3, Cores: 1, Threads: 1, Architecture: machine.ArchARM64}, 1024, machine.BootModeUEFI},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -243,8 +253,8 @@ func TestInventory(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Inventory: %v", err)
 			}
-			if inv.CPUs != tc.cpus || inv.MemoryMiB != tc.memoryMiB {
-				t.Errorf("CPUs %d memory %d MiB; want %d and %d", inv.CPUs, inv.MemoryMiB, tc.cpus, tc.memoryMiB)
+			if inv.CPU != tc.cpu || inv.MemoryMiB != tc.memoryMiB {
+				t.Errorf("CPU %+v memory %d MiB; want %+v and %d", inv.CPU, inv.MemoryMiB, tc.cpu, tc.memoryMiB)
 			}
 			if inv.UUID != "5ad0b6e3-6a5d-4c7e-9f1b-3c2d1e0f9a8b" || inv.SerialNumber != "serial-"+name || inv.Name != name {
 				t.Errorf("identity: %+v", inv)
@@ -252,8 +262,8 @@ func TestInventory(t *testing.T) {
 			if len(inv.NICs) != 1 || inv.NICs[0].MAC != "02:ab:cd:00:00:01" {
 				t.Errorf("NICs = %+v", inv.NICs)
 			}
-			if len(inv.Disks) != 1 || inv.Disks[0].Kind != machine.DiskKindDisk {
-				t.Errorf("Disks = %+v", inv.Disks)
+			if want := []machine.Disk{{Name: "root", Kind: machine.DiskKindDisk, Bus: machine.DiskBusVirtio}}; !slices.Equal(inv.Disks, want) {
+				t.Errorf("Disks = %+v, want %+v", inv.Disks, want)
 			}
 			caps := m.Capabilities()
 			if !slices.Equal(caps.BootModes, []machine.BootMode{tc.mode}) || caps.SupportsReset(machine.ResetNmi) {

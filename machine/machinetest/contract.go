@@ -65,8 +65,11 @@ func testInventory(t *testing.T, s Subject) {
 	if !uuidPattern.MatchString(inv.UUID) {
 		t.Errorf("UUID %q is not a lower-case RFC 4122 UUID", inv.UUID)
 	}
-	if inv.Manufacturer == "" || inv.CPUs < 1 || inv.MemoryMiB < 1 {
-		t.Errorf("inventory lacks manufacturer, CPUs or memory: %+v", inv)
+	if inv.Manufacturer == "" || inv.MemoryMiB < 1 {
+		t.Errorf("inventory lacks manufacturer or memory: %+v", inv)
+	}
+	if c := inv.CPU; c.Sockets < 1 || c.Cores < 1 || c.Threads < 1 {
+		t.Errorf("CPU topology %d sockets × %d cores × %d threads: each must be at least 1", c.Sockets, c.Cores, c.Threads)
 	}
 	if len(inv.NICs) == 0 {
 		t.Fatalf("no NICs: a machine without a MAC cannot PXE boot")

@@ -24,7 +24,18 @@ type Options struct {
 	TransitionDelay time.Duration
 	// Now is the clock; nil means time.Now. Tests inject a fake one.
 	Now func() time.Time
+	// CPU is every machine's processor topology; the zero value means
+	// DefaultCPU.
+	CPU machine.CPU
+	// MemoryMiB is every machine's memory; zero means DefaultMemoryMiB.
+	MemoryMiB int64
 }
+
+// The hardware of a machine whose Options do not say: a small amd64
+// server, as the demo server shows it.
+var DefaultCPU = machine.CPU{Sockets: 1, Cores: 2, Threads: 1, Model: "virtual", Architecture: machine.ArchAMD64}
+
+const DefaultMemoryMiB = 4096
 
 // Backend is a fixed set of in-memory machines. It is safe for concurrent use.
 type Backend struct {
@@ -50,9 +61,18 @@ func New(opts Options) *Backend {
 	if now == nil {
 		now = time.Now
 	}
+	if opts.CPU == (machine.CPU{}) {
+		opts.CPU = DefaultCPU
+	}
+	if opts.MemoryMiB == 0 {
+		opts.MemoryMiB = DefaultMemoryMiB
+	}
 	b := &Backend{changes: &machine.Broadcast{}}
 	for i := range n {
-		b.machines = append(b.machines, newMachine(i, opts.TransitionDelay, now, b.changes))
+		m := newMachine(i, opts.TransitionDelay, now, b.changes)
+		m.inv.CPU = opts.CPU
+		m.inv.MemoryMiB = opts.MemoryMiB
+		b.machines = append(b.machines, m)
 	}
 	return b
 }
@@ -191,16 +211,13 @@ func newMachine(i int, delay time.Duration, now func() time.Time, changes *machi
 			SerialNumber: name + ".memory",
 			Manufacturer: "virtmetal",
 			Model:        "in-memory machine",
-			CPUs:         2,
-			CPUModel:     "virtual",
-			MemoryMiB:    4096,
 			NICs: []machine.NIC{{
 				Name: "default",
 				MAC:  fmt.Sprintf("52:54:00:%02x:%02x:%02x", sum[16], sum[17], sum[18]),
 			}},
 			Disks: []machine.Disk{
-				{Name: "rootdisk", Kind: machine.DiskKindDisk, CapacityBytes: 20 << 30},
-				{Name: "cdrom", Kind: machine.DiskKindCdrom},
+				{Name: "rootdisk", Kind: machine.DiskKindDisk, Bus: machine.DiskBusVirtio, CapacityBytes: 20 << 30},
+				{Name: "cdrom", Kind: machine.DiskKindCdrom, Bus: machine.DiskBusSATA},
 			},
 		},
 	}

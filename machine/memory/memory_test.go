@@ -107,3 +107,29 @@ func TestFault(t *testing.T) {
 		t.Fatalf("after clearing the fault: %q, %v; the failed Reset must not have changed state", st, err)
 	}
 }
+
+func TestHardware(t *testing.T) {
+	tests := []struct {
+		name       string
+		opts       memory.Options
+		wantCPU    machine.CPU
+		wantMemory int64
+	}{
+		{"defaults", memory.Options{}, memory.DefaultCPU, memory.DefaultMemoryMiB},
+		{"configured", memory.Options{
+			CPU:       machine.CPU{Sockets: 2, Cores: 4, Threads: 2, Architecture: machine.ArchARM64},
+			MemoryMiB: 8192,
+		}, machine.CPU{Sockets: 2, Cores: 4, Threads: 2, Architecture: machine.ArchARM64}, 8192},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			inv, err := memory.New(tt.opts).Get("vm-0").Inventory(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if inv.CPU != tt.wantCPU || inv.MemoryMiB != tt.wantMemory {
+				t.Errorf("CPU %+v, memory %d MiB; want %+v, %d MiB", inv.CPU, inv.MemoryMiB, tt.wantCPU, tt.wantMemory)
+			}
+		})
+	}
+}

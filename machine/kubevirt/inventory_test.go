@@ -1,0 +1,90 @@
+package kubevirt
+
+import (
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+func TestCPUOf(t *testing.T) {
+	model := "Skylake-Server"
+	tests := []struct {
+		name string
+		spec kubevirtv1.VirtualMachineInstanceSpec
+		it   *instancetypev1beta1.VirtualMachineInstancetypeSpec
+		want machine.CPU
+	}{
+		{"nothing stated: one amd64 CPU", kubevirtv1.VirtualMachineInstanceSpec{}, nil,
+			machine.CPU{Sockets: 1, Cores: 1, Threads: 1, Architecture: machine.ArchAMD64}},
+		{"threads only", kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{CPU: &kubevirtv1.CPU{Threads: 2}}}, nil,
+			machine.CPU{Sockets: 1, Cores: 1, Threads: 2, Architecture: machine.ArchAMD64}},
+		{"instancetype wins over the domain, its model too", kubevirtv1.VirtualMachineInstanceSpec{
+			Architecture: "arm64", Domain: kubevirtv1.DomainSpec{CPU: &kubevirtv1.CPU{Cores: 4}},
+		}, &instancetypev1beta1.VirtualMachineInstancetypeSpec{CPU: instancetypev1beta1.CPUInstancetype{Guest: 4, Model: &model}},
+			machine.CPU{Sockets: 4, Cores: 1, Threads: 1, Model: model, Architecture: machine.ArchARM64}},
+		{"CPU request rounded up", kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{
+			Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1200m")}},
+		}}, nil, machine.CPU{Sockets: 2, Cores: 1, Threads: 1, Architecture: machine.ArchAMD64}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := cpuOf(&tt.spec, tt.it); got != tt.want {
+				t.Errorf("cpuOf = %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDisks(t *testing.T) {
+	gi := func(n string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(n)}
+	}
+	vm := &kubevirtv1.VirtualMachine{Spec: kubevirtv1.VirtualMachineSpec{
+		DataVolumeTemplates: []kubevirtv1.DataVolumeTemplateSpec{
+			{ObjectMeta: metav1.ObjectMeta{Name: "root-dv"}, Spec: cdiv1beta1.DataVolumeSpec{
+				Storage: &cdiv1beta1.StorageSpec{Resources: corev1.VolumeResourceRequirements{Requests: gi("20Gi")}}}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "data-dv"}, Spec: cdiv1beta1.DataVolumeSpec{
+				PVC: &corev1.PersistentVolumeClaimSpec{Resources: corev1.VolumeResourceRequirements{Requests: gi("5Gi")}}}},
+		},
+		Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+			Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{Disks: []kubevirtv1.Disk{
+				{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
+				{Name: "data", DiskDevice: kubevirtv1.DiskDevice{LUN: &kubevirtv1.LunTarget{Bus: kubevirtv1.DiskBusSCSI}}},
+				{Name: "scratch", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSATA}}},
+				{Name: "claim"},
+				{Name: "template-claim"},
+				{Name: "cd", DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}}},
+			}}},
+			Volumes: []kubevirtv1.Volume{
+				{Name: "root", VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "root-dv"}}},
+				{Name: "data", VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "data-dv"}}},
+				{Name: "scratch", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}},
+				{Name: "claim", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "existing"}}}},
+				{Name: "template-claim", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data-dv"}}}},
+			},
+		}},
+	}}
+	want := []machine.Disk{
+		{Name: "root", Kind: machine.DiskKindDisk, Bus: machine.DiskBusVirtio, CapacityBytes: 20 << 30},
+		{Name: "data", Kind: machine.DiskKindDisk, Bus: machine.DiskBusSCSI, CapacityBytes: 5 << 30},
+		{Name: "scratch", Kind: machine.DiskKindDisk, Bus: machine.DiskBusSATA, CapacityBytes: 1 << 30},
+		// A claim made outside the VM: its size is not in the VM's spec.
+		{Name: "claim", Kind: machine.DiskKindDisk},
+		// The claim a DataVolume template makes has the template's size.
+		{Name: "template-claim", Kind: machine.DiskKindDisk, CapacityBytes: 5 << 30},
+		{Name: "cd", Kind: machine.DiskKindCdrom, Bus: machine.DiskBusSATA},
+	}
+	if got := disks(vm); !slices.Equal(got, want) {
+		t.Errorf("disks =\n%+v\nwant\n%+v", got, want)
+	}
+}

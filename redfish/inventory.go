@@ -1,0 +1,240 @@
+package redfish
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/virtmetal/virtmetal/machine"
+)
+
+// The inventory collections show what the backend says the machine is and
+// nothing more: a property the backend does not know is left out.
+
+func processorsPath(systemID string) string { return systemPath(systemID) + "/Processors" }
+func memoryPath(systemID string) string     { return systemPath(systemID) + "/Memory" }
+func storagePath(systemID string) string    { return systemPath(systemID) + "/Storage/" + storageID }
+func drivePath(systemID string, n int) string {
+	return storagePath(systemID) + "/Drives/" + strconv.Itoa(n)
+}
+func volumePath(systemID string, n int) string {
+	return storagePath(systemID) + "/Volumes/" + strconv.Itoa(n)
+}
+
+// storageID names the one storage subsystem each system shows, as
+// SimpleStorage does; memoryModuleID the one memory module.
+const (
+	storageID      = "1"
+	memoryModuleID = "1"
+)
+
+// member resolves a 1-based member number of a path variable to an index
+// below n; anything else is a 404 about resourceType.
+func member(c *call, idVar, resourceType string, n int) (int, error) {
+	id := c.vars[idVar]
+	i, err := strconv.Atoi(id)
+	if err != nil || i < 1 || i > n || strconv.Itoa(i) != id {
+		return 0, newError(http.StatusNotFound, msgResourceNotFound, resourceType, id)
+	}
+	return i - 1, nil
+}
+
+// processorArchitectures maps each architecture to Redfish's
+// ProcessorArchitecture and InstructionSet; s390x has neither.
+var processorArchitectures = map[machine.Architecture][2]string{
+	machine.ArchAMD64:   {"x86", "x86-64"},
+	machine.ArchARM64:   {"ARM", "ARM-A64"},
+	machine.ArchPPC64LE: {"Power", "PowerISA"},
+}
+
+// processorSummary is ComputerSystem's ProcessorSummary: Count is the
+// Processor members, one per socket.
+func processorSummary(cpu machine.CPU) map[string]any {
+	summary := map[string]any{
+		"Count":                 cpu.Sockets,
+		"CoreCount":             cpu.Sockets * cpu.Cores,
+		"LogicalProcessorCount": cpu.LogicalProcessors(),
+	}
+	if cpu.Model != "" {
+		summary["Model"] = cpu.Model
+	}
+	return summary
+}
+
+func (s *Server) getProcessors(c *call) (result, error) {
+	m, inv, err := s.systemInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	members := make([]string, inv.CPU.Sockets)
+	for i := range members {
+		members[i] = processorsPath(m.ID()) + "/" + strconv.Itoa(i+1)
+	}
+	return result{body: collection(typeProcessorCollection, processorsPath(m.ID()), "Processor Collection", members)}, nil
+}
+
+func (s *Server) getProcessor(c *call) (result, error) {
+	m, inv, err := s.systemInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	i, err := member(c, "processorID", "Processor", inv.CPU.Sockets)
+	if err != nil {
+		return result{}, err
+	}
+	id := strconv.Itoa(i + 1)
+	body := resource(typeProcessor, processorsPath(m.ID())+"/"+id, id, "Processor "+id)
+	body["ProcessorType"] = "CPU"
+	if arch, ok := processorArchitectures[inv.CPU.Architecture]; ok {
+		body["ProcessorArchitecture"] = arch[0]
+		body["InstructionSet"] = arch[1]
+	}
+	if inv.CPU.Model != "" {
+		body["Model"] = inv.CPU.Model
+	}
+	body["TotalCores"] = inv.CPU.Cores
+	body["TotalThreads"] = inv.CPU.Cores * inv.CPU.Threads
+	body["Status"] = statusOK()
+	return result{body: body}, nil
+}
+
+// The guest's memory is one module: KubeVirt states guest NUMA nodes only
+// as a mapping of the host's, which the VM's spec does not count.
+func (s *Server) getMemoryCollection(c *call) (result, error) {
+	m, inv, err := s.systemInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	var members []string
+	if inv.MemoryMiB > 0 {
+		members = append(members, memoryPath(m.ID())+"/"+memoryModuleID)
+	}
+	return result{body: collection(typeMemoryCollection, memoryPath(m.ID()), "Memory Collection", members)}, nil
+}
+
+func (s *Server) getMemory(c *call) (result, error) {
+	m, inv, err := s.systemInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	if id := c.vars["memoryID"]; id != memoryModuleID || inv.MemoryMiB <= 0 {
+		return result{}, newError(http.StatusNotFound, msgResourceNotFound, "Memory", id)
+	}
+	body := resource(typeMemory, memoryPath(m.ID())+"/"+memoryModuleID, memoryModuleID, "Guest memory")
+	body["CapacityMiB"] = inv.MemoryMiB
+	body["Status"] = statusOK()
+	return result{body: body}, nil
+}
+
+func (s *Server) getStorageCollection(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: collection(typeStorageCollection, systemPath(m.ID())+"/Storage", "Storage Collection", []string{storagePath(m.ID())})}, nil
+}
+
+// storageInventory is systemInventory for the paths under Storage/1.
+func (s *Server) storageInventory(c *call) (machine.Machine, machine.Inventory, error) {
+	m, inv, err := s.systemInventory(c)
+	if err != nil {
+		return nil, machine.Inventory{}, err
+	}
+	if id := c.vars["storageID"]; id != storageID {
+		return nil, machine.Inventory{}, newError(http.StatusNotFound, msgResourceNotFound, "Storage", id)
+	}
+	return m, inv, nil
+}
+
+func (s *Server) getStorage(c *call) (result, error) {
+	m, inv, err := s.storageInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	drives := make([]string, len(inv.Disks))
+	for i := range inv.Disks {
+		drives[i] = drivePath(m.ID(), i+1)
+	}
+	body := resource(typeStorage, storagePath(m.ID()), storageID, "Virtual disk controller")
+	body["Drives"] = links(drives...)
+	body["Drives@odata.count"] = len(drives)
+	body["Volumes"] = link(storagePath(m.ID()) + "/Volumes")
+	body["Status"] = statusOK()
+	return result{body: body}, nil
+}
+
+// driveProtocols maps the buses Redfish's Protocol names; virtio and SCSI
+// (virtio-scsi) have no value, so their drives leave Protocol out.
+var driveProtocols = map[machine.DiskBus]string{
+	machine.DiskBusSATA: "SATA",
+	machine.DiskBusUSB:  "USB",
+}
+
+// hasVolume says whether a disk is also a Volume: every hard disk is one
+// volume of its own (no RAID between them); a CD-ROM holds none.
+func hasVolume(d machine.Disk) bool { return d.Kind == machine.DiskKindDisk }
+
+func (s *Server) getDrive(c *call) (result, error) {
+	m, inv, err := s.storageInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	i, err := member(c, "driveID", "Drive", len(inv.Disks))
+	if err != nil {
+		return result{}, err
+	}
+	d := inv.Disks[i]
+	body := resource(typeDrive, drivePath(m.ID(), i+1), strconv.Itoa(i+1), d.Name)
+	if d.CapacityBytes > 0 {
+		body["CapacityBytes"] = d.CapacityBytes
+	}
+	if p, ok := driveProtocols[d.Bus]; ok {
+		body["Protocol"] = p
+	}
+	// MediaType is left out: Redfish knows HDD, SSD and SMR, and a VM's
+	// disk is none the backend can tell, a CD-ROM none at all.
+	body["Status"] = statusOK()
+	var volumes []string
+	if hasVolume(d) {
+		volumes = append(volumes, volumePath(m.ID(), i+1))
+	}
+	body["Links"] = map[string]any{"Volumes": links(volumes...), "Volumes@odata.count": len(volumes)}
+	return result{body: body}, nil
+}
+
+// Volumes are numbered as the drives that hold them, so Volumes/2 is on
+// Drives/2.
+func (s *Server) getVolumes(c *call) (result, error) {
+	m, inv, err := s.storageInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	var members []string
+	for i, d := range inv.Disks {
+		if hasVolume(d) {
+			members = append(members, volumePath(m.ID(), i+1))
+		}
+	}
+	return result{body: collection(typeVolumeCollection, storagePath(m.ID())+"/Volumes", "Volume Collection", members)}, nil
+}
+
+func (s *Server) getVolume(c *call) (result, error) {
+	m, inv, err := s.storageInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	i, err := member(c, "volumeID", "Volume", len(inv.Disks))
+	if err == nil && !hasVolume(inv.Disks[i]) {
+		err = newError(http.StatusNotFound, msgResourceNotFound, "Volume", c.vars["volumeID"])
+	}
+	if err != nil {
+		return result{}, err
+	}
+	d := inv.Disks[i]
+	body := resource(typeVolume, volumePath(m.ID(), i+1), strconv.Itoa(i+1), d.Name)
+	if d.CapacityBytes > 0 {
+		body["CapacityBytes"] = d.CapacityBytes
+	}
+	body["Status"] = statusOK()
+	body["Links"] = map[string]any{"Drives": links(drivePath(m.ID(), i+1)), "Drives@odata.count": 1}
+	return result{body: body}, nil
+}
