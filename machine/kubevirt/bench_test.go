@@ -6,7 +6,6 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -55,24 +54,5 @@ func BenchmarkInventory(b *testing.B) {
 // ForceOff's stop.
 func BenchmarkReset(b *testing.B) {
 	m, ns := benchMachineVia(b, newVirtAPI(b).Config())
-	ctx := context.Background()
-	steps := []struct {
-		reset machine.ResetType
-		want  kubevirtv1.VirtualMachineRunStrategy
-	}{{machine.ResetOn, kubevirtv1.RunStrategyRerunOnFailure}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
-	i := 0
-	for b.Loop() {
-		step := steps[i%2]
-		i++
-		if err := m.Reset(ctx, step.reset); err != nil {
-			b.Fatal(err)
-		}
-		vm := &kubevirtv1.VirtualMachine{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
-			b.Fatal(err)
-		}
-		if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != step.want {
-			b.Fatalf("after %s the API server has runStrategy %v", step.reset, vm.Spec.RunStrategy)
-		}
-	}
+	kubevirttest.BenchmarkResets(b, m, env.Client, client.ObjectKey{Namespace: ns, Name: "vm"})
 }

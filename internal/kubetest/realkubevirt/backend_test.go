@@ -259,31 +259,10 @@ func TestBootOverrideOnRealKubeVirt(t *testing.T) {
 }
 
 // BenchmarkReset is machine/kubevirt's BenchmarkReset on the real control
-// plane, with the per-VM Role: On and ForceOff alternating, each until the
-// API server's VM carries the new runStrategy.
+// plane, with the per-VM Role.
 func BenchmarkReset(b *testing.B) {
-	ctx := context.Background()
 	ns, key := newHaltedVM(b)
-	m := bmcMachine(b, ns, "vm")
-	steps := []struct {
-		reset machine.ResetType
-		want  kubevirtv1.VirtualMachineRunStrategy
-	}{{machine.ResetOn, kubevirtv1.RunStrategyRerunOnFailure}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
-	i := 0
-	for b.Loop() {
-		step := steps[i%2]
-		i++
-		if err := m.Reset(ctx, step.reset); err != nil {
-			b.Fatal(err)
-		}
-		vm := &kubevirtv1.VirtualMachine{}
-		if err := cluster.Client.Get(ctx, key, vm); err != nil {
-			b.Fatal(err)
-		}
-		if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != step.want {
-			b.Fatalf("after %s the API server has runStrategy %v", step.reset, vm.Spec.RunStrategy)
-		}
-	}
+	kubevirttest.BenchmarkResets(b, bmcMachine(b, ns, "vm"), cluster.Client, key)
 }
 
 // concurrentResets has 8 clients act on the machine at once, On and

@@ -15,9 +15,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
@@ -100,4 +103,31 @@ func StartBackend(t testing.TB, cfg *rest.Config, namespace, name string, opts k
 		t.Fatalf("backend cache did not sync")
 	}
 	return b
+}
+
+// BenchmarkResets has the machine alternate On and ForceOff, each until c,
+// reading from the API server, shows the VM's new runStrategy: the
+// KubeVirt backend's Reset figure, on the simulator and on the real control
+// plane alike.
+func BenchmarkResets(b *testing.B, m machine.Machine, c client.Reader, vm client.ObjectKey) {
+	ctx := context.Background()
+	steps := []struct {
+		reset machine.ResetType
+		want  kubevirtv1.VirtualMachineRunStrategy
+	}{{machine.ResetOn, kubevirtv1.RunStrategyRerunOnFailure}, {machine.ResetForceOff, kubevirtv1.RunStrategyHalted}}
+	i := 0
+	for b.Loop() {
+		step := steps[i%2]
+		i++
+		if err := m.Reset(ctx, step.reset); err != nil {
+			b.Fatal(err)
+		}
+		got := &kubevirtv1.VirtualMachine{}
+		if err := c.Get(ctx, vm, got); err != nil {
+			b.Fatal(err)
+		}
+		if got.Spec.RunStrategy == nil || *got.Spec.RunStrategy != step.want {
+			b.Fatalf("after %s the API server has runStrategy %v", step.reset, got.Spec.RunStrategy)
+		}
+	}
 }
