@@ -13,8 +13,10 @@ import (
 func processorsPath(systemID string) string { return systemPath(systemID) + "/Processors" }
 func memoryPath(systemID string) string     { return systemPath(systemID) + "/Memory" }
 func storagePath(systemID string) string    { return systemPath(systemID) + "/Storage/" + storageID }
-func drivePath(systemID string, n int) string {
-	return storagePath(systemID) + "/Drives/" + strconv.Itoa(n)
+// Drives live under the chassis: Redfish deprecates them under Storage.
+func drivesPath(chassisID string) string { return chassisPath(chassisID) + "/Drives" }
+func drivePath(chassisID string, n int) string {
+	return drivesPath(chassisID) + "/" + strconv.Itoa(n)
 }
 func volumePath(systemID string, n int) string {
 	return storagePath(systemID) + "/Volumes/" + strconv.Itoa(n)
@@ -173,8 +175,34 @@ var driveProtocols = map[machine.DiskBus]string{
 // volume of its own (no RAID between them); a CD-ROM holds none.
 func hasVolume(d machine.Disk) bool { return d.Kind == machine.DiskKindDisk }
 
+// chassisInventory is systemInventory for the paths under a chassis: a VM
+// is one system in one chassis, both named after it.
+func (s *Server) chassisInventory(c *call) (machine.Machine, machine.Inventory, error) {
+	m, err := s.machineFor(c, "chassisID", "Chassis")
+	if err != nil {
+		return nil, machine.Inventory{}, err
+	}
+	inv, err := m.Inventory(c.ctx())
+	if err != nil {
+		return nil, machine.Inventory{}, s.mapBackendError(err, operation{resourceType: "Chassis", resourceID: m.ID()})
+	}
+	return m, inv, nil
+}
+
+func (s *Server) getDrives(c *call) (result, error) {
+	m, inv, err := s.chassisInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	members := make([]string, len(inv.Disks))
+	for i := range inv.Disks {
+		members[i] = drivePath(m.ID(), i+1)
+	}
+	return result{body: collection(typeDriveCollection, drivesPath(m.ID()), "Drive Collection", members)}, nil
+}
+
 func (s *Server) getDrive(c *call) (result, error) {
-	m, inv, err := s.storageInventory(c)
+	m, inv, err := s.chassisInventory(c)
 	if err != nil {
 		return result{}, err
 	}

@@ -25,7 +25,7 @@ func TestInventoryResources(t *testing.T) {
 			inv.CPU.Architecture = machine.ArchS390X
 		}}
 	})
-	storage := system0 + "/Storage/1"
+	storage, drives := system0+"/Storage/1", "/redfish/v1/Chassis/vm-0/Drives"
 	tests := []struct {
 		path string
 		want map[string]any // properties and their values; nil: left out
@@ -43,14 +43,16 @@ func TestInventoryResources(t *testing.T) {
 		{"/redfish/v1/Systems/vm-1/Processors/1", map[string]any{"ProcessorArchitecture": nil, "InstructionSet": nil, "ProcessorType": "CPU"}},
 		{system0 + "/Memory/1", map[string]any{"CapacityMiB": 4096.0, "MemoryDeviceType": nil}},
 		{storage, map[string]any{"Drives@odata.count": 3.0}},
-		{storage + "/Drives/1", map[string]any{"Name": "root", "Protocol": nil, "CapacityBytes": nil, "MediaType": nil}},
-		{storage + "/Drives/2", map[string]any{"Name": "cd", "Links": map[string]any{"Volumes": []any{}, "Volumes@odata.count": 0.0}}},
-		{storage + "/Drives/3", map[string]any{"Protocol": "SATA", "CapacityBytes": float64(1 << 30)}},
+		{drives, map[string]any{"Members@odata.count": 3.0}},
+		{"/redfish/v1/Chassis/vm-0", map[string]any{"Drives": map[string]any{"@odata.id": drives}}},
+		{drives + "/1", map[string]any{"Name": "root", "Protocol": nil, "CapacityBytes": nil, "MediaType": nil}},
+		{drives + "/2", map[string]any{"Name": "cd", "Links": map[string]any{"Volumes": []any{}, "Volumes@odata.count": 0.0}}},
+		{drives + "/3", map[string]any{"Protocol": "SATA", "CapacityBytes": float64(1 << 30)}},
 		{storage + "/Volumes", map[string]any{"Members": []any{
 			map[string]any{"@odata.id": storage + "/Volumes/1"}, map[string]any{"@odata.id": storage + "/Volumes/3"},
 		}}},
 		{storage + "/Volumes/3", map[string]any{"Name": "data", "CapacityBytes": float64(1 << 30),
-			"Links": map[string]any{"Drives": []any{map[string]any{"@odata.id": storage + "/Drives/3"}}, "Drives@odata.count": 1.0}}},
+			"Links": map[string]any{"Drives": []any{map[string]any{"@odata.id": drives + "/3"}}, "Drives@odata.count": 1.0}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
@@ -78,9 +80,10 @@ func TestInventoryMembersNotFound(t *testing.T) {
 		system0 + "/Processors/01",
 		system0 + "/Memory/2",
 		system0 + "/Storage/2",
-		system0 + "/Storage/2/Drives/1",
-		system0 + "/Storage/1/Drives/3",
-		system0 + "/Storage/1/Drives/x",
+		system0 + "/Storage/1/Drives/1", // drives live under the chassis
+		"/redfish/v1/Chassis/vm-0/Drives/3",
+		"/redfish/v1/Chassis/vm-0/Drives/x",
+		"/redfish/v1/Chassis/vm-9/Drives",
 		system0 + "/Storage/1/Volumes/2", // the CD-ROM holds no volume
 		"/redfish/v1/Systems/vm-9/Processors",
 	} {

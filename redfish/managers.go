@@ -137,6 +137,7 @@ func (s *Server) getChassis(c *call) (result, error) {
 		body["UUID"] = inv.UUID // the system's: a VM is one chassis
 	}
 	body["PowerState"] = string(power)
+	body["Drives"] = link(drivesPath(id))
 	body["Status"] = statusOK()
 	body["Links"] = map[string]any{
 		"ComputerSystems": links(systemPath(id)),

@@ -486,7 +486,7 @@ func TestMetadata(t *testing.T) {
 		sysCD0, manager0, "/redfish/v1/Chassis/vm-0", "/redfish/v1/SessionService", "/redfish/v1/AccountService",
 		"/redfish/v1/AccountService/Accounts/1", "/redfish/v1/AccountService/Roles/ReadOnly",
 		system0 + "/Processors", system0 + "/Processors/1", system0 + "/Memory", system0 + "/Memory/1",
-		system0 + "/Storage", system0 + "/Storage/1", system0 + "/Storage/1/Drives/1",
+		system0 + "/Storage", system0 + "/Storage/1", "/redfish/v1/Chassis/vm-0/Drives", "/redfish/v1/Chassis/vm-0/Drives/1",
 		system0 + "/Storage/1/Volumes", system0 + "/Storage/1/Volumes/1"} {
 		odataType, _ := f.do(asAdmin("GET", path, "")).json["@odata.type"].(string)
 		parts := strings.Split(strings.TrimPrefix(odataType, "#"), ".")

@@ -86,7 +86,6 @@ func (s *Server) routes() []route {
 		{http.MethodGet, sys + "/Memory/{memoryID}", privLogin, s.getMemory, nil, whileMachineState},
 		{http.MethodGet, sys + "/Storage", privLogin, s.getStorageCollection, nil, whileMachineState},
 		{http.MethodGet, sysStorage, privLogin, s.getStorage, nil, whileMachineState},
-		{http.MethodGet, sysStorage + "/Drives/{driveID}", privLogin, s.getDrive, nil, whileMachineState},
 		{http.MethodGet, sysStorage + "/Volumes", privLogin, s.getVolumes, nil, whileMachineState},
 		{http.MethodGet, sysStorage + "/Volumes/{volumeID}", privLogin, s.getVolume, nil, whileMachineState},
 		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil, whileMachineState},
@@ -111,6 +110,8 @@ func (s *Server) routes() []route {
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives", privLogin, s.getDrives, nil, whileMachineState},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives/{driveID}", privLogin, s.getDrive, nil, whileMachineState},
 
 		{http.MethodGet, eventServicePath, privLogin, s.getEventService, nil, forLife},
 		{http.MethodGet, ssePath, privLogin, s.streamEvents, nil, perRequest},

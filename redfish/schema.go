@@ -91,6 +91,7 @@ var (
 	typeStorageCollection    = schemaType{"StorageCollection", ""}
 	typeStorage              = schemaType{"Storage", "v1_21_0"}
 	typeDrive                = schemaType{"Drive", "v1_22_0"}
+	typeDriveCollection      = schemaType{"DriveCollection", ""}
 	typeVolumeCollection     = schemaType{"VolumeCollection", ""}
 	typeVolume               = schemaType{"Volume", "v1_10_0"}
 )
@@ -108,7 +109,7 @@ var servedTypes = []schemaType{
 	typeEthernetCollection, typeEthernetInterface,
 	typeSimpleStorageColl, typeSimpleStorage,
 	typeProcessorCollection, typeProcessor, typeMemoryCollection, typeMemory,
-	typeStorageCollection, typeStorage, typeDrive, typeVolumeCollection, typeVolume,
+	typeStorageCollection, typeStorage, typeDriveCollection, typeDrive, typeVolumeCollection, typeVolume,
 	typeManagerCollection, typeManager,
 	typeVirtualMediaColl, typeVirtualMedia,
 	typeChassisCollection, typeChassis,
