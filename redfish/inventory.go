@@ -178,15 +178,7 @@ func hasVolume(d machine.Disk) bool { return d.Kind == machine.DiskKindDisk }
 // chassisInventory is systemInventory for the paths under a chassis: a VM
 // is one system in one chassis, both named after it.
 func (s *Server) chassisInventory(c *call) (machine.Machine, machine.Inventory, error) {
-	m, err := s.machineFor(c, "chassisID", "Chassis")
-	if err != nil {
-		return nil, machine.Inventory{}, err
-	}
-	inv, err := m.Inventory(c.ctx())
-	if err != nil {
-		return nil, machine.Inventory{}, s.mapBackendError(err, operation{resourceType: "Chassis", resourceID: m.ID()})
-	}
-	return m, inv, nil
+	return s.inventoryOf(c, "chassisID", "Chassis")
 }
 
 func (s *Server) getDrives(c *call) (result, error) {

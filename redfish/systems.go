@@ -377,13 +377,19 @@ func ethernetPath(systemID, nic string) string {
 
 // systemInventory resolves the system of the path and reads its inventory.
 func (s *Server) systemInventory(c *call) (machine.Machine, machine.Inventory, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	return s.inventoryOf(c, "systemID", "ComputerSystem")
+}
+
+// inventoryOf resolves the path variable idVar to its machine, a
+// resourceType of that name, and reads the machine's inventory.
+func (s *Server) inventoryOf(c *call, idVar, resourceType string) (machine.Machine, machine.Inventory, error) {
+	m, err := s.machineFor(c, idVar, resourceType)
 	if err != nil {
 		return nil, machine.Inventory{}, err
 	}
 	inv, err := m.Inventory(c.ctx())
 	if err != nil {
-		return nil, machine.Inventory{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID()})
+		return nil, machine.Inventory{}, s.mapBackendError(err, operation{resourceType: resourceType, resourceID: m.ID()})
 	}
 	return m, inv, nil
 }
