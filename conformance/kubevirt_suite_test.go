@@ -49,7 +49,7 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
 				Volumes: []kubevirtv1.Volume{
 					{Name: "root", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("20Gi")}}},
-					{Name: "image", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/fedora:latest"}}},
+					{Name: "image", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "containerdisks/fedora:latest"}}},
 				},
 			}},
 		},

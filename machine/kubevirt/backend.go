@@ -361,6 +361,13 @@ func (b *Backend) checkRead(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.Virtu
 	return vm, vmi, nil
 }
 
+// conflictBackoff spaces updateVM's attempts. virt-controller writes a
+// VM's status several times in the second after a start or stop, each
+// time changing its resourceVersion: client-go's default (5 attempts in
+// about 50 ms) lost to it on KubeVirt's real control plane. This gives it
+// about 2 s.
+var conflictBackoff = wait.Backoff{Steps: 12, Duration: 10 * time.Millisecond, Factor: 1.5, Jitter: 0.2}
+
 // updateVM reads the VM and VMI from the API server, lets mutate change the
 // VM, and writes it back, retrying on conflict. Every update also records
 // a consumed Once override, so no write can resurrect one. mutate returns
@@ -368,7 +375,7 @@ func (b *Backend) checkRead(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.Virtu
 func (b *Backend) updateVM(ctx context.Context, mutate func(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (bool, error)) (vmi *kubevirtv1.VirtualMachineInstance, err error) {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err = retry.RetryOnConflict(conflictBackoff, func() error {
 		var vm *kubevirtv1.VirtualMachine
 		var err error
 		vm, vmi, err = b.readLive(ctx)

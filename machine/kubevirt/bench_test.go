@@ -13,7 +13,7 @@ import (
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
-func benchMachine(b *testing.B) (machine.Machine, string) { return benchMachineVia(b, env.Config) }
+func benchMachine(b *testing.B) (machine.Machine, string) { return benchMachineVia(b, cluster.Config) }
 
 // benchMachineVia runs the machine's backend with cfg.
 func benchMachineVia(b *testing.B, cfg *rest.Config) (machine.Machine, string) {
@@ -53,6 +53,6 @@ func BenchmarkInventory(b *testing.B) {
 // server's VM carries the new runStrategy, with virt-api's stand-in serving
 // ForceOff's stop.
 func BenchmarkReset(b *testing.B) {
-	m, ns := benchMachineVia(b, newVirtAPI(b).Config())
-	kubevirttest.BenchmarkResets(b, m, env.Client, client.ObjectKey{Namespace: ns, Name: "vm"})
+	m, ns := benchMachineVia(b, cluster.NewVirtAPI(b).Config())
+	kubevirttest.BenchmarkResets(b, m, cluster.Client, client.ObjectKey{Namespace: ns, Name: "vm"})
 }

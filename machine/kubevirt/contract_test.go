@@ -25,7 +25,7 @@ func TestContract(t *testing.T) {
 			machinetest.Run(t, func(t *testing.T) machinetest.Subject {
 				ns := cluster.NewNamespace(t)
 				newVM(t, ns, "vm", nil)
-				api := newVirtAPI(t)
+				api := cluster.NewVirtAPI(t)
 				api.Answer(mode.answer)
 				b := kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{})
 				if mode.answer == 0 {
@@ -41,7 +41,7 @@ func TestContract(t *testing.T) {
 				}
 				return machinetest.Subject{
 					Machine:   m,
-					Boots:     func() []machine.BootTarget { return sim.Boots(ns, "vm") },
+					Boots:     func() []machine.BootTarget { return cluster.Boots(ns, "vm") },
 					Versioned: b,
 				}
 			})

@@ -20,18 +20,6 @@ import (
 	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
-// newVirtAPI puts a virt-api stand-in in front of the package's API server
-// until the test ends.
-func newVirtAPI(t testing.TB) *virtsim.VirtAPI {
-	t.Helper()
-	api, err := virtsim.NewVirtAPI(env.Config)
-	if err != nil {
-		t.Fatalf("NewVirtAPI: %v", err)
-	}
-	t.Cleanup(api.Close)
-	return api
-}
-
 // subresourceCall is a start, stop or restart call with its grace period.
 type subresourceCall struct {
 	subresource string
@@ -98,7 +86,7 @@ func TestForcedPower(t *testing.T) {
 			ctx := t.Context()
 			ns := cluster.NewNamespace(t)
 			vm := newVM(t, ns, "vm", nil)
-			api := newVirtAPI(t)
+			api := cluster.NewVirtAPI(t)
 			m := mustMachine(t, kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{}), "vm")
 			if tc.on {
 				if err := m.Reset(ctx, machine.ResetOn); err != nil {
@@ -107,9 +95,14 @@ func TestForcedPower(t *testing.T) {
 				waitPower(t, m, machine.PowerOn)
 			}
 			if tc.deleteVM {
-				if err := env.Client.Delete(ctx, vm); err != nil {
+				if err := cluster.Client.Delete(ctx, vm); err != nil {
 					t.Fatalf("deleting the VM: %v", err)
 				}
+				// Until virt-controller removes its finalizer, the VM is
+				// still there.
+				poll.True(t, "the VM gone", func() bool {
+					return apierrors.IsNotFound(cluster.Client.Get(ctx, client.ObjectKeyFromObject(vm), &kubevirtv1.VirtualMachine{}))
+				})
 			}
 			api.Answer(tc.answer)
 			before := len(api.Requests())
@@ -132,7 +125,7 @@ func TestForcedPower(t *testing.T) {
 				t.Errorf("runStrategy %v, want %s", got, tc.wantRun)
 			}
 			waitPower(t, m, tc.wantPower)
-			poll.True(t, "the boots", func() bool { return len(sim.Boots(ns, "vm")) == tc.wantBoots })
+			poll.True(t, "the boots", func() bool { return len(cluster.Boots(ns, "vm")) == tc.wantBoots })
 		})
 	}
 }
@@ -156,7 +149,7 @@ func TestForcedPowerFallbackLog(t *testing.T) {
 			ctx := t.Context()
 			ns := cluster.NewNamespace(t)
 			vm := newVM(t, ns, "vm", nil)
-			api := newVirtAPI(t)
+			api := cluster.NewVirtAPI(t)
 			api.Answer(tc.answer)
 			var mu sync.Mutex
 			var notServed []string
@@ -169,9 +162,14 @@ func TestForcedPowerFallbackLog(t *testing.T) {
 			}, funcr.Options{Verbosity: 1})
 			m := mustMachine(t, kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{Logger: logger}), "vm")
 			if tc.deleteVM {
-				if err := env.Client.Delete(ctx, vm); err != nil {
+				if err := cluster.Client.Delete(ctx, vm); err != nil {
 					t.Fatalf("deleting the VM: %v", err)
 				}
+				// Until virt-controller removes its finalizer, the VM is
+				// still there.
+				poll.True(t, "the VM gone", func() bool {
+					return apierrors.IsNotFound(cluster.Client.Get(ctx, client.ObjectKeyFromObject(vm), &kubevirtv1.VirtualMachine{}))
+				})
 			}
 			for range 2 {
 				if !tc.deleteVM {
@@ -219,13 +217,13 @@ func TestGuestPowerOffStaysOff(t *testing.T) {
 			ctx := t.Context()
 			ns := cluster.NewNamespace(t)
 			newVM(t, ns, "vm", nil)
-			api := newVirtAPI(t)
+			api := cluster.NewVirtAPI(t)
 			m := mustMachine(t, kubevirttest.StartBackend(t, api.Config(), ns, "vm", kubevirt.Options{}), "vm")
 			if err := m.Reset(ctx, machine.ResetOn); err != nil {
 				t.Fatalf("Reset On: %v", err)
 			}
 			waitPower(t, m, machine.PowerOn)
-			if err := sim.ShutdownGuest(ctx, ns, "vm"); err != nil {
+			if err := cluster.ShutdownGuest(ctx, ns, "vm"); err != nil {
 				t.Fatalf("ShutdownGuest: %v", err)
 			}
 			waitPower(t, m, machine.PowerOff)
@@ -233,14 +231,14 @@ func TestGuestPowerOffStaysOff(t *testing.T) {
 			// VMI and has no start to act on, so nothing starts the VM.
 			poll.True(t, "the VM settled off", func() bool {
 				vm := getVM(t, ns, "vm")
-				err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, &kubevirtv1.VirtualMachineInstance{})
+				err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, &kubevirtv1.VirtualMachineInstance{})
 				return apierrors.IsNotFound(err) && vm.Status.RunStrategy == kubevirtv1.RunStrategyRerunOnFailure &&
 					vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusStopped && len(vm.Status.StateChangeRequests) == 0
 			})
 			if st, err := m.PowerState(ctx); err != nil || st != machine.PowerOff {
 				t.Errorf("PowerState after the guest powered off = %s, %v; want Off", st, err)
 			}
-			if boots := sim.Boots(ns, "vm"); len(boots) != 1 {
+			if boots := cluster.Boots(ns, "vm"); len(boots) != 1 {
 				t.Errorf("boots %v after the guest powered off, want the first one only", boots)
 			}
 
@@ -253,7 +251,7 @@ func TestGuestPowerOffStaysOff(t *testing.T) {
 				t.Errorf("subresource calls %v, want one start", calls)
 			}
 			waitPower(t, m, machine.PowerOn)
-			poll.True(t, "a second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
+			poll.True(t, "a second boot", func() bool { return len(cluster.Boots(ns, "vm")) == 2 })
 			if got := getVM(t, ns, "vm").Spec.RunStrategy; got == nil || *got != tc.wantRun {
 				t.Errorf("runStrategy %v, want %s", got, tc.wantRun)
 			}

@@ -101,8 +101,24 @@ func (b *Backend) powerOn(ctx context.Context) error {
 		return err
 	}
 	vm, vmi, err := b.readLive(ctx)
-	if err != nil || !stoppedForGood(vm, vmi) {
+	if err != nil {
 		return err
+	}
+	if stopping(vm, vmi) {
+		// Once a VMI stopped under RerunOnFailure is gone, virt-controller
+		// leaves the VM off, and virt-api refuses start while the VMI is
+		// there: restart keeps the stop and asks for a start after it.
+		result, err := b.callSubresource(ctx, "restart", &kubevirtv1.RestartOptions{})
+		if err != nil || result == subresourceDone || result == subresourceNotServed {
+			return err
+		}
+		// Refused: the VMI is gone by now.
+		if vm, vmi, err = b.readLive(ctx); err != nil {
+			return err
+		}
+	}
+	if !stoppedForGood(vm, vmi) {
+		return nil
 	}
 	result, err := b.callSubresource(ctx, "start", &kubevirtv1.StartOptions{})
 	if err != nil || result != subresourceNotServed {
@@ -122,6 +138,23 @@ func stoppedForGood(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachin
 		return false
 	}
 	return vmi == nil || vmi.Status.Phase == kubevirtv1.Succeeded
+}
+
+// stopping reports whether the VM's VMI is on its way out: being deleted,
+// or asked to stop, and not yet ended.
+func stopping(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
+	if vmi == nil || vmi.IsFinal() {
+		return false
+	}
+	if vmi.DeletionTimestamp != nil {
+		return true
+	}
+	for _, r := range vm.Status.StateChangeRequests {
+		if r.Action == kubevirtv1.StopRequest && r.UID != nil && *r.UID == vmi.UID {
+			return true
+		}
+	}
+	return false
 }
 
 func startRequested(vm *kubevirtv1.VirtualMachine) bool {

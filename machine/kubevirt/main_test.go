@@ -9,32 +9,30 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
-// One API server and one simulated virt-controller for the package.
-var (
-	cluster *kubevirttest.Cluster
-	env     *kubetest.Env
-	sim     *virtsim.Simulator
-)
+// KubeVirt's real control plane with its node stand-in, for the package.
+var cluster *kubevirttest.Cluster
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	var err error
-	cluster, err = kubevirttest.Start("kv", virtsim.Options{StartDelay: 50 * time.Millisecond, StopDelay: 100 * time.Millisecond})
+	cluster, err = kubevirttest.StartReal(ctx, "kv", realkubevirt.Options{KeepDir: os.Getenv("REALKUBEVIRT_KEEP") != ""})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer func() { _ = cluster.Stop() }()
-	env, sim = cluster.Env, cluster.Sim
 	return m.Run()
 }
 
@@ -48,7 +46,7 @@ func newVM(t testing.TB, namespace, name string, change func(vm *kubevirtv1.Virt
 	if change != nil {
 		change(vm)
 	}
-	if err := env.Client.Create(context.Background(), vm); err != nil {
+	if err := cluster.Client.Create(context.Background(), vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
 	return vm
@@ -68,9 +66,11 @@ func newVMObject(namespace, name string) *kubevirtv1.VirtualMachine {
 						CPU:    &kubevirtv1.CPU{Cores: 2},
 						Memory: &kubevirtv1.Memory{Guest: &memory},
 						Firmware: &kubevirtv1.Firmware{
-							UUID:       testUUID,
-							Serial:     "serial-" + name,
-							Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}},
+							UUID:   testUUID,
+							Serial: "serial-" + name,
+							// KubeVirt turns secure boot on when efi says nothing, and then
+							// requires SMM.
+							Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(false)}},
 						},
 						Devices: kubevirtv1.Devices{
 							Disks: []kubevirtv1.Disk{{
@@ -87,7 +87,7 @@ func newVMObject(namespace, name string) *kubevirtv1.VirtualMachine {
 					Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
 					Volumes: []kubevirtv1.Volume{{
 						Name:         "root",
-						VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/fedora:latest"}},
+						VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "containerdisks/fedora:latest"}},
 					}},
 				},
 			},
@@ -99,8 +99,31 @@ func newVMObject(namespace, name string) *kubevirtv1.VirtualMachine {
 func getVM(t testing.TB, namespace, name string) *kubevirtv1.VirtualMachine {
 	t.Helper()
 	vm := &kubevirtv1.VirtualMachine{}
-	if err := env.Client.Get(context.Background(), client.ObjectKey{Namespace: namespace, Name: name}, vm); err != nil {
+	if err := cluster.Client.Get(context.Background(), client.ObjectKey{Namespace: namespace, Name: name}, vm); err != nil {
 		t.Fatalf("get VM: %v", err)
 	}
 	return vm
+}
+
+// updateVM changes the VM as an admin, retrying when virt-controller wrote
+// it in between.
+func updateVM(t testing.TB, namespace, name string, change func(vm *kubevirtv1.VirtualMachine)) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vm := getVM(t, namespace, name)
+		change(vm)
+		return cluster.Client.Update(context.Background(), vm)
+	})
+	if err != nil {
+		t.Fatalf("updating VM %s/%s: %v", namespace, name, err)
+	}
+}
+
+// powerOnBehindTheBMC sets the VM's runStrategy Always, as someone with
+// kubectl would.
+func powerOnBehindTheBMC(t testing.TB, namespace, name string) {
+	t.Helper()
+	updateVM(t, namespace, name, func(vm *kubevirtv1.VirtualMachine) {
+		vm.Spec.RunStrategy = ptr.To(kubevirtv1.RunStrategyAlways)
+	})
 }

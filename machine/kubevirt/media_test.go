@@ -22,7 +22,7 @@ import (
 func getDataVolume(t *testing.T, ns, name string) (*cdiv1beta1.DataVolume, error) {
 	t.Helper()
 	dv := &cdiv1beta1.DataVolume{}
-	err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name + "-virtmetal-media"}, dv)
+	err := cluster.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: name + "-virtmetal-media"}, dv)
 	return dv, err
 }
 
@@ -32,7 +32,7 @@ func getDataVolume(t *testing.T, ns, name string) (*cdiv1beta1.DataVolume, error
 func TestConcurrentInsertsAndEject(t *testing.T) {
 	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
-	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
@@ -101,7 +101,7 @@ func (f failVMWrites) RoundTrip(req *http.Request) (*http.Response, error) {
 func TestFailedInsertLeavesNoDataVolume(t *testing.T) {
 	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
-	cfg := rest.CopyConfig(env.Config)
+	cfg := rest.CopyConfig(cluster.Config)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return failVMWrites{next: rt} })
 	m := mustMachine(t, kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{}), "vm")
 	if err := m.InsertMedia(t.Context(), "http://images.example/a.iso"); err == nil {

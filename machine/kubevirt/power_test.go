@@ -56,7 +56,7 @@ func TestConcurrentResetsEndInTheLastOne(t *testing.T) {
 	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
 	writes := &vmWrites{vmPath: "/namespaces/" + ns + "/virtualmachines/vm", held: make(chan struct{}), release: make(chan struct{})}
-	cfg := rest.CopyConfig(env.Config)
+	cfg := rest.CopyConfig(cluster.Config)
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { writes.next = next; return writes })
 	backend := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{Logger: logr.Discard()})
 	m, err := backend.Machine(t.Context(), "vm")
@@ -85,7 +85,7 @@ func TestConcurrentResetsEndInTheLastOne(t *testing.T) {
 		}
 	}
 	vm := &kubevirtv1.VirtualMachine{}
-	if err := env.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
+	if err := cluster.Client.Get(t.Context(), client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
 		t.Fatal(err)
 	}
 	if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != kubevirtv1.RunStrategyHalted {

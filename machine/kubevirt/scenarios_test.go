@@ -61,7 +61,7 @@ func TestBootOrderTranslation(t *testing.T) {
 		})
 		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: "data", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("1Gi")}}})
 	})
-	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	if err := m.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
 		t.Fatalf("SetBootOverride: %v", err)
@@ -77,7 +77,7 @@ func TestBootOrderTranslation(t *testing.T) {
 		t.Fatalf("Reset On: %v", err)
 	}
 	waitPower(t, m, machine.PowerOn)
-	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+	if boots := cluster.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Pxe]", boots)
 	}
 	poll.True(t, "previous bootOrder restored", func() bool {
@@ -103,7 +103,7 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 	newVM(t, ns, "vm", nil)
 	ctx := t.Context()
 
-	first, err := kubevirt.New(env.Config, ns, "vm", kubevirt.Options{})
+	first, err := kubevirt.New(cluster.Config, ns, "vm", kubevirt.Options{})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -122,21 +122,16 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 	<-firstDone
 
 	// The VM boots while no BMC runs (someone else powers it on).
-	vm := getVM(t, ns, "vm")
-	always := kubevirtv1.RunStrategyAlways
-	vm.Spec.RunStrategy = &always
-	if err := env.Client.Update(ctx, vm); err != nil {
-		t.Fatalf("powering on behind the BMC's back: %v", err)
-	}
-	poll.True(t, "the Pxe boot", func() bool { return len(sim.Boots(ns, "vm")) == 1 })
-	if got := sim.Boots(ns, "vm")[0]; got != machine.BootPxe {
+	powerOnBehindTheBMC(t, ns, "vm")
+	poll.True(t, "the Pxe boot", func() bool { return len(cluster.Boots(ns, "vm")) == 1 })
+	if got := cluster.Boots(ns, "vm")[0]; got != machine.BootPxe {
 		t.Fatalf("booted %s with a Once Pxe override", got)
 	}
 	if _, ok := getVM(t, ns, "vm").Annotations["virtmetal.io/boot-override"]; !ok {
 		t.Fatalf("override state vanished with no BMC running")
 	}
 
-	second := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	second := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
 	poll.True(t, "restored boot order", func() bool {
 		vm := getVM(t, ns, "vm")
 		_, pending := vm.Annotations["virtmetal.io/boot-override"]
@@ -149,8 +144,8 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 	if err := second.Reset(ctx, machine.ResetForceRestart); err != nil {
 		t.Fatalf("ForceRestart: %v", err)
 	}
-	poll.True(t, "the second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
-	if got := sim.Boots(ns, "vm")[1]; got != machine.BootHdd {
+	poll.True(t, "the second boot", func() bool { return len(cluster.Boots(ns, "vm")) == 2 })
+	if got := cluster.Boots(ns, "vm")[1]; got != machine.BootHdd {
 		t.Fatalf("second boot from %s, want the disk", got)
 	}
 }
@@ -159,13 +154,13 @@ func TestOnceSurvivesBMCRestart(t *testing.T) {
 func TestVMDeleted(t *testing.T) {
 	ns := cluster.NewNamespace(t)
 	vm := newVM(t, ns, "vm", nil)
-	b := kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{})
+	b := kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{})
 	m := mustMachine(t, b, "vm")
 	ctx := t.Context()
 	if _, err := b.Machine(ctx, "other"); !errors.Is(err, machine.ErrNotFound) {
 		t.Fatalf("Machine(other) = %v, want ErrNotFound", err)
 	}
-	if err := env.Client.Delete(ctx, vm); err != nil {
+	if err := cluster.Client.Delete(ctx, vm); err != nil {
 		t.Fatalf("deleting VM: %v", err)
 	}
 	poll.True(t, "ErrNotFound", func() bool {
@@ -208,7 +203,7 @@ func TestInventory(t *testing.T) {
 		},
 	}
 	for _, obj := range []client.Object{it, cit} {
-		if err := env.Client.Create(ctx, obj); err != nil {
+		if err := cluster.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("creating %T: %v", obj, err)
 		}
 	}
@@ -247,7 +242,7 @@ func TestInventory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			name := "vm-" + string(rune('a'+i))
 			newVM(t, ns, name, tc.change)
-			b := kubevirttest.StartBackend(t, env.Config, ns, name, kubevirt.Options{})
+			b := kubevirttest.StartBackend(t, cluster.Config, ns, name, kubevirt.Options{})
 			m := mustMachine(t, b, name)
 			inv, err := m.Inventory(ctx)
 			if err != nil {
@@ -278,19 +273,17 @@ func TestInventory(t *testing.T) {
 		newVM(t, ns, "dynamic", func(vm *kubevirtv1.VirtualMachine) {
 			vm.Spec.Template.Spec.Domain.Devices.Interfaces[0].MacAddress = ""
 		})
-		m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "dynamic", kubevirt.Options{}), "dynamic")
+		m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "dynamic", kubevirt.Options{}), "dynamic")
 		if err := m.Reset(ctx, machine.ResetOn); err != nil {
 			t.Fatalf("Reset: %v", err)
 		}
 		waitPower(t, m, machine.PowerOn)
-		vmi := &kubevirtv1.VirtualMachineInstance{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "dynamic"}, vmi); err != nil {
-			t.Fatalf("get VMI: %v", err)
-		}
-		vmi.Status.Interfaces = []kubevirtv1.VirtualMachineInstanceNetworkInterface{{
-			Name: "default", MAC: "02:00:00:AA:BB:CC", IP: "10.0.0.7", IPs: []string{"10.0.0.7", "fd00::7"},
-		}}
-		if err := env.Client.Update(ctx, vmi); err != nil {
+		err := cluster.UpdateVMIStatus(ctx, ns, "dynamic", func(status *kubevirtv1.VirtualMachineInstanceStatus) {
+			status.Interfaces = []kubevirtv1.VirtualMachineInstanceNetworkInterface{{
+				Name: "default", MAC: "02:00:00:AA:BB:CC", IP: "10.0.0.7", IPs: []string{"10.0.0.7", "fd00::7"},
+			}}
+		})
+		if err != nil {
 			t.Fatalf("update VMI status: %v", err)
 		}
 		poll.True(t, "NIC from status", func() bool {
@@ -300,7 +293,7 @@ func TestInventory(t *testing.T) {
 	})
 	t.Run("missing instancetype is an error, not a missing machine", func(t *testing.T) {
 		newVM(t, ns, "orphan", withInstancetype("VirtualMachineInstancetype", "gone"))
-		m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "orphan", kubevirt.Options{}), "orphan")
+		m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "orphan", kubevirt.Options{}), "orphan")
 		if _, err := m.Inventory(ctx); err == nil || errors.Is(err, machine.ErrNotFound) {
 			t.Fatalf("Inventory = %v; want a plain error", err)
 		}
@@ -411,12 +404,12 @@ func TestAPIServerUnavailable(t *testing.T) {
 	ctx := t.Context()
 	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
-	apiHost, err := url(env.Config.Host)
+	apiHost, err := url(cluster.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := newProxy(t, apiHost)
-	cfg := rest.CopyConfig(env.Config)
+	cfg := rest.CopyConfig(cluster.Config)
 	cfg.Host = "https://" + p.addr
 	b := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: time.Second})
 	m := mustMachine(t, b, "vm")
@@ -436,12 +429,7 @@ func TestAPIServerUnavailable(t *testing.T) {
 		t.Fatalf("Machine while cut: %v, want ErrUnavailable", err)
 	}
 	// Meanwhile someone powers the VM on.
-	vm := getVM(t, ns, "vm")
-	always := kubevirtv1.RunStrategyAlways
-	vm.Spec.RunStrategy = &always
-	if err := env.Client.Update(ctx, vm); err != nil {
-		t.Fatalf("update: %v", err)
-	}
+	powerOnBehindTheBMC(t, ns, "vm")
 
 	p.restore(t)
 	waitPower(t, m, machine.PowerOn)
@@ -457,7 +445,7 @@ func TestAPIServerUnavailable(t *testing.T) {
 		}
 		closed := l.Addr().String()
 		l.Close()
-		cfg := rest.CopyConfig(env.Config)
+		cfg := rest.CopyConfig(cluster.Config)
 		cfg.Host = "https://" + closed
 		b, err := kubevirt.New(cfg, ns, "vm", kubevirt.Options{RequestTimeout: 500 * time.Millisecond})
 		if err != nil {
@@ -498,11 +486,11 @@ func TestRBAC(t *testing.T) {
 		t.Fatalf("RBACObjects: %v", err)
 	}
 	for _, obj := range objs {
-		if err := env.Client.Create(ctx, obj); err != nil {
+		if err := cluster.Client.Create(ctx, obj); err != nil {
 			t.Fatalf("creating %s %s: %v", obj.GetKind(), obj.GetName(), err)
 		}
 	}
-	cfg, err := env.ConfigFor(kubetest.ServiceAccountUser(ns, "bmc-mine"), "system:serviceaccounts", "system:serviceaccounts:"+ns)
+	cfg, err := cluster.ConfigFor(kubetest.ServiceAccountUser(ns, "bmc-mine"), "system:serviceaccounts", "system:serviceaccounts:"+ns)
 	if err != nil {
 		t.Fatalf("ConfigFor: %v", err)
 	}
@@ -534,15 +522,15 @@ func TestRBAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// envtest serves no virt-api, but the API server authorizes a request
-	// before it finds no route for it: NotFound is allowed, Forbidden not.
+	// The VM is off: virt-api refuses to stop or restart it (409), which it
+	// does only for a request the API server authorized.
 	forcing := subresourceClient(t, cfg)
 	force := func(vm, subresource string) error {
 		return forcing.Put().Namespace(ns).Resource("virtualmachines").Name(vm).SubResource(subresource).Body([]byte(`{}`)).Do(ctx).Error()
 	}
 	for _, subresource := range []string{"stop", "restart"} {
-		if err := force("mine", subresource); !apierrors.IsNotFound(err) {
-			t.Fatalf("%s on its own VM: %v, want NotFound (authorized, not served)", subresource, err)
+		if err := force("mine", subresource); !apierrors.IsConflict(err) {
+			t.Fatalf("%s on its own VM: %v, want virt-api's Conflict (authorized)", subresource, err)
 		}
 	}
 	other := client.ObjectKey{Namespace: ns, Name: "other"}
@@ -624,12 +612,12 @@ func TestBlackholedAPIServerDetected(t *testing.T) {
 	ctx := t.Context()
 	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", nil)
-	apiHost, err := url(env.Config.Host)
+	apiHost, err := url(cluster.Config.Host)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := newProxy(t, apiHost)
-	cfg := rest.CopyConfig(env.Config)
+	cfg := rest.CopyConfig(cluster.Config)
 	cfg.Host = "https://" + p.addr
 	const timeout, probe = 500 * time.Millisecond, 200 * time.Millisecond
 	b := kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{RequestTimeout: timeout, ProbeInterval: probe})

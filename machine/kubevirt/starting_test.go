@@ -13,7 +13,6 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // TestOverrideWhileStarting plays MaaS's power-on sequence against a VM
@@ -25,9 +24,9 @@ func TestOverrideWhileStarting(t *testing.T) {
 	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
 		always := kubevirtv1.RunStrategyAlways
 		vm.Spec.RunStrategy = &always
-		vm.Annotations = map[string]string{virtsim.HoldStartAnnotation: "test"}
+		vm.Annotations = map[string]string{cluster.HoldStartAnnotation(): "test"}
 	})
-	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	waitPower(t, m, machine.PoweringOn)
 
@@ -40,12 +39,12 @@ func TestOverrideWhileStarting(t *testing.T) {
 	// Let the start finish.
 	vm := getVM(t, ns, "vm")
 	patch := client.MergeFrom(vm.DeepCopy())
-	delete(vm.Annotations, virtsim.HoldStartAnnotation)
-	if err := env.Client.Patch(ctx, vm, patch); err != nil {
+	delete(vm.Annotations, cluster.HoldStartAnnotation())
+	if err := cluster.Client.Patch(ctx, vm, patch); err != nil {
 		t.Fatal(err)
 	}
 	waitPower(t, m, machine.PowerOn)
-	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+	if boots := cluster.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Pxe]: the start under way must use the override", boots)
 	}
 	poll.True(t, "the Once override consumed by that boot", func() bool {
@@ -56,8 +55,8 @@ func TestOverrideWhileStarting(t *testing.T) {
 	if err := m.Reset(ctx, machine.ResetForceRestart); err != nil {
 		t.Fatal(err)
 	}
-	poll.True(t, "a second boot", func() bool { return len(sim.Boots(ns, "vm")) == 2 })
-	if boots := sim.Boots(ns, "vm"); boots[1] != machine.BootHdd {
+	poll.True(t, "a second boot", func() bool { return len(cluster.Boots(ns, "vm")) == 2 })
+	if boots := cluster.Boots(ns, "vm"); boots[1] != machine.BootHdd {
 		t.Fatalf("boots = %v, want the disk after the Once override", boots)
 	}
 }
@@ -72,39 +71,39 @@ func TestStartFromTheTemplateBeforeTheOverride(t *testing.T) {
 	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
 		always := kubevirtv1.RunStrategyAlways
 		vm.Spec.RunStrategy = &always
-		vm.Annotations = map[string]string{virtsim.HoldStartAnnotation: "test"}
+		vm.Annotations = map[string]string{cluster.HoldStartAnnotation(): "test"}
 	})
 	ctx := t.Context()
 	stale := &kubevirtv1.VirtualMachineInstance{}
 	poll.True(t, "the VMI of the start under way", func() bool {
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, stale) == nil
+		return cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, stale) == nil
 	})
 	// The override as a BMC writes it, after that VMI was made.
 	vm := &kubevirtv1.VirtualMachine{}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
+		if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vm); err != nil {
 			return err
 		}
 		if err := kubevirt.WriteOverride(vm, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
 			return err
 		}
-		return env.Client.Update(ctx, vm)
+		return cluster.Client.Update(ctx, vm)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	m := mustMachine(t, kubevirttest.StartBackend(t, env.Config, ns, "vm", kubevirt.Options{}), "vm")
+	m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
 	poll.True(t, "the start made again from the template", func() bool {
 		vmi := &kubevirtv1.VirtualMachineInstance{}
-		return env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vmi) == nil && vmi.UID != stale.UID
+		return cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "vm"}, vmi) == nil && vmi.UID != stale.UID
 	})
-	release := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+virtsim.HoldStartAnnotation+`":null}}}`))
-	if err := env.Client.Patch(ctx, vm, release); err != nil {
+	release := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+cluster.HoldStartAnnotation()+`":null}}}`))
+	if err := cluster.Client.Patch(ctx, vm, release); err != nil {
 		t.Fatal(err)
 	}
 	waitPower(t, m, machine.PowerOn)
-	if boots := sim.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+	if boots := cluster.Boots(ns, "vm"); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Pxe]: the start under way must boot the override", boots)
 	}
 	poll.True(t, "the Once override consumed by that boot", func() bool {

@@ -23,10 +23,10 @@ func TestStateSecret(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Data:       map[string][]byte{"someone-else": []byte("theirs")},
 	}
-	if err := env.Client.Create(ctx, secret); err != nil {
+	if err := cluster.Client.Create(ctx, secret); err != nil {
 		t.Fatal(err)
 	}
-	b, err := kubevirt.New(env.Config, ns, "vm", kubevirt.Options{StateSecret: name})
+	b, err := kubevirt.New(cluster.Config, ns, "vm", kubevirt.Options{StateSecret: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestStateSecret(t *testing.T) {
 			t.Errorf("LoadState = %q, %v; want %s", data, err, kept)
 		}
 	}
-	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(secret), secret); err != nil {
+	if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(secret), secret); err != nil {
 		t.Fatal(err)
 	}
 	if string(secret.Data["someone-else"]) != "theirs" {
@@ -53,7 +53,7 @@ func TestStateSecret(t *testing.T) {
 		{"state Secret missing", "other-bmc-state"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := kubevirt.New(env.Config, ns, "vm", kubevirt.Options{StateSecret: tc.secret})
+			b, err := kubevirt.New(cluster.Config, ns, "vm", kubevirt.Options{StateSecret: tc.secret})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -36,9 +36,16 @@ import (
 //
 // It does no authorization of its own: every request reaches the API
 // server with the proxy's credentials.
+//
+// In front of a cluster whose virt-api is KubeVirt's own
+// (internal/kubetest/realkubevirt), NewFaultProxy makes the same proxy pass
+// the subresource calls on, to be recorded and, when told, failed.
 type VirtAPI struct {
 	server *httptest.Server
 	api    client.Client
+	// forward passes subresource calls to the API server (a real virt-api
+	// behind it) rather than answering them.
+	forward bool
 
 	mu       sync.Mutex
 	answer   int
@@ -57,7 +64,13 @@ type Request struct {
 // NewVirtAPI starts the proxy in front of the API server cfg reaches; it
 // acts with cfg's credentials, which must allow reading and writing every
 // VirtualMachine and VMI.
-func NewVirtAPI(cfg *rest.Config) (*VirtAPI, error) {
+func NewVirtAPI(cfg *rest.Config) (*VirtAPI, error) { return newProxy(cfg, false) }
+
+// NewFaultProxy starts the proxy in front of a cluster that runs KubeVirt's
+// virt-api: subresource calls reach it unless Answer says otherwise.
+func NewFaultProxy(cfg *rest.Config) (*VirtAPI, error) { return newProxy(cfg, true) }
+
+func newProxy(cfg *rest.Config, forward bool) (*VirtAPI, error) {
 	target, _, err := rest.DefaultServerURL(cfg.Host, cfg.APIPath, schema.GroupVersion{}, true)
 	if err != nil {
 		return nil, fmt.Errorf("virt-api proxy: %w", err)
@@ -70,7 +83,7 @@ func NewVirtAPI(cfg *rest.Config) (*VirtAPI, error) {
 	if err != nil {
 		return nil, fmt.Errorf("virt-api proxy: %w", err)
 	}
-	a := &VirtAPI{api: api}
+	a := &VirtAPI{api: api, forward: forward}
 	apiServer := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.SetURL(target)
@@ -91,10 +104,16 @@ func NewVirtAPI(cfg *rest.Config) (*VirtAPI, error) {
 			apiServer.ServeHTTP(w, r)
 			return
 		}
-		switch answer := a.answerFor(); answer {
-		case 0:
+		switch answer := a.answerFor(); {
+		case answer == 0 && a.forward:
+			apiServer.ServeHTTP(w, r)
+		case answer == 0:
 			a.serve(w, r, key, subresource)
-		case http.StatusNotFound:
+		case answer == http.StatusNotFound && a.forward:
+			// What the API server answers for a group nobody serves.
+			writeStatus(w, apierrors.NewGenericServerResponse(answer, "update",
+				schema.GroupResource{Group: kubevirtv1.SubresourceGroupName, Resource: "virtualmachines/" + subresource}, key.Name, "", 0, true))
+		case answer == http.StatusNotFound:
 			apiServer.ServeHTTP(w, r) // the API server does not serve the group: its own 404
 		default:
 			writeStatus(w, apierrors.NewGenericServerResponse(answer, "update",

@@ -16,7 +16,15 @@ import (
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/sim/guest"
 )
+
+// HoldStartAnnotation on a VM keeps its VMIs Scheduled (the VM Starting,
+// the guest not booted) until it is removed: a VM caught mid-start, as
+// sim/kubevirt's annotation of the same purpose does.
+const HoldStartAnnotation = "realkubevirt.virtmetal.io/hold-start"
 
 // Node is the stand-in for what runs on a node: the scheduler, the kubelet
 // and virt-handler, as small as they can be. It polls (every 200 ms):
@@ -29,7 +37,8 @@ import (
 //     virt-api's node restriction applies to it as to the real one);
 //   - keeps the Node's kubevirt.io/heartbeat fresh.
 //
-// No guest runs: a VMI is Running as soon as its pod is.
+// No guest runs: a VMI is Running as soon as its pod is, unless its VM
+// holds HoldStartAnnotation; what it boots is sim/guest's BootDevice.
 type Node struct {
 	Name string
 	// HandlerConfig authenticates as virt-handler on this node.
@@ -44,6 +53,7 @@ type Node struct {
 	lastErr  error
 	shutdown map[types.NamespacedName]bool     // VMIs whose guest powered off
 	boots    map[types.NamespacedName][]string // what each VMI name booted, in order
+	targets  map[types.NamespacedName][]machine.BootTarget
 }
 
 // StartNode registers a Node and starts its stand-in; Stop (or the
@@ -94,6 +104,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string) (*Node, error) {
 	}
 	n := &Node{
 		Name: name, c: c, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{}, boots: map[types.NamespacedName][]string{},
+		targets:       map[types.NamespacedName][]machine.BootTarget{},
 		HandlerConfig: &rest.Config{Host: c.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: c.servingCA.certPEM}, BearerToken: tr.Status.Token, QPS: 100, Burst: 200},
 	}
 	if n.handler, err = client.New(n.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
@@ -152,10 +163,30 @@ func (n *Node) Boots(namespace, name string) []string {
 	return append([]string(nil), n.boots[types.NamespacedName{Namespace: namespace, Name: name}]...)
 }
 
+// BootTargets says what kind of device each boot of the VMIs of that name
+// booted from, oldest first, as sim/guest's BootDevice tells it: the
+// machine contract's view of Boots.
+func (n *Node) BootTargets(namespace, name string) []machine.BootTarget {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]machine.BootTarget(nil), n.targets[types.NamespacedName{Namespace: namespace, Name: name}]...)
+}
+
 func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
 	n.mu.Lock()
 	n.boots[key] = append(n.boots[key], BootDevice(&vmi.Spec))
+	n.targets[key] = append(n.targets[key], guest.BootDevice(&vmi.Spec))
 	n.mu.Unlock()
+}
+
+// held says whether the VMI's VM holds its start.
+func (n *Node) held(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := n.c.Client.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}, vm); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	_, ok := vm.Annotations[HoldStartAnnotation]
+	return ok, nil
 }
 
 // BootDevice is what a VMI of this spec boots first: the disk or interface
@@ -254,6 +285,12 @@ func (n *Node) round(ctx context.Context) error {
 				return err
 			}
 		case vmi.Status.Phase == kubevirtv1.Scheduled:
+			if held, err := n.held(ctx, vmi); err != nil || held {
+				if err != nil {
+					return err
+				}
+				continue
+			}
 			setPhase(vmi, kubevirtv1.Running)
 			vmi.Status.Conditions = append(vmi.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
 				Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),

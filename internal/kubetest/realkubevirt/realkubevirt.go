@@ -83,10 +83,12 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -122,6 +124,9 @@ var DefaultFeatureGates = []string{"DeclarativeHotplugVolumes"}
 type Options struct {
 	// FeatureGates of the KubeVirt CR; DefaultFeatureGates when nil.
 	FeatureGates []string
+	// WithoutCDI leaves out CDI's DataVolume CRD, as on a cluster without
+	// CDI.
+	WithoutCDI bool
 	// KeepDir leaves the folder of certificates, kubeconfigs and logs in
 	// place after Stop (its path is Cluster.Dir), until a later cluster
 	// uses the same network namespace slot. A failed Start always keeps it.
@@ -410,11 +415,41 @@ func (c *Cluster) install(ctx context.Context, kvBin string) error {
 			return fmt.Errorf("creating %s %s: %w", o.GetKind(), o.GetName(), err)
 		}
 	}
+	// CDI's DataVolume and virtmetal's own CRDs, as the envtest clusters
+	// have them; KubeVirt's are the manifests' above.
+	ours, err := kubetest.CRDs(kubetest.Options{WithoutCDI: c.opts.WithoutCDI})
+	if err != nil {
+		return err
+	}
+	names := []string{}
 	for _, crd := range crds {
-		if err := c.waitFor(ctx, 30*time.Second, "CRD "+crd.GetName()+" established", func() error {
+		names = append(names, crd.GetName())
+	}
+	if !c.opts.WithoutCDI {
+		ours = append(ours, cdiCompanionCRDs()...)
+	}
+	for _, crd := range ours {
+		obj, err := k8sruntime.DefaultUnstructuredConverter.ToUnstructured(crd)
+		if err != nil {
+			return err
+		}
+		u := &unstructured.Unstructured{Object: obj}
+		u.SetAPIVersion("apiextensions.k8s.io/v1")
+		u.SetKind("CustomResourceDefinition")
+		switch err := c.Client.Create(ctx, u); {
+		case apierrors.IsAlreadyExists(err):
+		case err != nil:
+			return fmt.Errorf("creating CRD %s: %w", crd.Name, err)
+		default:
+			names = append(names, crd.Name)
+		}
+	}
+	for _, name := range names {
+		if err := c.waitFor(ctx, 30*time.Second, "CRD "+name+" established", func() error {
 			u := &unstructured.Unstructured{}
-			u.SetGroupVersionKind(crd.GroupVersionKind())
-			if err := c.Client.Get(ctx, client.ObjectKey{Name: crd.GetName()}, u); err != nil {
+			u.SetAPIVersion("apiextensions.k8s.io/v1")
+			u.SetKind("CustomResourceDefinition")
+			if err := c.Client.Get(ctx, client.ObjectKey{Name: name}, u); err != nil {
 				return err
 			}
 			conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
@@ -480,6 +515,38 @@ func (c *Cluster) install(ctx context.Context, kvBin string) error {
 		return err
 	}
 	return nil
+}
+
+// cdiCompanionCRDs are the CDI kinds virt-controller watches once the
+// DataVolume API exists (CDI, CDIConfig, DataSource, StorageProfile): without
+// them its caches never sync and it acts on no VM. Nothing here creates
+// such objects, so their schemas accept anything.
+func cdiCompanionCRDs() []*apiextensionsv1.CustomResourceDefinition {
+	var out []*apiextensionsv1.CustomResourceDefinition
+	for _, k := range []struct {
+		kind, plural string
+		scope        apiextensionsv1.ResourceScope
+	}{
+		{"CDI", "cdis", apiextensionsv1.ClusterScoped},
+		{"CDIConfig", "cdiconfigs", apiextensionsv1.ClusterScoped},
+		{"StorageProfile", "storageprofiles", apiextensionsv1.ClusterScoped},
+		{"DataSource", "datasources", apiextensionsv1.NamespaceScoped},
+	} {
+		out = append(out, &apiextensionsv1.CustomResourceDefinition{
+			ObjectMeta: metav1.ObjectMeta{Name: k.plural + ".cdi.kubevirt.io"},
+			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+				Group: "cdi.kubevirt.io",
+				Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: k.kind, ListKind: k.kind + "List", Plural: k.plural, Singular: strings.ToLower(k.kind)},
+				Scope: k.scope,
+				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+					Name: "v1beta1", Served: true, Storage: true,
+					Schema:       &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr.To(true)}},
+					Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
+				}},
+			},
+		})
+	}
+	return out
 }
 
 // readManifests decodes a multi-document YAML file.

@@ -1,10 +1,14 @@
 // Package kubevirttest is the KubeVirt cluster of the tests that drive VMs
-// through the kubevirt backend: a real API server (envtest) with a simulated
-// virt-controller, and backends started for a test's lifetime.
+// through the kubevirt backend, and backends started for a test's
+// lifetime. A package's tests share one cluster: KubeVirt's real control
+// plane (StartReal: internal/kubetest/realkubevirt with its node stand-in)
+// or, where that cannot serve, a bare API server with sim/kubevirt's
+// simulated virt-controller (Start).
 package kubevirttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -15,29 +19,40 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
-// Cluster is one API server and one simulated virt-controller, shared by a
-// package's tests; each test works in a namespace of its own.
+// Cluster is one cluster shared by a package's tests; each test works in a
+// namespace of its own.
 type Cluster struct {
+	// Config and Client act as a cluster admin.
+	Config *rest.Config
+	Client client.Client
+
+	// Env and Sim are the simulator's (Start), nil on the real control plane.
 	Env *kubetest.Env
 	Sim *virtsim.Simulator
+	// Real and Node are the real control plane and its node stand-in
+	// (StartReal), nil on the simulator.
+	Real *realkubevirt.Cluster
+	Node *realkubevirt.Node
 
 	namespacePrefix string
 	namespaces      atomic.Int64
 	stopSim         context.CancelFunc
 }
 
-// Start starts the cluster; namespacePrefix names the namespaces that
-// NewNamespace creates.
+// Start starts an API server with the simulated virt-controller;
+// namespacePrefix names the namespaces that NewNamespace creates.
 func Start(namespacePrefix string, sim virtsim.Options) (*Cluster, error) {
 	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
 	env, err := kubetest.Start(kubetest.Options{})
@@ -55,23 +70,118 @@ func Start(namespacePrefix string, sim virtsim.Options) (*Cluster, error) {
 			fmt.Println("virtsim:", err)
 		}
 	}()
-	return &Cluster{Env: env, Sim: s, namespacePrefix: namespacePrefix, stopSim: cancel}, nil
+	return &Cluster{Config: env.Config, Client: env.Client, Env: env, Sim: s, namespacePrefix: namespacePrefix, stopSim: cancel}, nil
 }
 
-// Stop stops the simulator and the API server.
+// StartReal starts KubeVirt's real control plane with one node stand-in.
+// It needs root (realkubevirt's network namespace) and fails without it:
+// it never falls back to the simulator.
+func StartReal(ctx context.Context, namespacePrefix string, opts realkubevirt.Options) (*Cluster, error) {
+	ctrl.SetLogger(logr.Discard())
+	real, err := realkubevirt.Start(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	node, err := real.StartNode(ctx, "node01")
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("node stand-in: %w", err), real.Stop())
+	}
+	return &Cluster{Config: real.Config, Client: real.Client, Real: real, Node: node, namespacePrefix: namespacePrefix, stopSim: func() {}}, nil
+}
+
+// Stop stops everything Start or StartReal started.
 func (c *Cluster) Stop() error {
 	c.stopSim()
+	if c.Real != nil {
+		return c.Real.Stop()
+	}
 	return c.Env.Stop()
 }
 
-// NewNamespace creates a fresh namespace (envtest cannot delete them).
+// NewNamespace creates a fresh namespace (neither cluster deletes them).
 func (c *Cluster) NewNamespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", c.namespacePrefix, c.namespaces.Add(1))}}
-	if err := c.Env.Client.Create(context.Background(), ns); err != nil {
+	if err := c.Client.Create(context.Background(), ns); err != nil {
 		t.Fatalf("creating namespace: %v", err)
 	}
 	return ns.Name
+}
+
+// UpdateVMIStatus changes the status of the VM's VMI as virt-handler
+// would. On the real control plane it writes as the node's virt-handler:
+// virt-api reverts status written by anyone else.
+func (c *Cluster) UpdateVMIStatus(ctx context.Context, namespace, name string, change func(*kubevirtv1.VirtualMachineInstanceStatus)) error {
+	writer := c.Client
+	if c.Node != nil {
+		var err error
+		if writer, err = client.New(c.Node.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
+			return err
+		}
+	}
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		// virt-handler may list and watch VMIs but not get one.
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, vmi); err != nil {
+			return err
+		}
+		change(&vmi.Status)
+		return writer.Update(ctx, vmi)
+	})
+}
+
+// ConfigFor authenticates as the user, in the groups, and nothing more.
+func (c *Cluster) ConfigFor(user string, groups ...string) (*rest.Config, error) {
+	if c.Real != nil {
+		return c.Real.ConfigFor(user, groups...)
+	}
+	return c.Env.ConfigFor(user, groups...)
+}
+
+// Boots returns the device each guest of the VM booted from so far (one
+// per VMI that reached Running, and one per guest reboot), oldest first.
+func (c *Cluster) Boots(namespace, name string) []machine.BootTarget {
+	if c.Node != nil {
+		return c.Node.BootTargets(namespace, name)
+	}
+	return c.Sim.Boots(namespace, name)
+}
+
+// ShutdownGuest acts as the guest of the VM's running VMI powering itself
+// off.
+func (c *Cluster) ShutdownGuest(ctx context.Context, namespace, name string) error {
+	if c.Node != nil {
+		c.Node.ShutdownGuest(namespace, name)
+		return nil
+	}
+	return c.Sim.ShutdownGuest(ctx, namespace, name)
+}
+
+// HoldStartAnnotation is the annotation that, on a VM, keeps its VMI from
+// running (the VM caught Starting) until it is removed.
+func (c *Cluster) HoldStartAnnotation() string {
+	if c.Node != nil {
+		return realkubevirt.HoldStartAnnotation
+	}
+	return virtsim.HoldStartAnnotation
+}
+
+// NewVirtAPI puts a proxy between a client and the cluster that records
+// the requests and can be told to fail virt-api's subresource calls
+// (VirtAPI.Answer); on the simulator it also stands in for virt-api. It
+// closes when the test ends; clients use its Config.
+func (c *Cluster) NewVirtAPI(t testing.TB) *virtsim.VirtAPI {
+	t.Helper()
+	newProxy := virtsim.NewVirtAPI
+	if c.Real != nil {
+		newProxy = virtsim.NewFaultProxy
+	}
+	api, err := newProxy(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(api.Close)
+	return api
 }
 
 // StartBackend runs a backend for the VM, reaching the API server with cfg,
