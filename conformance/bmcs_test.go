@@ -9,9 +9,11 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -45,7 +47,7 @@ func startBMC(t testing.TB, backend string) bmc {
 	case "memory":
 		return startMemoryBMC(t)
 	default:
-		return startKubeVirtBMC(t, kubeEnv.Config)
+		return startKubeVirtBMC(t, cluster.Config)
 	}
 }
 
@@ -80,7 +82,8 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 			RunStrategy: &halted,
 			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
 				Domain: kubevirtv1.DomainSpec{
-					Firmware: &kubevirtv1.Firmware{UUID: "8d1f3c52-4a6b-4e0f-9b7a-2c5d8e1f0a34", Serial: name + "." + ns, Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
+					Memory:   &kubevirtv1.Memory{Guest: ptr.To(resource.MustParse("1Gi"))},
+					Firmware: &kubevirtv1.Firmware{UUID: "8d1f3c52-4a6b-4e0f-9b7a-2c5d8e1f0a34", Serial: name + "." + ns, Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(false)}}},
 					Devices: kubevirtv1.Devices{
 						Disks: []kubevirtv1.Disk{{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
 						Interfaces: []kubevirtv1.Interface{{
@@ -94,7 +97,7 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 			}},
 		},
 	}
-	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
+	if err := cluster.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
 	backend := kubevirttest.StartBackend(t, cfg, ns, name, kubevirt.Options{})
@@ -103,11 +106,11 @@ func startKubeVirtBMC(t testing.TB, cfg *rest.Config) bmc {
 		t.Helper()
 		// Another writer renames the VM's serial number.
 		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			if err := kubeEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, vm); err != nil {
+			if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, vm); err != nil {
 				return err
 			}
 			vm.Spec.Template.Spec.Domain.Firmware.Serial += "x"
-			return kubeEnv.Client.Update(ctx, vm)
+			return cluster.Client.Update(ctx, vm)
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -56,7 +56,7 @@ func BenchmarkEventLatency(b *testing.B) {
 		})
 	})
 	b.Run("kubevirt/beside", func(b *testing.B) {
-		bmc := startKubeVirtBMC(b, kubeEnv.Config) // halted
+		bmc := startKubeVirtBMC(b, cluster.Config) // halted
 		stream := openBenchStream(b, bmc.ts, "/redfish/v1/EventService/SSE")
 		strategies := [2]kubevirtv1.VirtualMachineRunStrategy{kubevirtv1.RunStrategyAlways, kubevirtv1.RunStrategyHalted}
 		final := [2]string{"ResourceEvent.1.3.0.ResourcePoweredOn", "ResourceEvent.1.3.0.ResourcePoweredOff"}
@@ -66,7 +66,7 @@ func BenchmarkEventLatency(b *testing.B) {
 		i := 0
 		for b.Loop() {
 			patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"runStrategy":%q}}`, strategies[i%2]))
-			if err := kubeEnv.Client.Patch(context.Background(), vm, patch); err != nil {
+			if err := cluster.Client.Patch(context.Background(), vm, patch); err != nil {
 				b.Fatal(err)
 			}
 			acked := time.Now()

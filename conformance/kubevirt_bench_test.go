@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -28,6 +30,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 			RunStrategy: &halted,
 			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
 				Domain: kubevirtv1.DomainSpec{
+					Memory:   &kubevirtv1.Memory{Guest: ptr.To(resource.MustParse("1Gi"))},
 					Firmware: &kubevirtv1.Firmware{UUID: "8d1f3c52-4a6b-4e0f-9b7a-2c5d8e1f0a34", Serial: name + "." + ns},
 					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
 						Name: "pxe", MacAddress: "02:00:00:00:02:01",
@@ -38,10 +41,10 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 			}},
 		},
 	}
-	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
+	if err := cluster.Client.Create(ctx, vm); err != nil {
 		b.Fatalf("creating VM: %v", err)
 	}
-	backend := kubevirttest.StartBackend(b, kubeEnv.Config, ns, name, kubevirt.Options{})
+	backend := kubevirttest.StartBackend(b, cluster.Config, ns, name, kubevirt.Options{})
 	ts := serveBMC(b, backend)
 	system := "/redfish/v1/Systems/" + name
 
@@ -67,7 +70,7 @@ func BenchmarkKubeVirtRedfish(b *testing.B) {
 				b.Fatalf("Reset %s: %d", step.reset, status)
 			}
 			got := &kubevirtv1.VirtualMachine{}
-			if err := kubeEnv.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
+			if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, got); err != nil {
 				b.Fatal(err)
 			}
 			if got.Spec.RunStrategy == nil || *got.Spec.RunStrategy != step.want {

@@ -23,7 +23,7 @@ import (
 func TestKubeVirtEventStream(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	b := startKubeVirtBMC(t, kubeEnv.Config) // a halted VM
+	b := startKubeVirtBMC(t, cluster.Config) // a halted VM
 	stream, resp := ssetest.Open(t, b.ts.Client(), b.ts.URL+"/redfish/v1/EventService/SSE", maasUser, maasPass, nil)
 	if stream == nil {
 		t.Fatalf("SSE: %d", resp.StatusCode)
@@ -80,7 +80,7 @@ func TestKubeVirtEventStream(t *testing.T) {
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"Halted"}}`))
 	vm := &kubevirtv1.VirtualMachine{}
 	vm.Namespace, vm.Name = b.namespace, b.machine
-	if err := kubeEnv.Client.Patch(ctx, vm, patch); err != nil {
+	if err := cluster.Client.Patch(ctx, vm, patch); err != nil {
 		t.Fatal(err)
 	}
 	id := next()

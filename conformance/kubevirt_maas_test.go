@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,7 +21,6 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
 // TestKubeVirtMaaSPowerSequence drives MaaS's Redfish power sequence through
@@ -45,7 +45,7 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 				Domain: kubevirtv1.DomainSpec{
 					CPU:      &kubevirtv1.CPU{Cores: 2},
 					Memory:   &kubevirtv1.Memory{Guest: &memory},
-					Firmware: &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
+					Firmware: &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(false)}}},
 					Devices: kubevirtv1.Devices{
 						Disks: []kubevirtv1.Disk{{Name: "root", BootOrder: &one, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
 						Interfaces: []kubevirtv1.Interface{{
@@ -60,15 +60,15 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 			}},
 		},
 	}
-	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
+	if err := cluster.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
 	poll.True(t, "the VM running", func() bool {
 		got := &kubevirtv1.VirtualMachine{}
-		return kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
+		return cluster.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
 	})
 
-	backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, name, kubevirt.Options{})
+	backend := kubevirttest.StartBackend(t, cluster.Config, ns, name, kubevirt.Options{})
 	ts := serveBMC(t, backend)
 
 	// Discovery: the collection names the VM, the system describes it.
@@ -102,12 +102,12 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	}
 	kvWaitPower(t, ts, system, "On")
 
-	if boots := kubeSim.Boots(ns, name); !slices.Equal(boots, []machine.BootTarget{machine.BootHdd, machine.BootPxe}) {
+	if boots := cluster.Boots(ns, name); !slices.Equal(boots, []machine.BootTarget{machine.BootHdd, machine.BootPxe}) {
 		t.Fatalf("boots = %v, want [Hdd Pxe]: the first VMI from disk, the one after On from the NIC", boots)
 	}
 	poll.True(t, "the VM's own boot order back", func() bool {
 		got := &kubevirtv1.VirtualMachine{}
-		if err := kubeEnv.Client.Get(ctx, client.ObjectKeyFromObject(vm), got); err != nil {
+		if err := cluster.Client.Get(ctx, client.ObjectKeyFromObject(vm), got); err != nil {
 			return false
 		}
 		devices := got.Spec.Template.Spec.Domain.Devices
@@ -125,14 +125,14 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 	t.Run("VM caught mid-start", func(t *testing.T) {
 		const starting = "node-2"
 		caught := vm.DeepCopy()
-		caught.ObjectMeta = metav1.ObjectMeta{Namespace: ns, Name: starting, Annotations: map[string]string{virtsim.HoldStartAnnotation: "test"}}
+		caught.ObjectMeta = metav1.ObjectMeta{Namespace: ns, Name: starting, Annotations: map[string]string{cluster.HoldStartAnnotation(): "test"}}
 		caught.Status = kubevirtv1.VirtualMachineStatus{}
 		always := kubevirtv1.RunStrategyAlways
 		caught.Spec.RunStrategy = &always
-		if err := kubeEnv.Client.Create(ctx, caught); err != nil {
+		if err := cluster.Client.Create(ctx, caught); err != nil {
 			t.Fatalf("creating VM: %v", err)
 		}
-		backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, starting, kubevirt.Options{})
+		backend := kubevirttest.StartBackend(t, cluster.Config, ns, starting, kubevirt.Options{})
 		ts := serveBMC(t, backend)
 		system := "/redfish/v1/Systems/" + starting
 		kvWaitPower(t, ts, system, "PoweringOn")
@@ -144,12 +144,12 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 			t.Fatalf("On: %d %v", status, body)
 		}
 		// A merge patch: the VM's status keeps changing meanwhile.
-		release := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+virtsim.HoldStartAnnotation+`":null}}}`))
-		if err := kubeEnv.Client.Patch(ctx, caught, release); err != nil {
+		release := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+cluster.HoldStartAnnotation()+`":null}}}`))
+		if err := cluster.Client.Patch(ctx, caught, release); err != nil {
 			t.Fatalf("letting the start finish: %v", err)
 		}
 		kvWaitPower(t, ts, system, "On")
-		if boots := kubeSim.Boots(ns, starting); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
+		if boots := cluster.Boots(ns, starting); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 			t.Fatalf("boots = %v, want [Pxe]: the start under way must use the one-time PXE boot", boots)
 		}
 	})

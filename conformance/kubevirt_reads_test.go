@@ -6,8 +6,10 @@ import (
 	"sync"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -50,7 +52,7 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 	}{{"with CDI", true}, {"without CDI", false}} {
 		t.Run(tt.name, func(t *testing.T) {
 			ns := cluster.NewNamespace(t)
-			cfg := kubeEnv.Config
+			cfg := cluster.Config
 			if !tt.cdi {
 				cfg = withoutCDI(cfg)
 			}
@@ -62,11 +64,11 @@ func TestKubeVirtPollsMakeNoAPIRequests(t *testing.T) {
 				Spec: kubevirtv1.VirtualMachineSpec{
 					RunStrategy: &halted,
 					Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
-						Domain: kubevirtv1.DomainSpec{Firmware: &kubevirtv1.Firmware{UUID: "0f4c8a2e-6b1d-4e3a-9c7f-5d2b8e1a0c46"}},
+						Domain: kubevirtv1.DomainSpec{Memory: &kubevirtv1.Memory{Guest: ptr.To(resource.MustParse("1Gi"))}, Firmware: &kubevirtv1.Firmware{UUID: "0f4c8a2e-6b1d-4e3a-9c7f-5d2b8e1a0c46"}},
 					}},
 				},
 			}
-			if err := kubeEnv.Client.Create(ctx, vm); err != nil {
+			if err := cluster.Client.Create(ctx, vm); err != nil {
 				t.Fatalf("creating VM: %v", err)
 			}
 			log := &requestLog{}

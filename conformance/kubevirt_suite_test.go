@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -34,7 +35,7 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 				Domain: kubevirtv1.DomainSpec{
 					CPU:      &kubevirtv1.CPU{Cores: 2},
 					Memory:   &kubevirtv1.Memory{Guest: &memory},
-					Firmware: &kubevirtv1.Firmware{UUID: "5b0c6f5e-2f3a-4d1b-8e6c-7a9d0e1f2a3b", Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}},
+					Firmware: &kubevirtv1.Firmware{UUID: "5b0c6f5e-2f3a-4d1b-8e6c-7a9d0e1f2a3b", Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(false)}}},
 					Devices: kubevirtv1.Devices{
 						Interfaces: []kubevirtv1.Interface{{Name: "pxe", MacAddress: "02:00:00:00:09:01", InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}},
 						// A disk of known size on SATA and one of unknown size:
@@ -54,10 +55,10 @@ func TestSuiteOnKubeVirtBackend(t *testing.T) {
 			}},
 		},
 	}
-	if err := kubeEnv.Client.Create(ctx, vm); err != nil {
+	if err := cluster.Client.Create(ctx, vm); err != nil {
 		t.Fatalf("creating VM: %v", err)
 	}
-	backend := kubevirttest.StartBackend(t, kubeEnv.Config, ns, "conformant", kubevirt.Options{})
+	backend := kubevirttest.StartBackend(t, cluster.Config, ns, "conformant", kubevirt.Options{})
 	server, err := redfish.NewServer(redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: suiteUser, Password: suitePass, Role: redfish.RoleAdministrator}},

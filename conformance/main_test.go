@@ -2,6 +2,7 @@ package conformance_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,30 +16,27 @@ import (
 	"k8s.io/client-go/rest"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
-	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 )
 
-// One API server (CDI installed) and one simulated virt-controller for the
-// package's KubeVirt tests; each test works in a namespace of its own.
-var (
-	cluster *kubevirttest.Cluster
-	kubeEnv *kubetest.Env
-	kubeSim *virtsim.Simulator
-)
+// KubeVirt's real control plane (CDI's API installed) with its node
+// stand-in, for the package's KubeVirt tests; each test works in a
+// namespace of its own.
+var cluster *kubevirttest.Cluster
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	var err error
-	cluster, err = kubevirttest.Start("conformance", virtsim.Options{StartDelay: 100 * time.Millisecond, StopDelay: 200 * time.Millisecond})
+	cluster, err = kubevirttest.StartReal(ctx, "conformance", realkubevirt.Options{KeepDir: os.Getenv("REALKUBEVIRT_KEEP") != ""})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer func() { _ = cluster.Stop() }()
-	kubeEnv, kubeSim = cluster.Env, cluster.Sim
 	return m.Run()
 }
 

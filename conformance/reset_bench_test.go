@@ -36,7 +36,7 @@ func (a *vmAcks) RoundTrip(r *http.Request) (*http.Response, error) {
 // fails on any error, and reports each request's latency.
 func BenchmarkKubeVirtReset(b *testing.B) {
 	acks := &vmAcks{}
-	cfg := rest.CopyConfig(kubeEnv.Config)
+	cfg := rest.CopyConfig(cluster.Config)
 	cfg.Wrap(func(next http.RoundTripper) http.RoundTripper { acks.next = next; return acks })
 	bmc := startKubeVirtBMC(b, cfg)
 	reset := bmc.ts.URL + bmc.system + "/Actions/ComputerSystem.Reset"
