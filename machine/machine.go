@@ -261,6 +261,9 @@ type FirmwareState struct {
 	// Current is what the machine booted with, while it runs; Next while
 	// it does not (nothing runs that could differ).
 	Current Firmware
+	// Product names the firmware Current is ("SeaBIOS"), without a
+	// version the backend cannot know; empty when unknown.
+	Product string
 }
 
 // Pending reports whether a restart would change the firmware.

@@ -66,7 +66,22 @@ func (m *Machine) Firmware(ctx context.Context) (machine.FirmwareState, error) {
 	if vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal() {
 		state.Current = firmwareOf(&vmi.Spec)
 	}
+	state.Product = firmwareProduct(state.Current, architecture(vm.Spec.Template.Spec.Architecture))
 	return state, nil
+}
+
+// firmwareProduct names the firmware KubeVirt boots a guest with: EDK II
+// builds (OVMF on amd64, AAVMF on arm64) for EFI, SeaBIOS otherwise.
+func firmwareProduct(f machine.Firmware, arch machine.Architecture) string {
+	switch {
+	case f.Mode == machine.BootModeLegacy:
+		return "SeaBIOS"
+	case arch == machine.ArchAMD64:
+		return "OVMF (UEFI)"
+	case arch == machine.ArchARM64:
+		return "AAVMF (UEFI)"
+	}
+	return "EDK II (UEFI)"
 }
 
 // SetFirmware writes the firmware into the VM's template: KubeVirt boots

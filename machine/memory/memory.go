@@ -402,10 +402,12 @@ func (m *Machine) Firmware(context.Context) (machine.FirmwareState, error) {
 // firmwareState is the firmware as a reader sees it: Current is Next
 // while the machine is off. Callers hold mu.
 func (m *Machine) firmwareState() machine.FirmwareState {
+	state := m.firmware
 	if m.power == machine.PowerOff {
-		return machine.FirmwareState{Next: m.firmware.Next, Current: m.firmware.Next}
+		state.Current = state.Next
 	}
-	return m.firmware
+	state.Product = "in-memory " + string(state.Current.Mode) + " firmware"
+	return state
 }
 
 // SetFirmware configures the next boot's firmware; see
