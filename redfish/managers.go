@@ -128,7 +128,12 @@ func (s *Server) getChassis(c *call) (result, error) {
 	if err != nil {
 		return result{}, s.mapBackendError(err, op)
 	}
+	locator, err := m.LocatorActive(c.ctx())
+	if err != nil {
+		return result{}, s.mapBackendError(err, op)
+	}
 	body := resource(typeChassis, chassisPath(id), id, "Chassis for "+inv.Name)
+	addLocator(body, locator) // the system's light: a VM is one chassis
 	body["ChassisType"] = "Other"
 	body["Manufacturer"] = inv.Manufacturer
 	body["Model"] = inv.Model

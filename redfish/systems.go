@@ -124,6 +124,14 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	if err != nil {
 		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
 	}
+	firmware, err := m.Firmware(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
+	locator, err := m.LocatorActive(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
 	caps := m.Capabilities()
 	path := systemPath(id)
 
@@ -135,6 +143,12 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	body["Model"] = inv.Model
 	body["PowerState"] = string(power)
 	body["Status"] = statusOK()
+	if firmware.Product != "" {
+		body["BiosVersion"] = firmware.Product
+	}
+	body["Bios"] = link(biosPath(id))
+	body["SecureBoot"] = link(secureBootPath(id))
+	addLocator(body, locator)
 	body["Boot"] = map[string]any{
 		"BootSourceOverrideTarget":                          string(boot.Target),
 		"BootSourceOverrideEnabled":                         string(boot.Enabled),
@@ -198,17 +212,18 @@ func (s *Server) patchSystem(c *call) (result, error) {
 	if ifMatch := c.r.Header.Get("If-Match"); ifMatch != "" && !systemSettingsMatch(ifMatch, systemETag(current)) {
 		return result{}, newError(http.StatusPreconditionFailed, msgPreconditionFailed)
 	}
-	desired, apiErr := mergeBootPatch(patch, current, boot, m.Capabilities())
+	desired, locator, apiErr := mergeSystemPatch(patch, current, boot, m.Capabilities())
 	if apiErr != nil {
 		return result{}, apiErr
 	}
+	if locator != nil {
+		if err := m.SetLocatorActive(c.ctx(), *locator); err != nil {
+			return result{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID(), parameter: "/" + propLocator})
+		}
+	}
 	if desired != boot {
 		if err := m.SetBootOverride(c.ctx(), desired); err != nil {
-			return result{}, s.mapBackendError(err, operation{
-				resourceType: "ComputerSystem", resourceID: m.ID(),
-				parameter: "/Boot/" + propTarget, value: string(desired.Target),
-				conflictsWith: bootTargetNeeds(m, desired.Target),
-			})
+			return result{}, s.mapBackendError(err, bootOperation(m, boot, desired))
 		}
 	}
 	updated, _, err := s.systemBody(c.ctx(), m)
@@ -216,6 +231,19 @@ func (s *Server) patchSystem(c *call) (result, error) {
 		return result{}, err
 	}
 	return result{body: updated, etag: systemETag(updated)}, nil
+}
+
+// bootOperation names the Boot property a failed SetBootOverride is
+// about: the mode when that changed (it may meet Secure Boot), else the
+// target.
+func bootOperation(m machine.Machine, from, to machine.BootOverride) operation {
+	op := operation{resourceType: "ComputerSystem", resourceID: m.ID()}
+	if from.Mode != to.Mode {
+		op.parameter, op.value, op.conflictsWith = "/Boot/"+propMode, string(to.Mode), secureBootPath(m.ID())
+		return op
+	}
+	op.parameter, op.value, op.conflictsWith = "/Boot/"+propTarget, string(to.Target), bootTargetNeeds(m, to.Target)
+	return op
 }
 
 // bootTargetNeeds is the resource a boot target needs to be there: a Cd
@@ -228,24 +256,74 @@ func bootTargetNeeds(m machine.Machine, target machine.BootTarget) string {
 	return systemPath(m.ID())
 }
 
-// mergeBootPatch validates a ComputerSystem PATCH body against the current
-// representation and returns the boot override it asks for. Every problem
-// is reported, not just the first.
-func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, *apiError) {
-	var problems []message
-	for _, key := range sortedKeys(patch) {
-		if key == "Boot" {
-			continue
-		}
-		problems = append(problems, readOnlyOrUnknown(current, key, "/"+key))
+// The locator light's two properties: LocationIndicatorActive, and the
+// deprecated IndicatorLED older clients send.
+const (
+	propLocator      = "LocationIndicatorActive"
+	propIndicatorLED = "IndicatorLED"
+	indicatorLit     = "Lit"
+	indicatorOff     = "Off"
+)
+
+// addLocator shows the locator light in both spellings.
+func addLocator(body map[string]any, on bool) {
+	body[propLocator] = on
+	body[propIndicatorLED] = indicatorOff
+	if on {
+		body[propIndicatorLED] = indicatorLit
 	}
+}
+
+// mergeSystemPatch validates a ComputerSystem PATCH body against the
+// current representation and returns the boot override it asks for and
+// the locator state (nil: not asked). Every problem is reported, not just
+// the first.
+func mergeSystemPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, *bool, *apiError) {
+	var problems []message
+	var locator *bool
+	for _, key := range sortedKeys(patch) {
+		raw, pointer := patch[key], "/"+key
+		switch key {
+		case "Boot":
+		case propLocator:
+			on, ok := jsonBool(raw)
+			if !ok {
+				problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+				continue
+			}
+			locator = &on
+		case propIndicatorLED:
+			value, ok := jsonString(raw)
+			switch {
+			case !ok:
+				problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+			case value != indicatorLit && value != indicatorOff: // a VM's light cannot blink
+				problems = append(problems, propertyError(msgPropertyValueNotInList, pointer, value, pointer))
+			case locator == nil: // LocationIndicatorActive, sorted first, wins
+				on := value == indicatorLit
+				locator = &on
+			}
+		default:
+			problems = append(problems, readOnlyOrUnknown(current, key, pointer))
+		}
+	}
+	desired, bootProblems := mergeBootPatch(patch, current, boot, caps)
+	if problems = append(problems, bootProblems...); len(problems) > 0 {
+		return boot, nil, badRequest(problems...)
+	}
+	return desired, locator, nil
+}
+
+// mergeBootPatch validates the Boot member of a ComputerSystem PATCH and
+// returns the boot override it asks for.
+func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, []message) {
+	var problems []message
 
 	desired := boot
 	if raw, ok := patch["Boot"]; ok {
 		var bootPatch map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &bootPatch); err != nil || bootPatch == nil {
-			problems = append(problems, propertyError(msgPropertyValueTypeError, "/Boot", jsonText(raw), "/Boot"))
-			return desired, badRequest(problems...)
+			return desired, append(problems, propertyError(msgPropertyValueTypeError, "/Boot", jsonText(raw), "/Boot"))
 		}
 		currentBoot, _ := current["Boot"].(map[string]any)
 		_, targetGiven := bootPatch[propTarget]
@@ -285,10 +363,7 @@ func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, bo
 			desired.Enabled = machine.BootOnce
 		}
 	}
-	if len(problems) > 0 {
-		return boot, badRequest(problems...)
-	}
-	return desired.Normalize(), nil
+	return desired.Normalize(), problems
 }
 
 // readOnlyOrUnknown says why a property cannot be written: it is either
