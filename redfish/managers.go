@@ -133,7 +133,7 @@ func (s *Server) getChassis(c *call) (result, error) {
 		return result{}, s.mapBackendError(err, op)
 	}
 	body := resource(typeChassis, chassisPath(id), id, "Chassis for "+inv.Name)
-	addLocator(body, locator) // the system's light: a VM is one chassis
+	body[propLocator] = locator // the system's light: a VM is one chassis
 	body["ChassisType"] = "Other"
 	body["Manufacturer"] = inv.Manufacturer
 	body["Model"] = inv.Model

@@ -148,7 +148,7 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	}
 	body["Bios"] = link(biosPath(id))
 	body["SecureBoot"] = link(secureBootPath(id))
-	addLocator(body, locator)
+	body[propLocator] = locator
 	body["Boot"] = map[string]any{
 		"BootSourceOverrideTarget":                          string(boot.Target),
 		"BootSourceOverrideEnabled":                         string(boot.Enabled),
@@ -257,22 +257,15 @@ func bootTargetNeeds(m machine.Machine, target machine.BootTarget) string {
 }
 
 // The locator light's two properties: LocationIndicatorActive, and the
-// deprecated IndicatorLED older clients send.
+// deprecated IndicatorLED that older clients write. IndicatorLED is
+// accepted but not shown: the DMTF Service Validator warns about every
+// deprecated property served.
 const (
 	propLocator      = "LocationIndicatorActive"
 	propIndicatorLED = "IndicatorLED"
 	indicatorLit     = "Lit"
 	indicatorOff     = "Off"
 )
-
-// addLocator shows the locator light in both spellings.
-func addLocator(body map[string]any, on bool) {
-	body[propLocator] = on
-	body[propIndicatorLED] = indicatorOff
-	if on {
-		body[propIndicatorLED] = indicatorLit
-	}
-}
 
 // mergeSystemPatch validates a ComputerSystem PATCH body against the
 // current representation and returns the boot override it asks for and
