@@ -104,18 +104,6 @@ func patchOK(f *fixture, path, body string) response {
 	return res
 }
 
-// extendedIDs are the MessageIds of a success body's @Message.ExtendedInfo.
-func extendedIDs(res response) []string {
-	infos, _ := res.json["@Message.ExtendedInfo"].([]any)
-	var ids []string
-	for _, info := range infos {
-		m, _ := info.(map[string]any)
-		id, _ := m["MessageId"].(string)
-		ids = append(ids, id)
-	}
-	return ids
-}
-
 // TestFirmwareAppliesAtReset: while the machine runs, a Bios or SecureBoot
 // change waits in Bios/Settings, the answer asks for a reset, and the
 // reset makes it current; while it is off the next power-on applies it.
@@ -127,7 +115,7 @@ func TestFirmwareAppliesAtReset(t *testing.T) {
 	resetRequired := []string{"Base.1.19.Success", "Base.1.19.ResetRequired"}
 
 	res := patchOK(f, secureBoot0, `{"SecureBootEnable":true}`)
-	if ids := extendedIDs(res); !slices.Equal(ids, success) {
+	if ids := extendedIDs(res.json); !slices.Equal(ids, success) {
 		t.Errorf("off: messages %v, want %v", ids, success)
 	}
 	if got := attr(bios0, "SecureBoot"); got != "Enabled" {
@@ -143,7 +131,7 @@ func TestFirmwareAppliesAtReset(t *testing.T) {
 	if res.status != 200 {
 		t.Fatalf("PATCH with the current ETag: %d %s", res.status, res.raw)
 	}
-	if ids := extendedIDs(res); !slices.Equal(ids, resetRequired) {
+	if ids := extendedIDs(res.json); !slices.Equal(ids, resetRequired) {
 		t.Errorf("running: messages %v, want %v", ids, resetRequired)
 	}
 	checks := []struct {
@@ -170,8 +158,8 @@ func TestFirmwareAppliesAtReset(t *testing.T) {
 		t.Errorf("after the reset: current BootMode %v, BiosVersion %v; want Legacy", got, version)
 	}
 	res = f.do(asAdmin("POST", bios0+"/Actions/Bios.ResetBios", ""))
-	if res.status != 200 || !slices.Equal(extendedIDs(res), resetRequired) {
-		t.Errorf("ResetBios: %d %v, want 200 %v", res.status, extendedIDs(res), resetRequired)
+	if res.status != 200 || !slices.Equal(extendedIDs(res.json), resetRequired) {
+		t.Errorf("ResetBios: %d %v, want 200 %v", res.status, extendedIDs(res.json), resetRequired)
 	}
 	if got := attr(biosSettings0, "BootMode"); got != "UEFI" {
 		t.Errorf("after ResetBios: pending BootMode %v, want the default UEFI", got)

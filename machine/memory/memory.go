@@ -426,14 +426,8 @@ func (m *Machine) SetFirmware(_ context.Context, f machine.Firmware) error {
 }
 
 // ResetFirmware configures the factory firmware for the next boot.
-func (m *Machine) ResetFirmware(context.Context) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.fault != nil {
-		return m.fault
-	}
-	m.configure(defaultFirmware)
-	return nil
+func (m *Machine) ResetFirmware(ctx context.Context) error {
+	return m.SetFirmware(ctx, defaultFirmware)
 }
 
 // configure makes f the next boot's firmware. Callers hold mu.
