@@ -189,3 +189,23 @@ func TestLocator(t *testing.T) {
 		}
 	}
 }
+
+// TestSystemETagSurvivesFirmwareTakingEffect: a power-off that makes a
+// pending firmware current changes BiosVersion, which is not a setting, so
+// a Boot PATCH with the ETag read before it still applies (MaaS's
+// ForceOff, PATCH, On).
+func TestSystemETagSurvivesFirmwareTakingEffect(t *testing.T) {
+	f := newFixture(t, nil)
+	f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`))
+	patchOK(f, biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`)
+	before := f.do(asAdmin("GET", system0, ""))
+	f.do(asAdmin("POST", reset0, `{"ResetType":"ForceOff"}`))
+	if after := f.do(asAdmin("GET", system0, "")); after.json["BiosVersion"] == before.json["BiosVersion"] {
+		t.Fatalf("BiosVersion %v before and after the firmware took effect", after.json["BiosVersion"])
+	}
+	patch := asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Pxe"}}`)
+	patch.headers = map[string]string{"If-Match": before.header.Get("ETag")}
+	if res := f.do(patch); res.status != 200 {
+		t.Fatalf("PATCH with the ETag from before the power-off: %d %s", res.status, res.raw)
+	}
+}

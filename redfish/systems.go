@@ -64,17 +64,19 @@ func (s *Server) getSystem(c *call) (result, error) {
 }
 
 // systemETag is the ComputerSystem's ETag in two parts, "<settings>-<power>":
-// the first hashes everything but PowerState, the second PowerState. The
-// whole tag changes whenever the body does (so If-None-Match stays exact),
-// while If-Match on PATCH compares the settings part only: MaaS reads the
-// ETag and PATCHes Boot right after a ForceOff, and a power transition that
-// ends in between must not fail its power-on with 412. PowerState is not
-// writable, so ignoring it loses no update.
+// the first hashes everything but PowerState and BiosVersion, the second
+// those two. The whole tag changes whenever the body does (so
+// If-None-Match stays exact), while If-Match on PATCH compares the
+// settings part only: MaaS reads the ETag and PATCHes Boot right after a
+// ForceOff, and a power transition that ends in between (and with it the
+// firmware in use, when a change was pending) must not fail its power-on
+// with 412. Neither is writable, so ignoring them loses no update.
 func systemETag(body map[string]any) string {
 	settings := maps.Clone(body)
 	delete(settings, "PowerState")
+	delete(settings, "BiosVersion")
 	settingsData, _ := json.Marshal(settings) // maps of JSON values always marshal
-	powerSum := sha256.Sum256([]byte(fmt.Sprint(body["PowerState"])))
+	powerSum := sha256.Sum256([]byte(fmt.Sprint(body["PowerState"], body["BiosVersion"])))
 	return strings.TrimSuffix(etagOf(settingsData), `"`) + "-" + hex.EncodeToString(powerSum[:4]) + `"`
 }
 
