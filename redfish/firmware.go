@@ -76,13 +76,22 @@ type firmwareView struct {
 }
 
 func (s *Server) firmwareView(c *call, resourceType string) (firmwareView, error) {
-	m, inv, err := s.inventoryOf(c, "systemID", resourceType)
+	m, err := s.machineFor(c, "systemID", resourceType)
 	if err != nil {
 		return firmwareView{}, err
 	}
+	return s.firmwareViewOf(c, m, resourceType)
+}
+
+func (s *Server) firmwareViewOf(c *call, m machine.Machine, resourceType string) (firmwareView, error) {
+	op := operation{resourceType: resourceType, resourceID: m.ID()}
+	inv, err := m.Inventory(c.ctx())
+	if err != nil {
+		return firmwareView{}, s.mapBackendError(err, op)
+	}
 	state, err := m.Firmware(c.ctx())
 	if err != nil {
-		return firmwareView{}, s.mapBackendError(err, operation{resourceType: resourceType, resourceID: m.ID()})
+		return firmwareView{}, s.mapBackendError(err, op)
 	}
 	return firmwareView{m: m, state: state, inv: inv}, nil
 }
@@ -155,17 +164,12 @@ type firmwarePatch struct {
 // means for the running boot.
 func (s *Server) patchFirmware(c *call, resourceType string, render func(firmwareView) map[string]any,
 	merge func(patch map[string]json.RawMessage, current map[string]any, v firmwareView) firmwarePatch) (result, error) {
-	patch, apiErr := decodeObject(c.body)
-	if apiErr != nil {
-		return result{}, apiErr
+	m, patch, unlock, err := s.startPatch(c, "systemID", resourceType)
+	if err != nil {
+		return result{}, err
 	}
-	if len(patch) == 0 {
-		return result{}, newError(http.StatusBadRequest, msgEmptyJSON)
-	}
-	lock := s.patchLock(c.vars["systemID"])
-	lock.Lock()
-	defer lock.Unlock()
-	v, err := s.firmwareView(c, resourceType)
+	defer unlock()
+	v, err := s.firmwareViewOf(c, m, resourceType)
 	if err != nil {
 		return result{}, err
 	}

@@ -64,6 +64,9 @@ func TestFirmwareBadInputChangesNothing(t *testing.T) {
 		{"blinking LED", nil, asAdmin("PATCH", system0, `{"IndicatorLED":"Blinking"}`), 400, []string{"PropertyValueNotInList"}},
 		{"locator with a bad boot", nil, asAdmin("PATCH", system0, `{"LocationIndicatorActive":true,"Boot":{"BootSourceOverrideTarget":"Floppy"}}`), 400, []string{"PropertyValueNotInList"}},
 		{"stale If-Match on the locator", nil, stale("PATCH", system0, `{"LocationIndicatorActive":true}`), 412, []string{"PreconditionFailed"}},
+		{"chassis read-only property", nil, asAdmin("PATCH", "/redfish/v1/Chassis/vm-0", `{"LocationIndicatorActive":true,"ChassisType":"Rack"}`), 400, []string{"PropertyNotWritable"}},
+		{"chassis locator of wrong type", nil, asAdmin("PATCH", "/redfish/v1/Chassis/vm-0", `{"IndicatorLED":true}`), 400, []string{"PropertyValueTypeError"}},
+		{"stale If-Match on the chassis", nil, stale("PATCH", "/redfish/v1/Chassis/vm-0", `{"LocationIndicatorActive":true}`), 412, []string{"PreconditionFailed"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -166,21 +169,25 @@ func TestFirmwareAppliesAtReset(t *testing.T) {
 	}
 }
 
-// TestLocator: both spellings write the one light, shown on the system and
-// its chassis as LocationIndicatorActive (IndicatorLED is deprecated).
+// TestLocator: both spellings, on the system or its chassis, write the one
+// light, shown on both as LocationIndicatorActive (IndicatorLED is
+// deprecated).
 func TestLocator(t *testing.T) {
 	f := newFixture(t, nil)
 	steps := []struct {
+		path   string
 		body   string
 		active bool
 	}{
-		{`{"LocationIndicatorActive":true}`, true},
-		{`{"IndicatorLED":"Off"}`, false},
-		{`{"IndicatorLED":"Lit"}`, true},
-		{`{"LocationIndicatorActive":false,"IndicatorLED":"Lit"}`, false},
+		{system0, `{"LocationIndicatorActive":true}`, true},
+		{system0, `{"IndicatorLED":"Off"}`, false},
+		{system0, `{"IndicatorLED":"Lit"}`, true},
+		{system0, `{"LocationIndicatorActive":false,"IndicatorLED":"Lit"}`, false},
+		{"/redfish/v1/Chassis/vm-0", `{"LocationIndicatorActive":true}`, true},
+		{"/redfish/v1/Chassis/vm-0", `{"IndicatorLED":"Off"}`, false},
 	}
 	for _, step := range steps {
-		patchOK(f, system0, step.body)
+		patchOK(f, step.path, step.body)
 		for _, path := range []string{system0, "/redfish/v1/Chassis/vm-0"} {
 			body := f.do(asAdmin("GET", path, "")).json
 			if body["LocationIndicatorActive"] != step.active {

@@ -117,6 +117,7 @@ func (s *Server) routes() []route {
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
+		{http.MethodPatch, "/redfish/v1/Chassis/{chassisID}", privConfigureComponents, s.patchChassis, nil, perRequest},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives", privLogin, s.getDrives, nil, whileMachineState},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives/{driveID}", privLogin, s.getDrive, nil, whileMachineState},
 

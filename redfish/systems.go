@@ -190,22 +190,32 @@ const (
 	propMode    = "BootSourceOverrideMode"
 )
 
-func (s *Server) patchSystem(c *call) (result, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+// startPatch begins a PATCH: it resolves the machine, decodes the body (a
+// non-empty object) and takes the machine's PATCH lock, which the caller
+// releases with unlock.
+func (s *Server) startPatch(c *call, idVar, resourceType string) (m machine.Machine, patch map[string]json.RawMessage, unlock func(), err error) {
+	m, err = s.machineFor(c, idVar, resourceType)
 	if err != nil {
-		return result{}, err
+		return nil, nil, nil, err
 	}
 	patch, apiErr := decodeObject(c.body)
 	if apiErr != nil {
-		return result{}, apiErr
+		return nil, nil, nil, apiErr
 	}
 	if len(patch) == 0 {
-		return result{}, newError(http.StatusBadRequest, msgEmptyJSON)
+		return nil, nil, nil, newError(http.StatusBadRequest, msgEmptyJSON)
 	}
-
 	lock := s.patchLock(m.ID())
 	lock.Lock()
-	defer lock.Unlock()
+	return m, patch, lock.Unlock, nil
+}
+
+func (s *Server) patchSystem(c *call) (result, error) {
+	m, patch, unlock, err := s.startPatch(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	defer unlock()
 
 	current, boot, err := s.systemBody(c.ctx(), m)
 	if err != nil {
@@ -274,39 +284,54 @@ const (
 // the locator state (nil: not asked). Every problem is reported, not just
 // the first.
 func mergeSystemPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, *bool, *apiError) {
-	var problems []message
-	var locator *bool
-	for _, key := range sortedKeys(patch) {
-		raw, pointer := patch[key], "/"+key
-		switch key {
-		case "Boot":
-		case propLocator:
-			on, ok := jsonBool(raw)
-			if !ok {
-				problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
-				continue
-			}
-			locator = &on
-		case propIndicatorLED:
-			value, ok := jsonString(raw)
-			switch {
-			case !ok:
-				problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
-			case value != indicatorLit && value != indicatorOff: // a VM's light cannot blink
-				problems = append(problems, propertyError(msgPropertyValueNotInList, pointer, value, pointer))
-			case locator == nil: // LocationIndicatorActive, sorted first, wins
-				on := value == indicatorLit
-				locator = &on
-			}
-		default:
-			problems = append(problems, readOnlyOrUnknown(current, key, pointer))
-		}
-	}
+	problems := othersNotWritable(patch, current, "Boot", propLocator, propIndicatorLED)
+	locator, locatorProblems := mergeLocatorPatch(patch)
 	desired, bootProblems := mergeBootPatch(patch, current, boot, caps)
-	if problems = append(problems, bootProblems...); len(problems) > 0 {
+	if problems = slices.Concat(problems, locatorProblems, bootProblems); len(problems) > 0 {
 		return boot, nil, badRequest(problems...)
 	}
 	return desired, locator, nil
+}
+
+// othersNotWritable reports every member of patch but the writable ones as
+// read-only or unknown.
+func othersNotWritable(patch map[string]json.RawMessage, current map[string]any, writable ...string) []message {
+	var problems []message
+	for _, key := range sortedKeys(patch) {
+		if !slices.Contains(writable, key) {
+			problems = append(problems, readOnlyOrUnknown(current, key, "/"+key))
+		}
+	}
+	return problems
+}
+
+// mergeLocatorPatch reads the locator light's state from either property
+// (nil: neither given); LocationIndicatorActive wins over IndicatorLED.
+func mergeLocatorPatch(patch map[string]json.RawMessage) (*bool, []message) {
+	var problems []message
+	var locator *bool
+	if raw, ok := patch[propIndicatorLED]; ok {
+		pointer := "/" + propIndicatorLED
+		value, ok := jsonString(raw)
+		switch {
+		case !ok:
+			problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+		case value != indicatorLit && value != indicatorOff: // a VM's light cannot blink
+			problems = append(problems, propertyError(msgPropertyValueNotInList, pointer, value, pointer))
+		default:
+			on := value == indicatorLit
+			locator = &on
+		}
+	}
+	if raw, ok := patch[propLocator]; ok {
+		pointer := "/" + propLocator
+		if on, ok := jsonBool(raw); ok {
+			locator = &on
+		} else {
+			problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+		}
+	}
+	return locator, problems
 }
 
 // mergeBootPatch validates the Boot member of a ComputerSystem PATCH and
