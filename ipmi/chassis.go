@@ -189,15 +189,12 @@ func (s *Server) setBootFlags(ctx context.Context, v []byte, invalidate bool) (b
 		return s.machineFailure(err, "BootOverride")
 	}
 	caps := s.machine.Capabilities()
-	o := machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeLegacy}
-	if v[0]&bootFlagsEFI != 0 {
-		o.Mode = machine.BootModeUEFI
-	}
-	if !caps.SupportsBootMode(o.Mode) {
-		// Report the truth on the next read instead of failing a client
-		// that cannot know which firmware the machine has.
-		o.Mode = current.Mode
-	}
+	// The BIOS boot type bit is in every request, with no "unchanged":
+	// ipmitool's and MaaS's plain bootdev send PC-compatible. Taken as an
+	// order it would turn a UEFI machine's firmware to BIOS, so the
+	// firmware stays (Redfish's BootSourceOverrideMode changes it) and the
+	// next read tells the truth.
+	o := machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: current.Mode}
 	if device := v[1] >> bootDeviceShift & bootDeviceMask; v[0]&bootFlagsValid != 0 && !invalidate && device != 0 {
 		target, ok := bootDevices[device]
 		if !ok {

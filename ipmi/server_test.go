@@ -696,8 +696,8 @@ func TestBootFlags(t *testing.T) {
 		readOut  []byte // parameter 5 read back
 	}{
 		{"PXE once EFI", []byte{0xa0, 0x04, 0, 0, 0}, false, ccOK, pxeOnce, []byte{0xa0, 0x04, 0, 0, 0}},
-		{"disk persistent legacy", []byte{0xc0, 0x08, 0, 0, 0}, false, ccOK,
-			machine.BootOverride{Target: machine.BootHdd, Enabled: machine.BootContinuous, Mode: machine.BootModeLegacy}, []byte{0xc0, 0x08, 0, 0, 0}},
+		{"disk persistent, PC-compatible keeps the firmware", []byte{0xc0, 0x08, 0, 0, 0}, false, ccOK,
+			machine.BootOverride{Target: machine.BootHdd, Enabled: machine.BootContinuous, Mode: machine.BootModeUEFI}, []byte{0xe0, 0x08, 0, 0, 0}},
 		{"CD once", []byte{0xa0, 0x14, 0, 0, 0}, false, ccOK,
 			machine.BootOverride{Target: machine.BootCd, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}, []byte{0xa0, 0x14, 0, 0, 0}},
 		{"no override", []byte{0xa0, 0x00, 0, 0, 0}, false, ccOK,

@@ -16,6 +16,11 @@ const (
 	OpVirtualMedia    Operation = "VirtualMedia"
 	OpInsertMedia     Operation = "InsertMedia"
 	OpEjectMedia      Operation = "EjectMedia"
+	OpFirmware        Operation = "Firmware"
+	OpSetFirmware     Operation = "SetFirmware"
+	OpResetFirmware   Operation = "ResetFirmware"
+	OpLocatorActive   Operation = "LocatorActive"
+	OpSetLocator      Operation = "SetLocatorActive"
 )
 
 // Call is one call of a machine method as an Interceptor sees it.
@@ -23,14 +28,15 @@ type Call struct {
 	Machine string // the machine's ID
 	Op      Operation
 	// Arg is the write's argument in words ("ForceOff", "Pxe Once UEFI",
-	// the media URL); "" for reads and EjectMedia.
+	// the media URL, "UEFI SecureBoot", "On"); "" for reads, EjectMedia and
+	// ResetFirmware.
 	Arg string
 }
 
 // IsWrite tells whether the call changes the machine.
 func (c Call) IsWrite() bool {
 	switch c.Op {
-	case OpReset, OpSetBootOverride, OpInsertMedia, OpEjectMedia:
+	case OpReset, OpSetBootOverride, OpInsertMedia, OpEjectMedia, OpSetFirmware, OpResetFirmware, OpSetLocator:
 		return true
 	}
 	return false
@@ -151,6 +157,34 @@ func (f Forwarder) InsertMedia(ctx context.Context, url string) error {
 
 func (f Forwarder) EjectMedia(ctx context.Context) error {
 	return f.forward(ctx, OpEjectMedia, "", func(ctx context.Context, m Machine) error { return m.EjectMedia(ctx) })
+}
+
+func (f Forwarder) Firmware(ctx context.Context) (FirmwareState, error) {
+	return forwardRead(ctx, f, OpFirmware, func(ctx context.Context, m Machine) (FirmwareState, error) { return m.Firmware(ctx) })
+}
+
+func (f Forwarder) SetFirmware(ctx context.Context, fw Firmware) error {
+	arg := string(fw.Mode)
+	if fw.SecureBoot {
+		arg += " SecureBoot"
+	}
+	return f.forward(ctx, OpSetFirmware, arg, func(ctx context.Context, m Machine) error { return m.SetFirmware(ctx, fw) })
+}
+
+func (f Forwarder) ResetFirmware(ctx context.Context) error {
+	return f.forward(ctx, OpResetFirmware, "", func(ctx context.Context, m Machine) error { return m.ResetFirmware(ctx) })
+}
+
+func (f Forwarder) LocatorActive(ctx context.Context) (bool, error) {
+	return forwardRead(ctx, f, OpLocatorActive, func(ctx context.Context, m Machine) (bool, error) { return m.LocatorActive(ctx) })
+}
+
+func (f Forwarder) SetLocatorActive(ctx context.Context, on bool) error {
+	arg := "Off"
+	if on {
+		arg = "On"
+	}
+	return f.forward(ctx, OpSetLocator, arg, func(ctx context.Context, m Machine) error { return m.SetLocatorActive(ctx, on) })
 }
 
 // InterceptBackend returns b whose machines are intercepted by around. It

@@ -49,6 +49,13 @@ func TestInterceptSeesEveryCall(t *testing.T) {
 		{machine.OpVirtualMedia, func(m machine.Machine) error { _, err := m.VirtualMedia(ctx); return err }},
 		{machine.OpInsertMedia, func(m machine.Machine) error { return m.InsertMedia(ctx, "http://x/y.iso") }},
 		{machine.OpEjectMedia, func(m machine.Machine) error { return m.EjectMedia(ctx) }},
+		{machine.OpFirmware, func(m machine.Machine) error { _, err := m.Firmware(ctx); return err }},
+		{machine.OpSetFirmware, func(m machine.Machine) error {
+			return m.SetFirmware(ctx, machine.Firmware{Mode: machine.BootModeUEFI, SecureBoot: true})
+		}},
+		{machine.OpResetFirmware, func(m machine.Machine) error { return m.ResetFirmware(ctx) }},
+		{machine.OpLocatorActive, func(m machine.Machine) error { _, err := m.LocatorActive(ctx); return err }},
+		{machine.OpSetLocator, func(m machine.Machine) error { return m.SetLocatorActive(ctx, true) }},
 	}
 	refused := errors.New("refused by the interceptor")
 	for _, tt := range calls {
@@ -57,7 +64,7 @@ func TestInterceptSeesEveryCall(t *testing.T) {
 			var seen []machine.Operation
 			m := machine.Intercept(inner, func(ctx context.Context, c machine.Call, call func(context.Context) error) error {
 				seen = append(seen, c.Op)
-				if c.Machine != "vm-0" || c.IsWrite() != (c.Arg != "" || c.Op == machine.OpEjectMedia) {
+				if c.Machine != "vm-0" || c.IsWrite() != (c.Arg != "" || c.Op == machine.OpEjectMedia || c.Op == machine.OpResetFirmware) {
 					t.Errorf("call %+v", c)
 				}
 				return call(ctx)

@@ -225,6 +225,9 @@ type BootController interface {
 	BootOverride(ctx context.Context) (BootOverride, error)
 	// SetBootOverride replaces the override. Enabled Disabled (or Target
 	// None) clears it; the stored value is then {None, Disabled, mode}. A
+	// Mode other than the firmware's configures that mode for the next
+	// boot, as SetFirmware does (keeping Secure Boot, so a Legacy mode with
+	// Secure Boot on returns ErrConflict). A
 	// Once override lasts for exactly one boot, after which BootOverride
 	// reports {None, Disabled, mode}. Setting the current value again is a
 	// no-op. Targets or modes outside Capabilities return ErrNotSupported;
@@ -243,6 +246,71 @@ type MediaController interface {
 	EjectMedia(ctx context.Context) error
 }
 
+// Firmware is the firmware a machine boots with.
+type Firmware struct {
+	Mode BootMode
+	// SecureBoot is UEFI Secure Boot; a Legacy firmware has none.
+	SecureBoot bool
+}
+
+// FirmwareState is the firmware configured for the next boot and the one
+// the running boot started with.
+type FirmwareState struct {
+	// Next is what the next power-on (or restart) boots with.
+	Next Firmware
+	// Current is what the machine booted with, while it runs; Next while
+	// it does not (nothing runs that could differ).
+	Current Firmware
+	// Product names the firmware Current is ("SeaBIOS"), without a
+	// version the backend cannot know; empty when unknown.
+	Product string
+}
+
+// Pending reports whether a restart would change the firmware.
+func (s FirmwareState) Pending() bool { return s.Next != s.Current }
+
+// Check validates f's enum values and that Secure Boot has UEFI under it.
+func (f Firmware) Check(c Capabilities) error {
+	switch f.Mode {
+	case BootModeUEFI, BootModeLegacy:
+	default:
+		return Errorf(ErrInvalidArgument, "unknown boot mode %q", f.Mode)
+	}
+	if !c.SupportsBootMode(f.Mode) {
+		return Errorf(ErrNotSupported, "boot mode %q", f.Mode)
+	}
+	if f.SecureBoot && f.Mode != BootModeUEFI {
+		return Errorf(ErrConflict, "Secure Boot needs UEFI firmware, the mode asked for is %s", f.Mode)
+	}
+	return nil
+}
+
+// FirmwareController reads and configures the firmware. Changes take
+// effect at the next power-on or restart, as a BIOS setup's do; the boot
+// mode is also the Mode of BootOverride, and SetBootOverride with another
+// mode changes it the same way.
+type FirmwareController interface {
+	Firmware(ctx context.Context) (FirmwareState, error)
+	// SetFirmware configures the firmware of the next boot. Setting the
+	// configured value again returns nil and changes nothing. Secure Boot
+	// with Legacy returns ErrConflict, a mode outside Capabilities
+	// ErrNotSupported, an unknown mode ErrInvalidArgument.
+	SetFirmware(ctx context.Context, f Firmware) error
+	// ResetFirmware configures, for the next boot, the firmware the
+	// machine had before the BMC first changed it; it returns nil when
+	// nothing was changed.
+	ResetFirmware(ctx context.Context) error
+}
+
+// IndicatorController reads and sets the machine's locator light: a
+// machine without one keeps its state, so a client's "find me" reads back.
+type IndicatorController interface {
+	LocatorActive(ctx context.Context) (bool, error)
+	// SetLocatorActive switches the light; setting the current state
+	// again returns nil and changes nothing.
+	SetLocatorActive(ctx context.Context, on bool) error
+}
+
 // Machine is everything a BMC can do to one machine.
 type Machine interface {
 	// ID is stable for the machine's life and safe in a URL path segment.
@@ -252,6 +320,8 @@ type Machine interface {
 	PowerController
 	BootController
 	MediaController
+	FirmwareController
+	IndicatorController
 }
 
 // Backend is a set of machines served by one BMC process.
@@ -302,9 +372,11 @@ type StateStore interface {
 type Versioned interface {
 	// StateVersion returns a number that changes whenever anything the
 	// machine with that ID reports could read differently: Inventory,
-	// PowerState, BootOverride, VirtualMedia, Capabilities, and whether
-	// Backend.Machine finds it. It may also change when nothing did. Once a
-	// write (Reset, SetBootOverride, InsertMedia, EjectMedia) has returned,
+	// PowerState, BootOverride, VirtualMedia, Firmware, LocatorActive,
+	// Capabilities, and whether Backend.Machine finds it. It may also
+	// change when nothing did. Once a write (Reset, SetBootOverride,
+	// InsertMedia, EjectMedia, SetFirmware, ResetFirmware,
+	// SetLocatorActive) has returned,
 	// StateVersion no longer returns the number from before it. ok is false
 	// when the backend cannot tell (e.g. it is reading through to a remote
 	// API); callers must then read afresh. A Versioned backend's Machines

@@ -51,6 +51,8 @@ const (
 	msgEventSubscriptionLimitExceeded = "EventSubscriptionLimitExceeded"
 	msgEventBufferExceeded            = "EventBufferExceeded"
 	msgPropertyValueResourceConflict  = "PropertyValueResourceConflict"
+	msgSuccess                        = "Success"
+	msgResetRequired                  = "ResetRequired"
 )
 
 // registryEntry is a message of the DMTF Base registry; the texts are the
@@ -94,6 +96,8 @@ var baseRegistry = map[string]registryEntry{
 	msgEventSubscriptionLimitExceeded: {"The event subscription failed due to the number of simultaneous subscriptions exceeding the limit of the implementation.", "Critical"},
 	msgEventBufferExceeded:            {"Event buffer exceeded.", "Warning"},
 	msgPropertyValueResourceConflict:  {"The property '%1' with the requested value of '%2' could not be written because the value conflicts with the state or configuration of the resource at '%3'.", "Warning"},
+	msgSuccess:                        {"The request completed successfully.", "OK"},
+	msgResetRequired:                  {"In order to apply changes, recover from errors, or complete the operation, a component reset is required with the Reset action URI '%1' and ResetType '%2'.", "Warning"},
 }
 
 // message is one entry of @Message.ExtendedInfo.

@@ -42,6 +42,15 @@ func TestGoldenBodies(t *testing.T) {
 		{"drive_cdrom", nil, get("/redfish/v1/Chassis/vm-0/Drives/2"), 200},
 		{"volumes", nil, get(system0 + "/Storage/1/Volumes"), 200},
 		{"volume", nil, get(system0 + "/Storage/1/Volumes/1"), 200},
+		{"bios", nil, get(system0 + "/Bios"), 200},
+		{"bios_settings", func(f *fixture) {
+			f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"SecureBoot":"Enabled"}}`))
+		}, get(system0 + "/Bios/Settings"), 200},
+		{"bios_settings_patch_running", func(f *fixture) {
+			f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`))
+		}, asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"BootMode":"Legacy"}}`), 200},
+		{"secure_boot", nil, get(system0 + "/SecureBoot"), 200},
+		{"error_bios_attributes", nil, asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"BootMode":1,"MemoryMiB":1,"Turbo":"On"}}`), 400},
 		{"manager", nil, get(manager0), 200},
 		{"system_virtual_media_collection", nil, get(system0 + "/VirtualMedia"), 200},
 		{"system_virtual_media", func(f *fixture) {

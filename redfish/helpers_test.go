@@ -214,7 +214,13 @@ func messageIDs(t *testing.T, res response) []string {
 	if !ok {
 		t.Fatalf("status %d: body has no error object: %s", res.status, res.raw)
 	}
-	infos, _ := errObj["@Message.ExtendedInfo"].([]any)
+	return extendedIDs(errObj)
+}
+
+// extendedIDs returns the MessageIds of an object's @Message.ExtendedInfo:
+// an error's, or a success body's.
+func extendedIDs(obj map[string]any) []string {
+	infos, _ := obj["@Message.ExtendedInfo"].([]any)
 	var ids []string
 	for _, info := range infos {
 		m, _ := info.(map[string]any)

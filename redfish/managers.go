@@ -3,6 +3,7 @@ package redfish
 import (
 	"crypto/sha1"
 	"fmt"
+	"net/http"
 	"net/url"
 	"runtime/debug"
 
@@ -118,17 +119,30 @@ func (s *Server) getChassis(c *call) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
+	body, err := s.chassisBody(c, m)
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: body}, nil
+}
+
+func (s *Server) chassisBody(c *call, m machine.Machine) (map[string]any, error) {
 	id := m.ID()
 	op := operation{resourceType: "Chassis", resourceID: id}
 	inv, err := m.Inventory(c.ctx())
 	if err != nil {
-		return result{}, s.mapBackendError(err, op)
+		return nil, s.mapBackendError(err, op)
 	}
 	power, err := m.PowerState(c.ctx())
 	if err != nil {
-		return result{}, s.mapBackendError(err, op)
+		return nil, s.mapBackendError(err, op)
+	}
+	locator, err := m.LocatorActive(c.ctx())
+	if err != nil {
+		return nil, s.mapBackendError(err, op)
 	}
 	body := resource(typeChassis, chassisPath(id), id, "Chassis for "+inv.Name)
+	body[propLocator] = locator // the system's light: a VM is one chassis
 	body["ChassisType"] = "Other"
 	body["Manufacturer"] = inv.Manufacturer
 	body["Model"] = inv.Model
@@ -143,5 +157,37 @@ func (s *Server) getChassis(c *call) (result, error) {
 		"ComputerSystems": links(systemPath(id)),
 		"ManagedBy":       links(managerPath(id)),
 	}
-	return result{body: body}, nil
+	return body, nil
+}
+
+// patchChassis switches the locator light, the chassis' one writable
+// property.
+func (s *Server) patchChassis(c *call) (result, error) {
+	m, patch, unlock, err := s.startPatch(c, "chassisID", "Chassis")
+	if err != nil {
+		return result{}, err
+	}
+	defer unlock()
+	current, err := s.chassisBody(c, m)
+	if err != nil {
+		return result{}, err
+	}
+	if ifMatch := c.r.Header.Get("If-Match"); ifMatch != "" && !etagMatches(ifMatch, bodyETag(current)) {
+		return result{}, newError(http.StatusPreconditionFailed, msgPreconditionFailed)
+	}
+	problems := othersNotWritable(patch, current, propLocator, propIndicatorLED)
+	locator, locatorProblems := mergeLocatorPatch(patch)
+	if problems = append(problems, locatorProblems...); len(problems) > 0 {
+		return result{}, badRequest(problems...)
+	}
+	if locator != nil {
+		if err := m.SetLocatorActive(c.ctx(), *locator); err != nil {
+			return result{}, s.mapBackendError(err, operation{resourceType: "Chassis", resourceID: m.ID(), parameter: "/" + propLocator})
+		}
+	}
+	updated, err := s.chassisBody(c, m)
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: updated}, nil
 }

@@ -88,6 +88,13 @@ func (s *Server) routes() []route {
 		{http.MethodGet, sysStorage, privLogin, s.getStorage, nil, whileMachineState},
 		{http.MethodGet, sysStorage + "/Volumes", privLogin, s.getVolumes, nil, whileMachineState},
 		{http.MethodGet, sysStorage + "/Volumes/{volumeID}", privLogin, s.getVolume, nil, whileMachineState},
+		{http.MethodGet, sys + "/Bios", privLogin, s.getBios, nil, whileMachineState},
+		{http.MethodGet, sys + "/Bios/Settings", privLogin, s.getBiosSettings, nil, whileMachineState},
+		{http.MethodPatch, sys + "/Bios/Settings", privConfigureComponents, s.patchBiosSettings, nil, perRequest},
+		{http.MethodPost, sys + "/Bios/Actions/Bios.ResetBios", privConfigureComponents, s.resetBios, nil, perRequest},
+		{http.MethodGet, sys + "/SecureBoot", privLogin, s.getSecureBoot, nil, whileMachineState},
+		{http.MethodPatch, sys + "/SecureBoot", privConfigureComponents, s.patchSecureBoot, nil, perRequest},
+		{http.MethodPost, sys + "/SecureBoot/Actions/SecureBoot.ResetKeys", privConfigureComponents, s.resetSecureBootKeys, nil, perRequest},
 		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil, whileMachineState},
 		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia, nil, whileMachineState},
 		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil, perRequest},
@@ -110,6 +117,7 @@ func (s *Server) routes() []route {
 
 		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
+		{http.MethodPatch, "/redfish/v1/Chassis/{chassisID}", privConfigureComponents, s.patchChassis, nil, perRequest},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives", privLogin, s.getDrives, nil, whileMachineState},
 		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives/{driveID}", privLogin, s.getDrive, nil, whileMachineState},
 

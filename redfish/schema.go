@@ -94,6 +94,9 @@ var (
 	typeDriveCollection      = schemaType{"DriveCollection", ""}
 	typeVolumeCollection     = schemaType{"VolumeCollection", ""}
 	typeVolume               = schemaType{"Volume", "v1_10_0"}
+	typeBios                 = schemaType{"Bios", "v1_2_0"}
+	typeSecureBoot           = schemaType{"SecureBoot", "v1_1_0"}
+	typeSettings             = schemaType{"Settings", "v1_4_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -110,6 +113,7 @@ var servedTypes = []schemaType{
 	typeSimpleStorageColl, typeSimpleStorage,
 	typeProcessorCollection, typeProcessor, typeMemoryCollection, typeMemory,
 	typeStorageCollection, typeStorage, typeDriveCollection, typeDrive, typeVolumeCollection, typeVolume,
+	typeBios, typeSecureBoot, typeSettings,
 	typeManagerCollection, typeManager,
 	typeVirtualMediaColl, typeVirtualMedia,
 	typeChassisCollection, typeChassis,

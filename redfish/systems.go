@@ -64,17 +64,19 @@ func (s *Server) getSystem(c *call) (result, error) {
 }
 
 // systemETag is the ComputerSystem's ETag in two parts, "<settings>-<power>":
-// the first hashes everything but PowerState, the second PowerState. The
-// whole tag changes whenever the body does (so If-None-Match stays exact),
-// while If-Match on PATCH compares the settings part only: MaaS reads the
-// ETag and PATCHes Boot right after a ForceOff, and a power transition that
-// ends in between must not fail its power-on with 412. PowerState is not
-// writable, so ignoring it loses no update.
+// the first hashes everything but PowerState and BiosVersion, the second
+// those two. The whole tag changes whenever the body does (so
+// If-None-Match stays exact), while If-Match on PATCH compares the
+// settings part only: MaaS reads the ETag and PATCHes Boot right after a
+// ForceOff, and a power transition that ends in between (and with it the
+// firmware in use, when a change was pending) must not fail its power-on
+// with 412. Neither is writable, so ignoring them loses no update.
 func systemETag(body map[string]any) string {
 	settings := maps.Clone(body)
 	delete(settings, "PowerState")
+	delete(settings, "BiosVersion")
 	settingsData, _ := json.Marshal(settings) // maps of JSON values always marshal
-	powerSum := sha256.Sum256([]byte(fmt.Sprint(body["PowerState"])))
+	powerSum := sha256.Sum256([]byte(fmt.Sprint(body["PowerState"], body["BiosVersion"])))
 	return strings.TrimSuffix(etagOf(settingsData), `"`) + "-" + hex.EncodeToString(powerSum[:4]) + `"`
 }
 
@@ -124,6 +126,14 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	if err != nil {
 		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
 	}
+	firmware, err := m.Firmware(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
+	locator, err := m.LocatorActive(ctx)
+	if err != nil {
+		return nil, machine.BootOverride{}, s.mapBackendError(err, op)
+	}
 	caps := m.Capabilities()
 	path := systemPath(id)
 
@@ -135,6 +145,12 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	body["Model"] = inv.Model
 	body["PowerState"] = string(power)
 	body["Status"] = statusOK()
+	if firmware.Product != "" {
+		body["BiosVersion"] = firmware.Product
+	}
+	body["Bios"] = link(biosPath(id))
+	body["SecureBoot"] = link(secureBootPath(id))
+	body[propLocator] = locator
 	body["Boot"] = map[string]any{
 		"BootSourceOverrideTarget":                          string(boot.Target),
 		"BootSourceOverrideEnabled":                         string(boot.Enabled),
@@ -174,22 +190,32 @@ const (
 	propMode    = "BootSourceOverrideMode"
 )
 
-func (s *Server) patchSystem(c *call) (result, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+// startPatch begins a PATCH: it resolves the machine, decodes the body (a
+// non-empty object) and takes the machine's PATCH lock, which the caller
+// releases with unlock.
+func (s *Server) startPatch(c *call, idVar, resourceType string) (m machine.Machine, patch map[string]json.RawMessage, unlock func(), err error) {
+	m, err = s.machineFor(c, idVar, resourceType)
 	if err != nil {
-		return result{}, err
+		return nil, nil, nil, err
 	}
 	patch, apiErr := decodeObject(c.body)
 	if apiErr != nil {
-		return result{}, apiErr
+		return nil, nil, nil, apiErr
 	}
 	if len(patch) == 0 {
-		return result{}, newError(http.StatusBadRequest, msgEmptyJSON)
+		return nil, nil, nil, newError(http.StatusBadRequest, msgEmptyJSON)
 	}
-
 	lock := s.patchLock(m.ID())
 	lock.Lock()
-	defer lock.Unlock()
+	return m, patch, lock.Unlock, nil
+}
+
+func (s *Server) patchSystem(c *call) (result, error) {
+	m, patch, unlock, err := s.startPatch(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	defer unlock()
 
 	current, boot, err := s.systemBody(c.ctx(), m)
 	if err != nil {
@@ -198,17 +224,18 @@ func (s *Server) patchSystem(c *call) (result, error) {
 	if ifMatch := c.r.Header.Get("If-Match"); ifMatch != "" && !systemSettingsMatch(ifMatch, systemETag(current)) {
 		return result{}, newError(http.StatusPreconditionFailed, msgPreconditionFailed)
 	}
-	desired, apiErr := mergeBootPatch(patch, current, boot, m.Capabilities())
+	desired, locator, apiErr := mergeSystemPatch(patch, current, boot, m.Capabilities())
 	if apiErr != nil {
 		return result{}, apiErr
 	}
+	if locator != nil {
+		if err := m.SetLocatorActive(c.ctx(), *locator); err != nil {
+			return result{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID(), parameter: "/" + propLocator})
+		}
+	}
 	if desired != boot {
 		if err := m.SetBootOverride(c.ctx(), desired); err != nil {
-			return result{}, s.mapBackendError(err, operation{
-				resourceType: "ComputerSystem", resourceID: m.ID(),
-				parameter: "/Boot/" + propTarget, value: string(desired.Target),
-				conflictsWith: bootTargetNeeds(m, desired.Target),
-			})
+			return result{}, s.mapBackendError(err, bootOperation(m, boot, desired))
 		}
 	}
 	updated, _, err := s.systemBody(c.ctx(), m)
@@ -216,6 +243,19 @@ func (s *Server) patchSystem(c *call) (result, error) {
 		return result{}, err
 	}
 	return result{body: updated, etag: systemETag(updated)}, nil
+}
+
+// bootOperation names the Boot property a failed SetBootOverride is
+// about: the mode when that changed (it may meet Secure Boot), else the
+// target.
+func bootOperation(m machine.Machine, from, to machine.BootOverride) operation {
+	op := operation{resourceType: "ComputerSystem", resourceID: m.ID()}
+	if from.Mode != to.Mode {
+		op.parameter, op.value, op.conflictsWith = "/Boot/"+propMode, string(to.Mode), secureBootPath(m.ID())
+		return op
+	}
+	op.parameter, op.value, op.conflictsWith = "/Boot/"+propTarget, string(to.Target), bootTargetNeeds(m, to.Target)
+	return op
 }
 
 // bootTargetNeeds is the resource a boot target needs to be there: a Cd
@@ -228,24 +268,82 @@ func bootTargetNeeds(m machine.Machine, target machine.BootTarget) string {
 	return systemPath(m.ID())
 }
 
-// mergeBootPatch validates a ComputerSystem PATCH body against the current
-// representation and returns the boot override it asks for. Every problem
-// is reported, not just the first.
-func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, *apiError) {
+// The locator light's two properties: LocationIndicatorActive, and the
+// deprecated IndicatorLED that older clients write. IndicatorLED is
+// accepted but not shown: the DMTF Service Validator warns about every
+// deprecated property served.
+const (
+	propLocator      = "LocationIndicatorActive"
+	propIndicatorLED = "IndicatorLED"
+	indicatorLit     = "Lit"
+	indicatorOff     = "Off"
+)
+
+// mergeSystemPatch validates a ComputerSystem PATCH body against the
+// current representation and returns the boot override it asks for and
+// the locator state (nil: not asked). Every problem is reported, not just
+// the first.
+func mergeSystemPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, *bool, *apiError) {
+	problems := othersNotWritable(patch, current, "Boot", propLocator, propIndicatorLED)
+	locator, locatorProblems := mergeLocatorPatch(patch)
+	desired, bootProblems := mergeBootPatch(patch, current, boot, caps)
+	if problems = slices.Concat(problems, locatorProblems, bootProblems); len(problems) > 0 {
+		return boot, nil, badRequest(problems...)
+	}
+	return desired, locator, nil
+}
+
+// othersNotWritable reports every member of patch but the writable ones as
+// read-only or unknown.
+func othersNotWritable(patch map[string]json.RawMessage, current map[string]any, writable ...string) []message {
 	var problems []message
 	for _, key := range sortedKeys(patch) {
-		if key == "Boot" {
-			continue
+		if !slices.Contains(writable, key) {
+			problems = append(problems, readOnlyOrUnknown(current, key, "/"+key))
 		}
-		problems = append(problems, readOnlyOrUnknown(current, key, "/"+key))
 	}
+	return problems
+}
+
+// mergeLocatorPatch reads the locator light's state from either property
+// (nil: neither given); LocationIndicatorActive wins over IndicatorLED.
+func mergeLocatorPatch(patch map[string]json.RawMessage) (*bool, []message) {
+	var problems []message
+	var locator *bool
+	if raw, ok := patch[propIndicatorLED]; ok {
+		pointer := "/" + propIndicatorLED
+		value, ok := jsonString(raw)
+		switch {
+		case !ok:
+			problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+		case value != indicatorLit && value != indicatorOff: // a VM's light cannot blink
+			problems = append(problems, propertyError(msgPropertyValueNotInList, pointer, value, pointer))
+		default:
+			on := value == indicatorLit
+			locator = &on
+		}
+	}
+	if raw, ok := patch[propLocator]; ok {
+		pointer := "/" + propLocator
+		if on, ok := jsonBool(raw); ok {
+			locator = &on
+		} else {
+			problems = append(problems, propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer))
+		}
+	}
+	return locator, problems
+}
+
+// mergeBootPatch validates the Boot member of a ComputerSystem PATCH and
+// returns the boot override it asks for.
+func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, boot machine.BootOverride, caps machine.Capabilities) (machine.BootOverride, []message) {
+	var problems []message
 
 	desired := boot
 	if raw, ok := patch["Boot"]; ok {
 		var bootPatch map[string]json.RawMessage
 		if err := json.Unmarshal(raw, &bootPatch); err != nil || bootPatch == nil {
-			problems = append(problems, propertyError(msgPropertyValueTypeError, "/Boot", jsonText(raw), "/Boot"))
-			return desired, badRequest(problems...)
+			return desired, append(problems, propertyError(msgPropertyValueTypeError, "/Boot", jsonText(raw), "/Boot"))
 		}
 		currentBoot, _ := current["Boot"].(map[string]any)
 		_, targetGiven := bootPatch[propTarget]
@@ -285,10 +383,7 @@ func mergeBootPatch(patch map[string]json.RawMessage, current map[string]any, bo
 			desired.Enabled = machine.BootOnce
 		}
 	}
-	if len(problems) > 0 {
-		return boot, badRequest(problems...)
-	}
-	return desired.Normalize(), nil
+	return desired.Normalize(), problems
 }
 
 // readOnlyOrUnknown says why a property cannot be written: it is either

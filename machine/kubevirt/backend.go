@@ -318,7 +318,7 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{b: b, mode: bootMode(vm), media: b.cdiInstalledRecently(ctx)}, nil
+	return &Machine{b: b, modes: bootModes(vm), media: b.cdiInstalledRecently(ctx)}, nil
 }
 
 // read returns the VM and its VMI (nil when there is none).

@@ -50,7 +50,8 @@ func (m *Machine) BootOverride(ctx context.Context) (machine.BootOverride, error
 }
 
 // SetBootOverride rewrites the VM's bootOrder for the target, keeping the
-// order it replaces to restore when the override ends.
+// order it replaces to restore when the override ends, and its firmware
+// for another mode.
 func (m *Machine) SetBootOverride(ctx context.Context, o machine.BootOverride) error {
 	if err := m.Capabilities().CheckBootOverride(o); err != nil {
 		return err
@@ -61,12 +62,18 @@ func (m *Machine) SetBootOverride(ctx context.Context, o machine.BootOverride) e
 	defer m.b.restartMu.Unlock()
 	restart := false
 	vmi, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
-		if mode := bootMode(vm); o.Mode != mode {
-			return false, machine.Errorf(machine.ErrNotSupported, "boot mode %s: the VM's firmware is %s", o.Mode, mode)
+		fw := firmwareOf(&vm.Spec.Template.Spec)
+		fw.Mode = o.Mode
+		if err := fw.Check(m.Capabilities()); err != nil {
+			return false, err
+		}
+		modeChanged, err := applyFirmware(vm, fw)
+		if err != nil {
+			return false, err
 		}
 		changed, err := applyOverride(vm, vmi, o)
 		restart = err == nil && startsWithoutOverride(vm, vmi)
-		return changed, err
+		return changed || modeChanged, err
 	})
 	if err != nil || !restart {
 		return err
@@ -296,14 +303,6 @@ func diskTarget(d kubevirtv1.Disk) machine.BootTarget {
 		return machine.BootCd
 	}
 	return machine.BootHdd
-}
-
-// bootMode is the VM's firmware interface: EFI, or BIOS by default.
-func bootMode(vm *kubevirtv1.VirtualMachine) machine.BootMode {
-	if fw := vm.Spec.Template.Spec.Domain.Firmware; fw != nil && fw.Bootloader != nil && fw.Bootloader.EFI != nil {
-		return machine.BootModeUEFI
-	}
-	return machine.BootModeLegacy
 }
 
 func setAnnotation(vm *kubevirtv1.VirtualMachine, key, value string) {

@@ -13,7 +13,7 @@ import (
 // when Backend.Machine returned it; everything else reads the VM anew.
 type Machine struct {
 	b     *Backend
-	mode  machine.BootMode
+	modes []machine.BootMode
 	media bool
 }
 
@@ -29,12 +29,12 @@ var resetTypes = []machine.ResetType{
 }
 
 // Capabilities lists the resets KubeVirt can do, the boot targets a VM's
-// bootOrder can express, and the VM's one firmware mode.
+// bootOrder can express, and the firmware modes of the VM's architecture.
 func (m *Machine) Capabilities() machine.Capabilities {
 	return machine.Capabilities{
 		ResetTypes:   resetTypes,
 		BootTargets:  []machine.BootTarget{machine.BootPxe, machine.BootHdd, machine.BootCd},
-		BootModes:    []machine.BootMode{m.mode},
+		BootModes:    m.modes,
 		VirtualMedia: m.media,
 	}
 }

@@ -42,6 +42,10 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"disabled override clears", testBootDisabled},
 		{"invalid arguments", testInvalid},
 		{"virtual media", testMedia},
+		{"firmware applies at the next boot", testFirmware},
+		{"boot mode is the firmware's", testBootModeIsFirmware},
+		{"refused firmware changes nothing", testFirmwareRefused},
+		{"locator light", testLocator},
 		{"every write changes the state version", testStateVersion},
 	}
 	for _, tc := range tests {
@@ -379,7 +383,7 @@ func testStateVersion(t *testing.T, s Subject) {
 	}
 	ctx := t.Context()
 	id := s.Machine.ID()
-	mode := s.Machine.Capabilities().BootModes[0]
+	mode := machine.BootModeUEFI // the firmware SetFirmware leaves
 	writes := []struct {
 		name  string
 		write func() error
@@ -390,6 +394,13 @@ func testStateVersion(t *testing.T, s Subject) {
 		}},
 		{"InsertMedia", func() error { return s.Machine.InsertMedia(ctx, "http://images.test/boot.iso") }},
 		{"EjectMedia", func() error { return s.Machine.EjectMedia(ctx) }},
+		{"SetFirmware", func() error {
+			fw := firmware(t, s).Next
+			fw.SecureBoot = !fw.SecureBoot // a change, whatever the machine had
+			return s.Machine.SetFirmware(ctx, fw)
+		}},
+		{"ResetFirmware", func() error { return s.Machine.ResetFirmware(ctx) }},
+		{"SetLocatorActive", func() error { return s.Machine.SetLocatorActive(ctx, true) }},
 		{"Reset ForceOff", func() error { return s.Machine.Reset(ctx, machine.ResetForceOff) }},
 	}
 	for _, w := range writes {
@@ -416,6 +427,136 @@ func testStateVersion(t *testing.T, s Subject) {
 			default:
 				t.Errorf("after %s: the ChangeNotifier's channel is still open", w.name)
 			}
+		}
+	}
+}
+
+func firmware(t *testing.T, s Subject) machine.FirmwareState {
+	t.Helper()
+	st, err := s.Machine.Firmware(t.Context())
+	if err != nil {
+		t.Fatalf("Firmware: %v", err)
+	}
+	return st
+}
+
+func mustSetFirmware(t *testing.T, s Subject, f machine.Firmware) {
+	t.Helper()
+	if err := s.Machine.SetFirmware(t.Context(), f); err != nil {
+		t.Fatalf("SetFirmware(%+v): %v", f, err)
+	}
+}
+
+// testFirmware: a change made while the machine runs is pending until the
+// next boot, then current; ResetFirmware brings back the first firmware.
+func testFirmware(t *testing.T, s Subject) {
+	initial := firmware(t, s)
+	if initial.Pending() {
+		t.Fatalf("an off machine has a pending firmware change: %+v", initial)
+	}
+	secure := machine.Firmware{Mode: machine.BootModeUEFI, SecureBoot: true}
+	mustSetFirmware(t, s, secure)
+	mustSetFirmware(t, s, secure) // again: a no-op
+	if got := firmware(t, s); got.Next != secure || got.Current != secure {
+		t.Fatalf("off: Firmware = %+v after SetFirmware(%+v)", got, secure)
+	}
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	plain := machine.Firmware{Mode: machine.BootModeUEFI}
+	mustSetFirmware(t, s, plain)
+	if got := firmware(t, s); got.Next != plain || got.Current != secure || !got.Pending() {
+		t.Fatalf("running: Firmware = %+v, want next %+v pending over current %+v", got, plain, secure)
+	}
+	before := len(s.Boots())
+	mustReset(t, s, machine.ResetForceRestart)
+	waitBoots(t, s, before+1)
+	waitPower(t, s, machine.PowerOn)
+	poll.True(t, "firmware applied by the restart", func() bool {
+		got, err := s.Machine.Firmware(t.Context())
+		return err == nil && got.Current == plain && !got.Pending()
+	})
+	mustSetFirmware(t, s, secure)
+	if err := s.Machine.ResetFirmware(t.Context()); err != nil {
+		t.Fatalf("ResetFirmware: %v", err)
+	}
+	if got := firmware(t, s); got.Next != initial.Next {
+		t.Fatalf("after ResetFirmware: next %+v, want the first firmware %+v", got.Next, initial.Next)
+	}
+	if err := s.Machine.ResetFirmware(t.Context()); err != nil {
+		t.Fatalf("ResetFirmware again: %v", err)
+	}
+}
+
+// testBootModeIsFirmware: BootOverride's mode is the firmware's, and a
+// SetBootOverride with another mode configures it.
+func testBootModeIsFirmware(t *testing.T, s Subject) {
+	ctx := t.Context()
+	caps := s.Machine.Capabilities()
+	mustSetFirmware(t, s, machine.Firmware{Mode: machine.BootModeUEFI}) // Secure Boot would keep Legacy out
+	for _, mode := range []machine.BootMode{machine.BootModeLegacy, machine.BootModeUEFI} {
+		if !caps.SupportsBootMode(mode) {
+			continue
+		}
+		o := machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootContinuous, Mode: mode}
+		if err := s.Machine.SetBootOverride(ctx, o); err != nil {
+			t.Fatalf("SetBootOverride(%+v): %v", o, err)
+		}
+		if got, err := s.Machine.BootOverride(ctx); err != nil || got != o {
+			t.Fatalf("BootOverride = %+v, %v; want %+v", got, err, o)
+		}
+		if got := firmware(t, s); got.Next.Mode != mode {
+			t.Fatalf("Firmware = %+v after a %s boot override", got, mode)
+		}
+	}
+}
+
+// testFirmwareRefused: Secure Boot without UEFI, unknown or unsupported
+// modes, are refused and change nothing.
+func testFirmwareRefused(t *testing.T, s Subject) {
+	ctx := t.Context()
+	mustSetFirmware(t, s, machine.Firmware{Mode: machine.BootModeUEFI, SecureBoot: true})
+	before := firmware(t, s)
+	cases := []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"secure boot on legacy", func() error {
+			return s.Machine.SetFirmware(ctx, machine.Firmware{Mode: machine.BootModeLegacy, SecureBoot: true})
+		}, machine.ErrConflict},
+		{"legacy boot override under secure boot", func() error {
+			return s.Machine.SetBootOverride(ctx, machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeLegacy})
+		}, machine.ErrConflict},
+		{"unknown mode", func() error { return s.Machine.SetFirmware(ctx, machine.Firmware{Mode: "OpenFirmware"}) }, machine.ErrInvalidArgument},
+	}
+	if !s.Machine.Capabilities().SupportsBootMode(machine.BootModeLegacy) {
+		cases = cases[2:]
+		cases = append(cases, struct {
+			name string
+			call func() error
+			want error
+		}{"unsupported legacy", func() error { return s.Machine.SetFirmware(ctx, machine.Firmware{Mode: machine.BootModeLegacy}) }, machine.ErrNotSupported})
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); !errors.Is(err, tc.want) {
+				t.Fatalf("error = %v, want %v", err, tc.want)
+			}
+			if after := firmware(t, s); after != before {
+				t.Fatalf("a refused call changed the firmware: %+v -> %+v", before, after)
+			}
+		})
+	}
+}
+
+func testLocator(t *testing.T, s Subject) {
+	ctx := t.Context()
+	for _, on := range []bool{false, true, true, false} {
+		if err := s.Machine.SetLocatorActive(ctx, on); err != nil {
+			t.Fatalf("SetLocatorActive(%v): %v", on, err)
+		}
+		if got, err := s.Machine.LocatorActive(ctx); err != nil || got != on {
+			t.Fatalf("LocatorActive = %v, %v; want %v", got, err, on)
 		}
 	}
 }

@@ -167,8 +167,10 @@ type Machine struct {
 
 	mu            sync.Mutex
 	power         machine.PowerState
-	transitionEnd time.Time // when PoweringOn/PoweringOff settles
-	boot          machine.BootOverride
+	transitionEnd time.Time            // when PoweringOn/PoweringOff settles
+	boot          machine.BootOverride // its Mode is firmware.Next.Mode
+	firmware      machine.FirmwareState
+	locator       bool
 	media         machine.VirtualMedia
 	boots         []machine.BootTarget
 	fault         error
@@ -189,6 +191,9 @@ var _ machine.Machine = (*Machine)(nil)
 // defaultBootTarget is what a machine boots from without an override.
 const defaultBootTarget = machine.BootHdd
 
+// defaultFirmware is a new machine's, and what ResetFirmware restores.
+var defaultFirmware = machine.Firmware{Mode: machine.BootModeUEFI}
+
 func newMachine(i int, delay time.Duration, now func() time.Time, changes *machine.Broadcast) *Machine {
 	name := fmt.Sprintf("vm-%d", i)
 	// Identity is derived from the index so it survives a restart of the
@@ -204,7 +209,8 @@ func newMachine(i int, delay time.Duration, now func() time.Time, changes *machi
 		power:      machine.PowerOff,
 		generation: 1,
 		changes:    changes,
-		boot:       machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeUEFI},
+		boot:       machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: defaultFirmware.Mode},
+		firmware:   machine.FirmwareState{Next: defaultFirmware, Current: defaultFirmware},
 		inv: machine.Inventory{
 			Name:         name,
 			UUID:         uuid,
@@ -316,6 +322,7 @@ func (m *Machine) powerOn() {
 		m.boot = machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: m.boot.Mode}
 	}
 	m.boots = append(m.boots, target)
+	m.firmware.Current = m.firmware.Next
 	m.startTransition(true)
 }
 
@@ -370,8 +377,90 @@ func (m *Machine) SetBootOverride(_ context.Context, o machine.BootOverride) err
 	if m.fault != nil {
 		return m.fault
 	}
+	next := m.firmware.Next
+	next.Mode = o.Mode
+	if err := next.Check(m.Capabilities()); err != nil {
+		return err
+	}
 	m.boot = o.Normalize()
+	m.configure(next)
 	m.changed()
+	return nil
+}
+
+// Firmware returns the configured and the running firmware.
+func (m *Machine) Firmware(context.Context) (machine.FirmwareState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return machine.FirmwareState{}, m.fault
+	}
+	m.settle()
+	return m.firmwareState(), nil
+}
+
+// firmwareState is the firmware as a reader sees it: Current is Next
+// while the machine is off. Callers hold mu.
+func (m *Machine) firmwareState() machine.FirmwareState {
+	state := m.firmware
+	if m.power == machine.PowerOff {
+		state.Current = state.Next
+	}
+	state.Product = "in-memory " + string(state.Current.Mode) + " firmware"
+	return state
+}
+
+// SetFirmware configures the next boot's firmware; see
+// machine.FirmwareController.
+func (m *Machine) SetFirmware(_ context.Context, f machine.Firmware) error {
+	if err := f.Check(m.Capabilities()); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return m.fault
+	}
+	m.configure(f)
+	return nil
+}
+
+// ResetFirmware configures the factory firmware for the next boot.
+func (m *Machine) ResetFirmware(ctx context.Context) error {
+	return m.SetFirmware(ctx, defaultFirmware)
+}
+
+// configure makes f the next boot's firmware. Callers hold mu.
+func (m *Machine) configure(f machine.Firmware) {
+	if m.firmware.Next == f {
+		return
+	}
+	m.firmware.Next = f
+	m.boot.Mode = f.Mode
+	m.changed()
+}
+
+// LocatorActive reports the locator light.
+func (m *Machine) LocatorActive(context.Context) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return false, m.fault
+	}
+	return m.locator, nil
+}
+
+// SetLocatorActive switches the locator light.
+func (m *Machine) SetLocatorActive(_ context.Context, on bool) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return m.fault
+	}
+	if m.locator != on {
+		m.locator = on
+		m.changed()
+	}
 	return nil
 }
 

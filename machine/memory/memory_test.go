@@ -94,6 +94,13 @@ func TestFault(t *testing.T) {
 		"VirtualMedia": func() error { _, err := m.VirtualMedia(ctx); return err },
 		"InsertMedia":  func() error { return m.InsertMedia(ctx, "http://x/y.iso") },
 		"EjectMedia":   func() error { return m.EjectMedia(ctx) },
+		"Firmware":     func() error { _, err := m.Firmware(ctx); return err },
+		"SetFirmware": func() error {
+			return m.SetFirmware(ctx, machine.Firmware{Mode: machine.BootModeLegacy})
+		},
+		"ResetFirmware":    func() error { return m.ResetFirmware(ctx) },
+		"LocatorActive":    func() error { _, err := m.LocatorActive(ctx); return err },
+		"SetLocatorActive": func() error { return m.SetLocatorActive(ctx, true) },
 	}
 	for name, call := range calls {
 		t.Run(name, func(t *testing.T) {

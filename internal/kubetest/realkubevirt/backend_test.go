@@ -316,3 +316,70 @@ func BenchmarkConcurrentReset(b *testing.B) {
 	}
 	b.ReportMetric(float64(failures), "errors")
 }
+
+// Boot mode Legacy → UEFI, then Secure Boot, written by the backend with
+// the per-VM Role: virt-api's VM validator accepts each write (Secure Boot
+// needs SMM), the VMI KubeVirt starts carries them, and ResetFirmware puts
+// the VM's own BIOS back.
+func TestFirmwareOnRealKubeVirt(t *testing.T) {
+	ctx := context.Background()
+	ns, key := newHaltedVM(t)
+	m := bmcMachine(t, ns, "vm")
+	legacy := machine.Firmware{Mode: machine.BootModeLegacy}
+	if got, err := m.Firmware(ctx); err != nil || got.Next != legacy {
+		t.Fatalf("Firmware = %+v, %v; want %+v", got, err, legacy)
+	}
+	// BootSourceOverrideMode alone: no device override, the firmware only.
+	uefi := machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: machine.BootModeUEFI}
+	if err := m.SetBootOverride(ctx, uefi); err != nil {
+		t.Fatalf("SetBootOverride(%+v): %v", uefi, err)
+	}
+	secure := machine.Firmware{Mode: machine.BootModeUEFI, SecureBoot: true}
+	if err := m.SetFirmware(ctx, secure); err != nil {
+		t.Fatalf("SetFirmware(%+v): %v", secure, err)
+	}
+	if err := m.SetLocatorActive(ctx, true); err != nil {
+		t.Fatalf("SetLocatorActive: %v", err)
+	}
+	if err := m.Reset(ctx, machine.ResetOn); err != nil {
+		t.Fatalf("Reset On: %v", err)
+	}
+	waitPower(t, m, key, machine.PowerOn)
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	if err := cluster.Client.Get(ctx, key, vmi); err != nil {
+		t.Fatal(err)
+	}
+	domain := vmi.Spec.Domain
+	if fw := domain.Firmware; fw == nil || fw.Bootloader == nil || fw.Bootloader.EFI == nil || !ptr.Deref(fw.Bootloader.EFI.SecureBoot, true) {
+		t.Errorf("VMI firmware %+v, want EFI with Secure Boot", domain.Firmware)
+	}
+	if domain.Features == nil || domain.Features.SMM == nil || !ptr.Deref(domain.Features.SMM.Enabled, true) {
+		t.Errorf("VMI features %+v, want SMM enabled", domain.Features)
+	}
+	if got, err := m.Firmware(ctx); err != nil || got.Current != secure || got.Pending() {
+		t.Errorf("running: Firmware = %+v, %v; want current %+v", got, err, secure)
+	}
+	if on, err := m.LocatorActive(ctx); err != nil || !on {
+		t.Errorf("LocatorActive = %v, %v; want true", on, err)
+	}
+	if err := m.ResetFirmware(ctx); err != nil {
+		t.Fatalf("ResetFirmware: %v", err)
+	}
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := cluster.Client.Get(ctx, key, vm); err != nil {
+		t.Fatal(err)
+	}
+	if fw := vm.Spec.Template.Spec.Domain.Firmware; fw != nil && fw.Bootloader != nil {
+		t.Errorf("after ResetFirmware: bootloader %+v, want the VM's own (none)", fw.Bootloader)
+	}
+	if got, err := m.Firmware(ctx); err != nil || got.Next != legacy || got.Current != secure {
+		t.Errorf("after ResetFirmware: Firmware = %+v, %v; want next %+v while the VMI runs %+v", got, err, legacy, secure)
+	}
+	// The validator is the one that matters: Secure Boot without SMM is
+	// refused, so the backend's writes above were checked.
+	vm.Spec.Template.Spec.Domain.Firmware.Bootloader = &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(true)}}
+	vm.Spec.Template.Spec.Domain.Features = &kubevirtv1.Features{SMM: &kubevirtv1.FeatureState{Enabled: ptr.To(false)}}
+	if err := cluster.Client.Update(ctx, vm); err == nil {
+		t.Errorf("virt-api accepted Secure Boot without SMM: the check above proves nothing")
+	}
+}

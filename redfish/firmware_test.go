@@ -1,0 +1,218 @@
+package redfish_test
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+)
+
+const (
+	bios0         = system0 + "/Bios"
+	biosSettings0 = bios0 + "/Settings"
+	secureBoot0   = system0 + "/SecureBoot"
+)
+
+// firmwareSnapshot is every body a firmware or locator write could change.
+func firmwareSnapshot(f *fixture) [][]byte {
+	var bodies [][]byte
+	for _, path := range []string{system0, bios0, biosSettings0, secureBoot0, "/redfish/v1/Chassis/vm-0"} {
+		bodies = append(bodies, f.do(asAdmin("GET", path, "")).raw)
+	}
+	return bodies
+}
+
+// TestFirmwareBadInputChangesNothing: each refused write answers its Base
+// message and leaves every resource as it was, valid parts of the body
+// included.
+func TestFirmwareBadInputChangesNothing(t *testing.T) {
+	legacy := func(f *fixture) {
+		patchOK(f, biosSettings0, `{"Attributes":{"BootMode":"Legacy","SecureBoot":"Disabled"}}`)
+	}
+	secure := func(f *fixture) { patchOK(f, secureBoot0, `{"SecureBootEnable":true}`) }
+	stale := func(method, path, body string) request {
+		r := asAdmin(method, path, body)
+		r.headers = map[string]string{"If-Match": `"stale"`}
+		return r
+	}
+	tests := []struct {
+		name       string
+		setup      func(*fixture)
+		req        request
+		wantStatus int
+		wantIDs    []string
+	}{
+		{"unknown attribute", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":{"TurboMode":"Enabled"}}`), 400, []string{"PropertyUnknown"}},
+		{"attribute of wrong type", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":1}}`), 400, []string{"PropertyValueTypeError"}},
+		{"attribute value not allowed", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":{"SecureBoot":"Sometimes"}}`), 400, []string{"PropertyValueNotInList"}},
+		{"read-only attribute", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":{"ProcessorCores":64}}`), 400, []string{"PropertyNotWritable"}},
+		{"Attributes not an object", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":"BootMode=Legacy"}`), 400, []string{"PropertyValueTypeError"}},
+		{"valid and unknown together", nil, asAdmin("PATCH", biosSettings0, `{"Id":"x","Attributes":{"BootMode":"Legacy","Colour":"red"}}`), 400,
+			[]string{"PropertyNotWritable", "PropertyUnknown"}},
+		{"stale If-Match on Bios settings", nil, stale("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`), 412, []string{"PreconditionFailed"}},
+		{"legacy under Secure Boot", secure, asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`), 409, []string{"PropertyValueResourceConflict"}},
+		{"current Bios is read-only", nil, asAdmin("PATCH", bios0, `{"Attributes":{"BootMode":"Legacy"}}`), 405, []string{"OperationNotAllowed"}},
+		{"ResetBios with a parameter", nil, asAdmin("POST", bios0+"/Actions/Bios.ResetBios", `{"Now":true}`), 400, []string{"ActionParameterUnknown"}},
+
+		{"SecureBootEnable of wrong type", nil, asAdmin("PATCH", secureBoot0, `{"SecureBootEnable":"yes"}`), 400, []string{"PropertyValueTypeError"}},
+		{"SecureBootCurrentBoot is read-only", nil, asAdmin("PATCH", secureBoot0, `{"SecureBootCurrentBoot":"Enabled"}`), 400, []string{"PropertyNotWritable"}},
+		{"Secure Boot on Legacy", legacy, asAdmin("PATCH", secureBoot0, `{"SecureBootEnable":true}`), 409, []string{"PropertyValueResourceConflict"}},
+		{"stale If-Match on SecureBoot", nil, stale("PATCH", secureBoot0, `{"SecureBootEnable":true}`), 412, []string{"PreconditionFailed"}},
+		{"ResetKeys", nil, asAdmin("POST", secureBoot0+"/Actions/SecureBoot.ResetKeys", `{"ResetKeysType":"ResetAllKeysToDefault"}`), 400, []string{"ActionNotSupported"}},
+
+		{"boot mode Legacy under Secure Boot", secure, asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideMode":"Legacy"}}`), 409, []string{"PropertyValueResourceConflict"}},
+		{"locator of wrong type", nil, asAdmin("PATCH", system0, `{"LocationIndicatorActive":"on"}`), 400, []string{"PropertyValueTypeError"}},
+		{"blinking LED", nil, asAdmin("PATCH", system0, `{"IndicatorLED":"Blinking"}`), 400, []string{"PropertyValueNotInList"}},
+		{"locator with a bad boot", nil, asAdmin("PATCH", system0, `{"LocationIndicatorActive":true,"Boot":{"BootSourceOverrideTarget":"Floppy"}}`), 400, []string{"PropertyValueNotInList"}},
+		{"stale If-Match on the locator", nil, stale("PATCH", system0, `{"LocationIndicatorActive":true}`), 412, []string{"PreconditionFailed"}},
+		{"chassis read-only property", nil, asAdmin("PATCH", "/redfish/v1/Chassis/vm-0", `{"LocationIndicatorActive":true,"ChassisType":"Rack"}`), 400, []string{"PropertyNotWritable"}},
+		{"chassis locator of wrong type", nil, asAdmin("PATCH", "/redfish/v1/Chassis/vm-0", `{"IndicatorLED":true}`), 400, []string{"PropertyValueTypeError"}},
+		{"stale If-Match on the chassis", nil, stale("PATCH", "/redfish/v1/Chassis/vm-0", `{"LocationIndicatorActive":true}`), 412, []string{"PreconditionFailed"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			if tt.setup != nil {
+				tt.setup(f)
+			}
+			before := firmwareSnapshot(f)
+			res := f.do(tt.req)
+			if res.status != tt.wantStatus {
+				t.Fatalf("status %d, want %d: %s", res.status, tt.wantStatus, res.raw)
+			}
+			got := messageIDs(t, res)
+			var want []string
+			for _, id := range tt.wantIDs {
+				want = append(want, "Base.1.19."+id)
+			}
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("MessageIds = %v, want %v", got, want)
+			}
+			for i, after := range firmwareSnapshot(f) {
+				if !bytes.Equal(before[i], after) {
+					t.Errorf("a refused request changed a resource:\nbefore %s\nafter  %s", before[i], after)
+				}
+			}
+		})
+	}
+}
+
+func patchOK(f *fixture, path, body string) response {
+	f.t.Helper()
+	res := f.do(asAdmin("PATCH", path, body))
+	if res.status != 200 {
+		f.t.Fatalf("PATCH %s %s: %d %s", path, body, res.status, res.raw)
+	}
+	return res
+}
+
+// TestFirmwareAppliesAtReset: while the machine runs, a Bios or SecureBoot
+// change waits in Bios/Settings, the answer asks for a reset, and the
+// reset makes it current; while it is off the next power-on applies it.
+func TestFirmwareAppliesAtReset(t *testing.T) {
+	f := newFixture(t, nil)
+	attr := func(path, name string) any { return lookup(f.do(asAdmin("GET", path, "")).json, "Attributes", name) }
+	get := func(path string, keys ...string) any { return lookup(f.do(asAdmin("GET", path, "")).json, keys...) }
+	success := []string{"Base.1.19.Success"}
+	resetRequired := []string{"Base.1.19.Success", "Base.1.19.ResetRequired"}
+
+	res := patchOK(f, secureBoot0, `{"SecureBootEnable":true}`)
+	if ids := extendedIDs(res.json); !slices.Equal(ids, success) {
+		t.Errorf("off: messages %v, want %v", ids, success)
+	}
+	if got := attr(bios0, "SecureBoot"); got != "Enabled" {
+		t.Errorf("off: current SecureBoot %v, want Enabled: nothing runs that differs", got)
+	}
+	if res := f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`)); res.status != 204 {
+		t.Fatalf("On: %d %s", res.status, res.raw)
+	}
+	etag := f.do(asAdmin("GET", biosSettings0, "")).header.Get("ETag")
+	patch := asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy","SecureBoot":"Disabled"}}`)
+	patch.headers = map[string]string{"If-Match": etag}
+	res = f.do(patch)
+	if res.status != 200 {
+		t.Fatalf("PATCH with the current ETag: %d %s", res.status, res.raw)
+	}
+	if ids := extendedIDs(res.json); !slices.Equal(ids, resetRequired) {
+		t.Errorf("running: messages %v, want %v", ids, resetRequired)
+	}
+	checks := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"pending BootMode", attr(biosSettings0, "BootMode"), "Legacy"},
+		{"current BootMode", attr(bios0, "BootMode"), "UEFI"},
+		{"current SecureBoot", get(secureBoot0, "SecureBootCurrentBoot"), "Enabled"},
+		{"next SecureBoot", get(secureBoot0, "SecureBootEnable"), false},
+		{"next boot's mode", get(system0, "Boot", "BootSourceOverrideMode"), "Legacy"},
+		{"BiosVersion of the running boot", get(system0, "BiosVersion"), "in-memory UEFI firmware"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("before the reset: %s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if res := f.do(asAdmin("POST", reset0, `{"ResetType":"ForceRestart"}`)); res.status != 204 {
+		t.Fatalf("ForceRestart: %d %s", res.status, res.raw)
+	}
+	if got, version := attr(bios0, "BootMode"), get(system0, "BiosVersion"); got != "Legacy" || version != "in-memory Legacy firmware" {
+		t.Errorf("after the reset: current BootMode %v, BiosVersion %v; want Legacy", got, version)
+	}
+	res = f.do(asAdmin("POST", bios0+"/Actions/Bios.ResetBios", ""))
+	if res.status != 200 || !slices.Equal(extendedIDs(res.json), resetRequired) {
+		t.Errorf("ResetBios: %d %v, want 200 %v", res.status, extendedIDs(res.json), resetRequired)
+	}
+	if got := attr(biosSettings0, "BootMode"); got != "UEFI" {
+		t.Errorf("after ResetBios: pending BootMode %v, want the default UEFI", got)
+	}
+}
+
+// TestLocator: both spellings, on the system or its chassis, write the one
+// light, shown on both as LocationIndicatorActive (IndicatorLED is
+// deprecated).
+func TestLocator(t *testing.T) {
+	f := newFixture(t, nil)
+	steps := []struct {
+		path   string
+		body   string
+		active bool
+	}{
+		{system0, `{"LocationIndicatorActive":true}`, true},
+		{system0, `{"IndicatorLED":"Off"}`, false},
+		{system0, `{"IndicatorLED":"Lit"}`, true},
+		{system0, `{"LocationIndicatorActive":false,"IndicatorLED":"Lit"}`, false},
+		{"/redfish/v1/Chassis/vm-0", `{"LocationIndicatorActive":true}`, true},
+		{"/redfish/v1/Chassis/vm-0", `{"IndicatorLED":"Off"}`, false},
+	}
+	for _, step := range steps {
+		patchOK(f, step.path, step.body)
+		for _, path := range []string{system0, "/redfish/v1/Chassis/vm-0"} {
+			body := f.do(asAdmin("GET", path, "")).json
+			if body["LocationIndicatorActive"] != step.active {
+				t.Errorf("after %s: %s shows LocationIndicatorActive %v, want %v", step.body, path, body["LocationIndicatorActive"], step.active)
+			}
+		}
+	}
+}
+
+// TestSystemETagSurvivesFirmwareTakingEffect: a power-off that makes a
+// pending firmware current changes BiosVersion, which is not a setting, so
+// a Boot PATCH with the ETag read before it still applies (MaaS's
+// ForceOff, PATCH, On).
+func TestSystemETagSurvivesFirmwareTakingEffect(t *testing.T) {
+	f := newFixture(t, nil)
+	f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`))
+	patchOK(f, biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`)
+	before := f.do(asAdmin("GET", system0, ""))
+	f.do(asAdmin("POST", reset0, `{"ResetType":"ForceOff"}`))
+	if after := f.do(asAdmin("GET", system0, "")); after.json["BiosVersion"] == before.json["BiosVersion"] {
+		t.Fatalf("BiosVersion %v before and after the firmware took effect", after.json["BiosVersion"])
+	}
+	patch := asAdmin("PATCH", system0, `{"Boot":{"BootSourceOverrideTarget":"Pxe"}}`)
+	patch.headers = map[string]string{"If-Match": before.header.Get("ETag")}
+	if res := f.do(patch); res.status != 200 {
+		t.Fatalf("PATCH with the ETag from before the power-off: %d %s", res.status, res.raw)
+	}
+}
