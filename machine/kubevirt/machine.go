@@ -104,10 +104,10 @@ func (b *Backend) powerOn(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if stopping(vm, vmi) {
+	if endingOrEnded(vm, vmi) {
 		// Once a VMI stopped under RerunOnFailure is gone, virt-controller
-		// leaves the VM off, and virt-api refuses start while the VMI is
-		// there: restart keeps the stop and asks for a start after it.
+		// leaves the VM off, and virt-api refuses start while the VMI runs:
+		// restart keeps the stop and asks for a start after it.
 		result, err := b.callSubresource(ctx, "restart", &kubevirtv1.RestartOptions{})
 		if err != nil || result == subresourceDone || result == subresourceNotServed {
 			return err
@@ -140,13 +140,13 @@ func stoppedForGood(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachin
 	return vmi == nil || vmi.Status.Phase == kubevirtv1.Succeeded
 }
 
-// stopping reports whether the VM's VMI is on its way out: being deleted,
-// or asked to stop, and not yet ended.
-func stopping(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
-	if vmi == nil || vmi.IsFinal() {
+// endingOrEnded reports whether the VM has a VMI that ended, or is on its
+// way out: being deleted or asked to stop.
+func endingOrEnded(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) bool {
+	if vmi == nil {
 		return false
 	}
-	if vmi.DeletionTimestamp != nil {
+	if vmi.IsFinal() || vmi.DeletionTimestamp != nil {
 		return true
 	}
 	for _, r := range vm.Status.StateChangeRequests {
