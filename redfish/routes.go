@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/gorilla/mux"
 
@@ -141,15 +142,11 @@ func (s *Server) routes() []route {
 	}
 }
 
-// newRouter registers one mux route per path; the methods of that path are
-// dispatched here, so 405 and Allow come straight from the table. Every GET
-// row also answers HEAD (RFC 9110: GET without the body), and every path
-// answers OPTIONS with its methods.
-func (s *Server) newRouter() *mux.Router {
-	router := mux.NewRouter()
-	// Unclean paths get a 404, not a redirect that a BMC client would not
-	// follow.
-	router.SkipClean(true)
+// newEndpoints makes one endpoint per path; the methods of that path are
+// dispatched there, so 405 and Allow come straight from the table. Every
+// GET row also answers HEAD (RFC 9110: GET without the body), and every
+// path answers OPTIONS with its methods.
+func (s *Server) newEndpoints() map[string]http.Handler {
 	byPath := map[string][]route{}
 	var paths []string
 	for _, rt := range s.routes() {
@@ -163,13 +160,54 @@ func (s *Server) newRouter() *mux.Router {
 			byPath[rt.path] = append(byPath[rt.path], head)
 		}
 	}
+	endpoints := make(map[string]http.Handler, len(paths))
 	for _, p := range paths {
 		routes := byPath[p]
 		routes = append(routes, route{http.MethodOptions, p, optionsPrivilege(routes), answerOptions, nil, perRequest})
-		router.Handle(p, s.endpoint(routes))
+		endpoints[p] = s.endpoint(routes)
 	}
-	router.NotFoundHandler = http.HandlerFunc(s.notFound)
-	return router
+	s.paths = pathMatcher(paths)
+	return endpoints
+}
+
+// The path templates are the same for every Server, and a mux router
+// compiles regular expressions for each (about 400 KB): one matcher serves
+// every Server of the process, which may be one per VM.
+var (
+	pathMatcherOnce sync.Once
+	sharedPaths     *mux.Router
+)
+
+// pathMatcher is the process's matcher of the routes' path templates.
+func pathMatcher(paths []string) *mux.Router {
+	pathMatcherOnce.Do(func() {
+		router := mux.NewRouter()
+		// Unclean paths get a 404, not a redirect that a BMC client would
+		// not follow.
+		router.SkipClean(true)
+		for _, p := range paths {
+			router.NewRoute().Path(p)
+		}
+		sharedPaths = router
+	})
+	return sharedPaths
+}
+
+// serveEndpoint serves r with this Server's endpoint of the path template
+// r's path matches, with the template's variables.
+func (s *Server) serveEndpoint(w http.ResponseWriter, r *http.Request) {
+	var match mux.RouteMatch
+	if !s.paths.Match(r, &match) {
+		s.notFound(w, r)
+		return
+	}
+	template, err := match.Route.GetPathTemplate()
+	endpoint, ok := s.endpoints[template]
+	if err != nil || !ok {
+		s.notFound(w, r)
+		return
+	}
+	endpoint.ServeHTTP(w, mux.SetURLVars(r, match.Vars))
 }
 
 // optionsPrivilege lets OPTIONS through without credentials where some

@@ -125,12 +125,15 @@ type Server struct {
 	retryAfter  time.Duration
 	serviceUUID string
 	metadata    []byte
-	router      *mux.Router
-	observer    Observer
-	audit       *auditlog.Log
-	now         func() time.Time
-	ready       machine.Readiness // nil when the backend is always ready
-	versioned   machine.Versioned // nil when the backend cannot say when machines change
+	// paths matches request paths to the templates of endpoints, one
+	// per path.
+	paths     *mux.Router
+	endpoints map[string]http.Handler
+	observer  Observer
+	audit     *auditlog.Log
+	now       func() time.Time
+	ready     machine.Readiness // nil when the backend is always ready
+	versioned machine.Versioned // nil when the backend cannot say when machines change
 
 	// events are the machines' changes the EventService streams.
 	events      *events.Feed
@@ -250,7 +253,7 @@ func NewServer(cfg Config) (*Server, error) {
 	// Every write this service makes is logged, with the actor serveRoute
 	// puts in its context, and its change is an event before it returns.
 	s.backend = machine.InterceptBackend(cfg.Backend, machine.Chain(s.audit.Intercept, s.watcher.Intercept))
-	s.router = s.newRouter()
+	s.endpoints = s.newEndpoints()
 	return s, nil
 }
 
@@ -354,7 +357,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.serveKept(rec, r) {
 		return
 	}
-	s.router.ServeHTTP(rec, r)
+	s.serveEndpoint(rec, r)
 }
 
 // notReady says why r cannot be served yet: until the backend is ready
