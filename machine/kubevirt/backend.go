@@ -145,8 +145,9 @@ func (b *Backend) Ready() error {
 }
 
 // backendScheme has only the kinds the backend reads and writes: every
-// registered kind costs memory in every BMC pod.
-func backendScheme() *runtime.Scheme {
+// registered kind costs memory in every BMC pod. One serves every backend
+// of the process (a scheme is read-only once built).
+var backendScheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme, corev1.AddToScheme,
@@ -156,7 +157,7 @@ func backendScheme() *runtime.Scheme {
 		}
 	}
 	return s
-}
+})
 
 // New creates the backend for the VM namespace/vmName. It does not contact
 // the API server; Start does.
