@@ -45,11 +45,7 @@ func TestRBACObjects(t *testing.T) {
 			rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
 			var forcing []string // subresources.kubevirt.io resources granted
 			for _, r := range rules {
-				rule := r.(map[string]any)
-				groups, _, _ := unstructured.NestedStringSlice(rule, "apiGroups")
-				resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
-				names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
-				verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+				groups, resources, names, verbs := ruleFields(r)
 				if slices.Contains(groups, "subresources.kubevirt.io") {
 					forcing = append(forcing, resources...)
 					if !slices.Equal(names, []string{tc.params.VMName}) || !slices.Equal(verbs, []string{"update"}) {
@@ -120,10 +116,7 @@ func TestSharedRBAC(t *testing.T) {
 			for _, o := range objs[1:] {
 				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
 				for _, r := range rules {
-					rule := r.(map[string]any)
-					resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
-					names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
-					verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+					_, resources, names, verbs := ruleFields(r)
 					var want []string
 					switch resources[0] {
 					case "virtualmachines", "virtualmachineinstances", "virtualmachines/start":
@@ -206,17 +199,23 @@ func TestSharedRoleWritesOnlyItsVMs(t *testing.T) {
 // resourceNames never matches.
 func grants(rules []any, group, resource, verb, name string) bool {
 	for _, r := range rules {
-		rule := r.(map[string]any)
-		groups, _, _ := unstructured.NestedStringSlice(rule, "apiGroups")
-		resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
-		verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
-		names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+		groups, resources, names, verbs := ruleFields(r)
 		if slices.Contains(groups, group) && slices.Contains(resources, resource) && slices.Contains(verbs, verb) &&
 			(len(names) == 0 || name != "" && slices.Contains(names, name)) {
 			return true
 		}
 	}
 	return false
+}
+
+// ruleFields are a rendered rule's lists.
+func ruleFields(r any) (groups, resources, names, verbs []string) {
+	rule := r.(map[string]any)
+	groups, _, _ = unstructured.NestedStringSlice(rule, "apiGroups")
+	resources, _, _ = unstructured.NestedStringSlice(rule, "resources")
+	names, _, _ = unstructured.NestedStringSlice(rule, "resourceNames")
+	verbs, _, _ = unstructured.NestedStringSlice(rule, "verbs")
+	return groups, resources, names, verbs
 }
 
 func TestRBACRejectsBadNames(t *testing.T) {
