@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/gorilla/mux"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/events"
@@ -125,15 +124,11 @@ type Server struct {
 	retryAfter  time.Duration
 	serviceUUID string
 	metadata    []byte
-	// paths matches request paths to the templates of endpoints, one
-	// per path.
-	paths     *mux.Router
-	endpoints map[string]http.Handler
-	observer  Observer
-	audit     *auditlog.Log
-	now       func() time.Time
-	ready     machine.Readiness // nil when the backend is always ready
-	versioned machine.Versioned // nil when the backend cannot say when machines change
+	observer    Observer
+	audit       *auditlog.Log
+	now         func() time.Time
+	ready       machine.Readiness // nil when the backend is always ready
+	versioned   machine.Versioned // nil when the backend cannot say when machines change
 
 	// events are the machines' changes the EventService streams.
 	events      *events.Feed
@@ -253,7 +248,6 @@ func NewServer(cfg Config) (*Server, error) {
 	// Every write this service makes is logged, with the actor serveRoute
 	// puts in its context, and its change is an event before it returns.
 	s.backend = machine.InterceptBackend(cfg.Backend, machine.Chain(s.audit.Intercept, s.watcher.Intercept))
-	s.endpoints = s.newEndpoints()
 	return s, nil
 }
 
