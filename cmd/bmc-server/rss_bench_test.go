@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,7 +155,9 @@ func startBMCServer(b *testing.B, binary, dir string, env []string, args ...stri
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	var once sync.Once
+	stop := func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
+	b.Cleanup(stop) // also when the benchmark fails before its caller can stop it
 	base := bannerURL(b, stdout)
 	return cmd, base, stderr, stop
 }
