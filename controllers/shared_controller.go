@@ -259,9 +259,11 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 }
 
 // sharedMemoryPerVM is what each VM adds to the shared bmc-server's
-// memory: 0.66 MB measured (cmd/bmc-server BenchmarkSharedRSS: each VM
-// has its own informers and Redfish service), with headroom.
-var sharedMemoryPerVM = resource.MustParse("1Mi")
+// memory: 115 to 160 KB measured from 100 to 2,000 VMs (cmd/bmc-server
+// BenchmarkSharedRSS: the namespace's informers are shared, each VM has
+// its backend and Redfish service), with headroom for the cached VMs of
+// the namespace that are not served.
+var sharedMemoryPerVM = resource.MustParse("256Ki")
 
 // sharedResources sizes the shared bmc-server for vms VMs: one BMC pod's
 // resources plus sharedMemoryPerVM for each VM, counted in powers of two

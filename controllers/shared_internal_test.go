@@ -12,10 +12,10 @@ func TestSharedResourcesGrowWithTheVMs(t *testing.T) {
 		vms            int
 		request, limit string
 	}{
-		{vms: 1, request: "48Mi", limit: "112Mi"},
-		{vms: 16, request: "48Mi", limit: "112Mi"},
-		{vms: 17, request: "64Mi", limit: "128Mi"},
-		{vms: 1000, request: "1056Mi", limit: "1120Mi"},
+		{vms: 1, request: "36Mi", limit: "100Mi"},
+		{vms: 16, request: "36Mi", limit: "100Mi"},
+		{vms: 17, request: "40Mi", limit: "104Mi"},
+		{vms: 1000, request: "288Mi", limit: "352Mi"},
 	}
 	for _, tc := range tests {
 		t.Run(resource.NewQuantity(int64(tc.vms), resource.DecimalSI).String(), func(t *testing.T) {

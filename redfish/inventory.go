@@ -13,6 +13,7 @@ import (
 func processorsPath(systemID string) string { return systemPath(systemID) + "/Processors" }
 func memoryPath(systemID string) string     { return systemPath(systemID) + "/Memory" }
 func storagePath(systemID string) string    { return systemPath(systemID) + "/Storage/" + storageID }
+
 // Drives live under the chassis: Redfish deprecates them under Storage.
 func drivesPath(chassisID string) string { return chassisPath(chassisID) + "/Drives" }
 func drivePath(chassisID string, n int) string {

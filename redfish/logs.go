@@ -45,8 +45,8 @@ func (s *Server) logOf(c *call, o logOwner) (string, error) {
 	return m.ID(), nil
 }
 
-func (s *Server) getLogServices(o logOwner) handlerFunc {
-	return func(c *call) (result, error) {
+func getLogServices(o logOwner) handlerFunc {
+	return func(s *Server, c *call) (result, error) {
 		id, err := s.logOf(c, o)
 		if err != nil {
 			return result{}, err
@@ -56,8 +56,8 @@ func (s *Server) getLogServices(o logOwner) handlerFunc {
 	}
 }
 
-func (s *Server) getLogService(o logOwner) handlerFunc {
-	return func(c *call) (result, error) {
+func getLogService(o logOwner) handlerFunc {
+	return func(s *Server, c *call) (result, error) {
 		id, err := s.logOf(c, o)
 		if err != nil {
 			return result{}, err
@@ -82,8 +82,8 @@ func (s *Server) getLogService(o logOwner) handlerFunc {
 	}
 }
 
-func (s *Server) getLogEntries(o logOwner) handlerFunc {
-	return func(c *call) (result, error) {
+func getLogEntries(o logOwner) handlerFunc {
+	return func(s *Server, c *call) (result, error) {
 		id, err := s.logOf(c, o)
 		if err != nil {
 			return result{}, err
@@ -111,8 +111,8 @@ func entriesETag(entries []auditlog.Entry) string {
 	return fmt.Sprintf(`W/"%d-%d-%d"`, entries[0].ID, len(entries), entries[0].Updated.UnixNano())
 }
 
-func (s *Server) getLogEntry(o logOwner) handlerFunc {
-	return func(c *call) (result, error) {
+func getLogEntry(o logOwner) handlerFunc {
+	return func(s *Server, c *call) (result, error) {
 		id, err := s.logOf(c, o)
 		if err != nil {
 			return result{}, err
@@ -144,8 +144,8 @@ func logEntryBody(owner string, e auditlog.Entry) map[string]any {
 	return body
 }
 
-func (s *Server) clearLog(o logOwner) handlerFunc {
-	return func(c *call) (result, error) {
+func clearLog(o logOwner) handlerFunc {
+	return func(s *Server, c *call) (result, error) {
 		id, err := s.logOf(c, o)
 		if err != nil {
 			return result{}, err

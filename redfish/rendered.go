@@ -194,7 +194,7 @@ func (s *Server) upToDate(e *rendered) bool {
 // kept: rendered afresh, kept when it is a plain 200, and sent.
 func (s *Server) serveGet(w http.ResponseWriter, r *http.Request, c *call, rt route) {
 	machineID, version, keep := s.renderedVersion(rt, c.vars)
-	res, err := rt.handle(c)
+	res, err := rt.handle(s, c)
 	if err != nil {
 		s.writeError(w, r, asAPIError(err))
 		return

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/gorilla/mux"
 
@@ -36,7 +37,7 @@ type result struct {
 	stream func(w http.ResponseWriter, r *http.Request)
 }
 
-type handlerFunc func(c *call) (result, error)
+type handlerFunc func(s *Server, c *call) (result, error)
 
 // route is one row of the route table: the only place that says which
 // method, path and privilege reach which handler.
@@ -47,13 +48,13 @@ type route struct {
 	handle    handlerFunc
 	// owner, when set, names the account that owns the addressed resource;
 	// that account may use the route without the privilege (ConfigureSelf).
-	owner func(c *call) string
+	owner func(s *Server, c *call) string
 	// rendered says how long a GET's answer stays valid, so that it is
 	// rendered once and then served as bytes.
 	rendered renderScope
 }
 
-func (s *Server) routes() []route {
+func serverRoutes() []route {
 	const (
 		sys     = "/redfish/v1/Systems/{systemID}"
 		mgr     = "/redfish/v1/Managers/{managerID}"
@@ -67,100 +68,106 @@ func (s *Server) routes() []route {
 		mgrLog       = mgr + "/LogServices/" + logServiceID
 	)
 	return []route{
-		{http.MethodGet, "/redfish", privNoAuth, s.getVersions, nil, forLife},
-		{http.MethodGet, "/redfish/v1", privNoAuth, s.getServiceRoot, nil, forLife},
-		{http.MethodGet, "/redfish/v1/$metadata", privNoAuth, s.getMetadata, nil, forLife},
-		{http.MethodGet, "/redfish/v1/odata", privNoAuth, s.getServiceDocument, nil, forLife},
+		{http.MethodGet, "/redfish", privNoAuth, (*Server).getVersions, nil, forLife},
+		{http.MethodGet, "/redfish/v1", privNoAuth, (*Server).getServiceRoot, nil, forLife},
+		{http.MethodGet, "/redfish/v1/$metadata", privNoAuth, (*Server).getMetadata, nil, forLife},
+		{http.MethodGet, "/redfish/v1/odata", privNoAuth, (*Server).getServiceDocument, nil, forLife},
 
-		{http.MethodGet, "/redfish/v1/Systems", privLogin, s.getSystems, nil, whileMachineList},
-		{http.MethodGet, sys, privLogin, s.getSystem, nil, whileMachineState},
-		{http.MethodPatch, sys, privConfigureComponents, s.patchSystem, nil, perRequest},
-		{http.MethodPost, sys + "/Actions/ComputerSystem.Reset", privConfigureComponents, s.resetSystem, nil, perRequest},
-		{http.MethodGet, sys + "/EthernetInterfaces", privLogin, s.getEthernetInterfaces, nil, whileMachineState},
-		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, s.getEthernetInterface, nil, whileMachineState},
-		{http.MethodGet, sys + "/SimpleStorage", privLogin, s.getSimpleStorages, nil, whileMachineState},
-		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, s.getSimpleStorage, nil, whileMachineState},
-		{http.MethodGet, sys + "/Processors", privLogin, s.getProcessors, nil, whileMachineState},
-		{http.MethodGet, sys + "/Processors/{processorID}", privLogin, s.getProcessor, nil, whileMachineState},
-		{http.MethodGet, sys + "/Memory", privLogin, s.getMemoryCollection, nil, whileMachineState},
-		{http.MethodGet, sys + "/Memory/{memoryID}", privLogin, s.getMemory, nil, whileMachineState},
-		{http.MethodGet, sys + "/Storage", privLogin, s.getStorageCollection, nil, whileMachineState},
-		{http.MethodGet, sysStorage, privLogin, s.getStorage, nil, whileMachineState},
-		{http.MethodGet, sysStorage + "/Volumes", privLogin, s.getVolumes, nil, whileMachineState},
-		{http.MethodGet, sysStorage + "/Volumes/{volumeID}", privLogin, s.getVolume, nil, whileMachineState},
-		{http.MethodGet, sys + "/Bios", privLogin, s.getBios, nil, whileMachineState},
-		{http.MethodGet, sys + "/Bios/Settings", privLogin, s.getBiosSettings, nil, whileMachineState},
-		{http.MethodPatch, sys + "/Bios/Settings", privConfigureComponents, s.patchBiosSettings, nil, perRequest},
-		{http.MethodPost, sys + "/Bios/Actions/Bios.ResetBios", privConfigureComponents, s.resetBios, nil, perRequest},
-		{http.MethodGet, sys + "/SecureBoot", privLogin, s.getSecureBoot, nil, whileMachineState},
-		{http.MethodPatch, sys + "/SecureBoot", privConfigureComponents, s.patchSecureBoot, nil, perRequest},
-		{http.MethodPost, sys + "/SecureBoot/Actions/SecureBoot.ResetKeys", privConfigureComponents, s.resetSecureBootKeys, nil, perRequest},
-		{http.MethodGet, sys + "/VirtualMedia", privLogin, s.getVirtualMediaCollection, nil, whileMachineState},
-		{http.MethodGet, sysCD, privLogin, s.getVirtualMedia, nil, whileMachineState},
-		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, s.insertMedia, nil, perRequest},
-		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, s.ejectMedia, nil, perRequest},
+		{http.MethodGet, "/redfish/v1/Systems", privLogin, (*Server).getSystems, nil, whileMachineList},
+		{http.MethodGet, sys, privLogin, (*Server).getSystem, nil, whileMachineState},
+		{http.MethodPatch, sys, privConfigureComponents, (*Server).patchSystem, nil, perRequest},
+		{http.MethodPost, sys + "/Actions/ComputerSystem.Reset", privConfigureComponents, (*Server).resetSystem, nil, perRequest},
+		{http.MethodGet, sys + "/EthernetInterfaces", privLogin, (*Server).getEthernetInterfaces, nil, whileMachineState},
+		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, (*Server).getEthernetInterface, nil, whileMachineState},
+		{http.MethodGet, sys + "/SimpleStorage", privLogin, (*Server).getSimpleStorages, nil, whileMachineState},
+		{http.MethodGet, sys + "/SimpleStorage/{storageID}", privLogin, (*Server).getSimpleStorage, nil, whileMachineState},
+		{http.MethodGet, sys + "/Processors", privLogin, (*Server).getProcessors, nil, whileMachineState},
+		{http.MethodGet, sys + "/Processors/{processorID}", privLogin, (*Server).getProcessor, nil, whileMachineState},
+		{http.MethodGet, sys + "/Memory", privLogin, (*Server).getMemoryCollection, nil, whileMachineState},
+		{http.MethodGet, sys + "/Memory/{memoryID}", privLogin, (*Server).getMemory, nil, whileMachineState},
+		{http.MethodGet, sys + "/Storage", privLogin, (*Server).getStorageCollection, nil, whileMachineState},
+		{http.MethodGet, sysStorage, privLogin, (*Server).getStorage, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Volumes", privLogin, (*Server).getVolumes, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Volumes/{volumeID}", privLogin, (*Server).getVolume, nil, whileMachineState},
+		{http.MethodGet, sys + "/Bios", privLogin, (*Server).getBios, nil, whileMachineState},
+		{http.MethodGet, sys + "/Bios/Settings", privLogin, (*Server).getBiosSettings, nil, whileMachineState},
+		{http.MethodPatch, sys + "/Bios/Settings", privConfigureComponents, (*Server).patchBiosSettings, nil, perRequest},
+		{http.MethodPost, sys + "/Bios/Actions/Bios.ResetBios", privConfigureComponents, (*Server).resetBios, nil, perRequest},
+		{http.MethodGet, sys + "/SecureBoot", privLogin, (*Server).getSecureBoot, nil, whileMachineState},
+		{http.MethodPatch, sys + "/SecureBoot", privConfigureComponents, (*Server).patchSecureBoot, nil, perRequest},
+		{http.MethodPost, sys + "/SecureBoot/Actions/SecureBoot.ResetKeys", privConfigureComponents, (*Server).resetSecureBootKeys, nil, perRequest},
+		{http.MethodGet, sys + "/VirtualMedia", privLogin, (*Server).getVirtualMediaCollection, nil, whileMachineState},
+		{http.MethodGet, sysCD, privLogin, (*Server).getVirtualMedia, nil, whileMachineState},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, (*Server).insertMedia, nil, perRequest},
+		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, (*Server).ejectMedia, nil, perRequest},
 
-		{http.MethodGet, sys + "/LogServices", privLogin, s.getLogServices(systemLogs), nil, perRequest},
-		{http.MethodGet, sysLog, privLogin, s.getLogService(systemLogs), nil, perRequest},
-		{http.MethodGet, sysLog + "/Entries", privLogin, s.getLogEntries(systemLogs), nil, perRequest},
-		{http.MethodGet, sysLog + "/Entries/{entryID}", privLogin, s.getLogEntry(systemLogs), nil, perRequest},
-		{http.MethodPost, sysLog + "/Actions/LogService.ClearLog", privConfigureComponents, s.clearLog(systemLogs), nil, perRequest},
+		{http.MethodGet, sys + "/LogServices", privLogin, getLogServices(systemLogs), nil, perRequest},
+		{http.MethodGet, sysLog, privLogin, getLogService(systemLogs), nil, perRequest},
+		{http.MethodGet, sysLog + "/Entries", privLogin, getLogEntries(systemLogs), nil, perRequest},
+		{http.MethodGet, sysLog + "/Entries/{entryID}", privLogin, getLogEntry(systemLogs), nil, perRequest},
+		{http.MethodPost, sysLog + "/Actions/LogService.ClearLog", privConfigureComponents, clearLog(systemLogs), nil, perRequest},
 
-		{http.MethodGet, "/redfish/v1/Managers", privLogin, s.getManagers, nil, whileMachineList},
-		{http.MethodGet, mgr, privLogin, s.getManager, nil, whileMachineState},
-		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, s.resetManager, nil, perRequest},
-		{http.MethodGet, mgr + "/LogServices", privLogin, s.getLogServices(managerLogs), nil, perRequest},
-		{http.MethodGet, mgrLog, privLogin, s.getLogService(managerLogs), nil, perRequest},
-		{http.MethodGet, mgrLog + "/Entries", privLogin, s.getLogEntries(managerLogs), nil, perRequest},
-		{http.MethodGet, mgrLog + "/Entries/{entryID}", privLogin, s.getLogEntry(managerLogs), nil, perRequest},
-		{http.MethodPost, mgrLog + "/Actions/LogService.ClearLog", privConfigureManager, s.clearLog(managerLogs), nil, perRequest},
+		{http.MethodGet, "/redfish/v1/Managers", privLogin, (*Server).getManagers, nil, whileMachineList},
+		{http.MethodGet, mgr, privLogin, (*Server).getManager, nil, whileMachineState},
+		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, (*Server).resetManager, nil, perRequest},
+		{http.MethodGet, mgr + "/LogServices", privLogin, getLogServices(managerLogs), nil, perRequest},
+		{http.MethodGet, mgrLog, privLogin, getLogService(managerLogs), nil, perRequest},
+		{http.MethodGet, mgrLog + "/Entries", privLogin, getLogEntries(managerLogs), nil, perRequest},
+		{http.MethodGet, mgrLog + "/Entries/{entryID}", privLogin, getLogEntry(managerLogs), nil, perRequest},
+		{http.MethodPost, mgrLog + "/Actions/LogService.ClearLog", privConfigureManager, clearLog(managerLogs), nil, perRequest},
 
-		{http.MethodGet, "/redfish/v1/Chassis", privLogin, s.getChassisCollection, nil, whileMachineList},
-		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, s.getChassis, nil, whileMachineState},
-		{http.MethodPatch, "/redfish/v1/Chassis/{chassisID}", privConfigureComponents, s.patchChassis, nil, perRequest},
-		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives", privLogin, s.getDrives, nil, whileMachineState},
-		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives/{driveID}", privLogin, s.getDrive, nil, whileMachineState},
+		{http.MethodGet, "/redfish/v1/Chassis", privLogin, (*Server).getChassisCollection, nil, whileMachineList},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}", privLogin, (*Server).getChassis, nil, whileMachineState},
+		{http.MethodPatch, "/redfish/v1/Chassis/{chassisID}", privConfigureComponents, (*Server).patchChassis, nil, perRequest},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives", privLogin, (*Server).getDrives, nil, whileMachineState},
+		{http.MethodGet, "/redfish/v1/Chassis/{chassisID}/Drives/{driveID}", privLogin, (*Server).getDrive, nil, whileMachineState},
 
-		{http.MethodGet, eventServicePath, privLogin, s.getEventService, nil, forLife},
-		{http.MethodGet, ssePath, privLogin, s.streamEvents, nil, perRequest},
-		{http.MethodPost, submitTestEventPath, privConfigureManager, s.submitTestEvent, nil, perRequest},
-		{http.MethodGet, subscriptionsPath, privLogin, s.getSubscriptions, nil, perRequest},
-		{http.MethodPost, subscriptionsPath, privConfigureComponents, s.createSubscription, nil, perRequest},
-		{http.MethodPost, subscriptionsPath + "/Members", privConfigureComponents, s.createSubscription, nil, perRequest},
-		{http.MethodGet, subscription, privLogin, s.getSubscription, nil, perRequest},
-		{http.MethodPatch, subscription, privConfigureManager, s.patchSubscription, s.subscriptionOwner, perRequest},
-		{http.MethodDelete, subscription, privConfigureManager, s.deleteSubscription, s.subscriptionOwner, perRequest},
-		{http.MethodPost, subscription + "/Actions/EventDestination.SuspendSubscription", privConfigureManager, s.suspendSubscription, s.subscriptionOwner, perRequest},
-		{http.MethodPost, subscription + "/Actions/EventDestination.ResumeSubscription", privConfigureManager, s.resumeSubscription, s.subscriptionOwner, perRequest},
+		{http.MethodGet, eventServicePath, privLogin, (*Server).getEventService, nil, forLife},
+		{http.MethodGet, ssePath, privLogin, (*Server).streamEvents, nil, perRequest},
+		{http.MethodPost, submitTestEventPath, privConfigureManager, (*Server).submitTestEvent, nil, perRequest},
+		{http.MethodGet, subscriptionsPath, privLogin, (*Server).getSubscriptions, nil, perRequest},
+		{http.MethodPost, subscriptionsPath, privConfigureComponents, (*Server).createSubscription, nil, perRequest},
+		{http.MethodPost, subscriptionsPath + "/Members", privConfigureComponents, (*Server).createSubscription, nil, perRequest},
+		{http.MethodGet, subscription, privLogin, (*Server).getSubscription, nil, perRequest},
+		{http.MethodPatch, subscription, privConfigureManager, (*Server).patchSubscription, (*Server).subscriptionOwner, perRequest},
+		{http.MethodDelete, subscription, privConfigureManager, (*Server).deleteSubscription, (*Server).subscriptionOwner, perRequest},
+		{http.MethodPost, subscription + "/Actions/EventDestination.SuspendSubscription", privConfigureManager, (*Server).suspendSubscription, (*Server).subscriptionOwner, perRequest},
+		{http.MethodPost, subscription + "/Actions/EventDestination.ResumeSubscription", privConfigureManager, (*Server).resumeSubscription, (*Server).subscriptionOwner, perRequest},
 
-		{http.MethodGet, "/redfish/v1/SessionService", privLogin, s.getSessionService, nil, forLife},
-		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, s.getSessions, nil, perRequest},
-		{http.MethodPost, "/redfish/v1/SessionService/Sessions", privNoAuth, s.createSession, nil, perRequest},
+		{http.MethodGet, "/redfish/v1/SessionService", privLogin, (*Server).getSessionService, nil, forLife},
+		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, (*Server).getSessions, nil, perRequest},
+		{http.MethodPost, "/redfish/v1/SessionService/Sessions", privNoAuth, (*Server).createSession, nil, perRequest},
 		// DSP0266: a POST to a collection's Members is a POST to the collection.
-		{http.MethodPost, "/redfish/v1/SessionService/Sessions/Members", privNoAuth, s.createSession, nil, perRequest},
-		{http.MethodGet, session, privConfigureManager, s.getSession, s.sessionOwner, perRequest},
-		{http.MethodDelete, session, privConfigureManager, s.deleteSession, s.sessionOwner, perRequest},
+		{http.MethodPost, "/redfish/v1/SessionService/Sessions/Members", privNoAuth, (*Server).createSession, nil, perRequest},
+		{http.MethodGet, session, privConfigureManager, (*Server).getSession, (*Server).sessionOwner, perRequest},
+		{http.MethodDelete, session, privConfigureManager, (*Server).deleteSession, (*Server).sessionOwner, perRequest},
 
-		{http.MethodGet, "/redfish/v1/AccountService", privLogin, s.getAccountService, nil, forLife},
-		{http.MethodGet, "/redfish/v1/AccountService/Accounts", privLogin, s.getAccounts, nil, perRequest},
-		{http.MethodGet, account, privConfigureUsers, s.getAccount, s.accountOwner, perRequest},
-		{http.MethodGet, "/redfish/v1/AccountService/Roles", privLogin, s.getRoles, nil, forLife},
-		{http.MethodGet, "/redfish/v1/AccountService/Roles/{roleID}", privLogin, s.getRole, nil, forLife},
+		{http.MethodGet, "/redfish/v1/AccountService", privLogin, (*Server).getAccountService, nil, forLife},
+		{http.MethodGet, "/redfish/v1/AccountService/Accounts", privLogin, (*Server).getAccounts, nil, perRequest},
+		{http.MethodGet, account, privConfigureUsers, (*Server).getAccount, (*Server).accountOwner, perRequest},
+		{http.MethodGet, "/redfish/v1/AccountService/Roles", privLogin, (*Server).getRoles, nil, forLife},
+		{http.MethodGet, "/redfish/v1/AccountService/Roles/{roleID}", privLogin, (*Server).getRole, nil, forLife},
 	}
 }
 
-// newRouter registers one mux route per path; the methods of that path are
-// dispatched here, so 405 and Allow come straight from the table. Every GET
-// row also answers HEAD (RFC 9110: GET without the body), and every path
-// answers OPTIONS with its methods.
-func (s *Server) newRouter() *mux.Router {
-	router := mux.NewRouter()
-	// Unclean paths get a 404, not a redirect that a BMC client would not
-	// follow.
-	router.SkipClean(true)
+// endpoint is a path's routes, one per method: 405 and Allow come straight
+// from the table.
+type endpoint struct {
+	routes []route
+	allow  string
+	public bool // no method needs credentials
+}
+
+// endpoints are the service's paths, the same for every Server, and the
+// matcher of their templates, built once for the process: a mux router
+// compiles regular expressions for each template (about 400 KB), and a
+// shared bmc-server has a Server per VM. Every GET row also answers HEAD
+// (RFC 9110: GET without the body), and every path answers OPTIONS with
+// its methods.
+var endpoints = sync.OnceValues(func() (*mux.Router, map[string]*endpoint) {
 	byPath := map[string][]route{}
 	var paths []string
-	for _, rt := range s.routes() {
+	for _, rt := range serverRoutes() {
 		if _, ok := byPath[rt.path]; !ok {
 			paths = append(paths, rt.path)
 		}
@@ -171,13 +178,44 @@ func (s *Server) newRouter() *mux.Router {
 			byPath[rt.path] = append(byPath[rt.path], head)
 		}
 	}
+	matcher := mux.NewRouter()
+	// Unclean paths get a 404, not a redirect that a BMC client would not
+	// follow.
+	matcher.SkipClean(true)
+	byTemplate := make(map[string]*endpoint, len(paths))
 	for _, p := range paths {
 		routes := byPath[p]
 		routes = append(routes, route{http.MethodOptions, p, optionsPrivilege(routes), answerOptions, nil, perRequest})
-		router.Handle(p, s.endpoint(routes))
+		allowed := make([]string, len(routes))
+		for i, rt := range routes {
+			allowed[i] = rt.method
+		}
+		byTemplate[p] = &endpoint{
+			routes: routes,
+			allow:  strings.Join(allowed, ", "),
+			public: !slices.ContainsFunc(routes, func(rt route) bool { return rt.privilege != privNoAuth }),
+		}
+		matcher.NewRoute().Path(p)
 	}
-	router.NotFoundHandler = http.HandlerFunc(s.notFound)
-	return router
+	return matcher, byTemplate
+})
+
+// serveEndpoint serves r with the endpoint whose path template r's path
+// matches, with the template's variables.
+func (s *Server) serveEndpoint(w http.ResponseWriter, r *http.Request) {
+	matcher, byTemplate := endpoints()
+	var match mux.RouteMatch
+	if !matcher.Match(r, &match) {
+		s.notFound(w, r)
+		return
+	}
+	template, err := match.Route.GetPathTemplate()
+	ep, ok := byTemplate[template]
+	if err != nil || !ok {
+		s.notFound(w, r)
+		return
+	}
+	s.serveAt(w, mux.SetURLVars(r, match.Vars), ep)
 }
 
 // optionsPrivilege lets OPTIONS through without credentials where some
@@ -191,41 +229,34 @@ func optionsPrivilege(routes []route) privilege {
 }
 
 // answerOptions is OPTIONS: the Allow header the endpoint sets is the answer.
-func answerOptions(*call) (result, error) { return result{}, nil }
+func answerOptions(*Server, *call) (result, error) { return result{}, nil }
 
-func (s *Server) endpoint(routes []route) http.Handler {
-	allowed := make([]string, len(routes))
-	for i, rt := range routes {
-		allowed[i] = rt.method
+// serveAt serves r with the endpoint's route of its method, or 405.
+func (s *Server) serveAt(w http.ResponseWriter, r *http.Request, ep *endpoint) {
+	if rec, ok := w.(*recordingWriter); ok {
+		rec.route = ep.routes[0].path // for the Observer
 	}
-	allow := strings.Join(allowed, ", ")
-	public := !slices.ContainsFunc(routes, func(rt route) bool { return rt.privilege != privNoAuth })
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rec, ok := w.(*recordingWriter); ok {
-			rec.route = routes[0].path // for the Observer
-		}
-		i := slices.IndexFunc(routes, func(rt route) bool { return rt.method == r.Method })
-		if i < 0 {
-			// Only callers who may see the resource learn which methods
-			// it has: a 405 with Allow would map every path without
-			// credentials.
-			if _, ok := s.auth.authenticate(r); !ok && !public {
-				s.writeError(w, r, s.unauthorized())
-				return
-			}
-			e := newError(http.StatusMethodNotAllowed, msgOperationNotAllowed)
-			e.header = http.Header{"Allow": {allow}}
-			s.writeError(w, r, e)
+	i := slices.IndexFunc(ep.routes, func(rt route) bool { return rt.method == r.Method })
+	if i < 0 {
+		// Only callers who may see the resource learn which methods
+		// it has: a 405 with Allow would map every path without
+		// credentials.
+		if _, ok := s.auth.authenticate(r); !ok && !ep.public {
+			s.writeError(w, r, s.unauthorized())
 			return
 		}
-		// DSP0266 wants Allow on every GET and HEAD answer, and OPTIONS
-		// answers with nothing else.
-		switch r.Method {
-		case http.MethodGet, http.MethodHead, http.MethodOptions:
-			w.Header().Set("Allow", allow)
-		}
-		s.serveRoute(w, r, routes[i])
-	})
+		e := newError(http.StatusMethodNotAllowed, msgOperationNotAllowed)
+		e.header = http.Header{"Allow": {ep.allow}}
+		s.writeError(w, r, e)
+		return
+	}
+	// DSP0266 wants Allow on every GET and HEAD answer, and OPTIONS
+	// answers with nothing else.
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		w.Header().Set("Allow", ep.allow)
+	}
+	s.serveRoute(w, r, ep.routes[i])
 }
 
 // notFound answers unknown URIs; callers must still authenticate, so the
@@ -253,7 +284,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 			return
 		}
 		c.user = user
-		if !user.has(rt.privilege) && (rt.owner == nil || rt.owner(c) != user.username) {
+		if !user.has(rt.privilege) && (rt.owner == nil || rt.owner(s, c) != user.username) {
 			s.writeError(w, r, newError(http.StatusForbidden, msgInsufficientPrivilege))
 			return
 		}
@@ -282,7 +313,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 		s.serveGet(w, r, c, rt)
 		return
 	}
-	res, err := rt.handle(c)
+	res, err := rt.handle(s, c)
 	if err != nil {
 		s.writeError(w, r, asAPIError(err))
 		return

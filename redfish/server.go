@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/gorilla/mux"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/events"
@@ -125,7 +124,6 @@ type Server struct {
 	retryAfter  time.Duration
 	serviceUUID string
 	metadata    []byte
-	router      *mux.Router
 	observer    Observer
 	audit       *auditlog.Log
 	now         func() time.Time
@@ -250,7 +248,6 @@ func NewServer(cfg Config) (*Server, error) {
 	// Every write this service makes is logged, with the actor serveRoute
 	// puts in its context, and its change is an event before it returns.
 	s.backend = machine.InterceptBackend(cfg.Backend, machine.Chain(s.audit.Intercept, s.watcher.Intercept))
-	s.router = s.newRouter()
 	return s, nil
 }
 
@@ -354,7 +351,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.serveKept(rec, r) {
 		return
 	}
-	s.router.ServeHTTP(rec, r)
+	s.serveEndpoint(rec, r)
 }
 
 // notReady says why r cannot be served yet: until the backend is ready

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,7 +155,9 @@ func startBMCServer(b *testing.B, binary, dir string, env []string, args ...stri
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	var once sync.Once
+	stop := func() { once.Do(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) }
+	b.Cleanup(stop) // also when the benchmark fails before its caller can stop it
 	base := bannerURL(b, stdout)
 	return cmd, base, stderr, stop
 }
@@ -178,7 +181,7 @@ func bannerURL(b *testing.B, stdout io.Reader) string {
 			b.Fatal("bmc-server exited without a banner")
 		}
 		return base
-	case <-time.After(30 * time.Second):
+	case <-time.After(3 * time.Minute): // a shared server reads all its VMs first
 		b.Fatal("no banner from bmc-server")
 	}
 	return ""
@@ -186,7 +189,7 @@ func bannerURL(b *testing.B, stdout io.Reader) string {
 
 func waitReady(b *testing.B, client *http.Client, base string) {
 	b.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		if res, err := client.Get(base + "/readyz"); err == nil {
 			res.Body.Close()
 			if res.StatusCode == http.StatusOK {

@@ -1,6 +1,7 @@
 package bmc_test
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 	"testing"
@@ -44,11 +45,7 @@ func TestRBACObjects(t *testing.T) {
 			rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
 			var forcing []string // subresources.kubevirt.io resources granted
 			for _, r := range rules {
-				rule := r.(map[string]any)
-				groups, _, _ := unstructured.NestedStringSlice(rule, "apiGroups")
-				resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
-				names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
-				verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+				groups, resources, names, verbs := ruleFields(r)
 				if slices.Contains(groups, "subresources.kubevirt.io") {
 					forcing = append(forcing, resources...)
 					if !slices.Equal(names, []string{tc.params.VMName}) || !slices.Equal(verbs, []string{"update"}) {
@@ -119,13 +116,13 @@ func TestSharedRBAC(t *testing.T) {
 			for _, o := range objs[1:] {
 				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
 				for _, r := range rules {
-					rule := r.(map[string]any)
-					resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
-					names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
-					verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+					_, resources, names, verbs := ruleFields(r)
 					var want []string
 					switch resources[0] {
 					case "virtualmachines", "virtualmachineinstances", "virtualmachines/start":
+						if len(names) == 0 && slices.Equal(verbs, []string{"list", "watch"}) {
+							continue // the shared informers: TestSharedRoleWritesOnlyItsVMs
+						}
 						want = tc.params.VMs
 					case "datavolumes":
 						if slices.Equal(verbs, []string{"create"}) {
@@ -149,6 +146,76 @@ func TestSharedRBAC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSharedRoleWritesOnlyItsVMs: the shared bmc-server's Role lets its
+// namespace-wide informers list and watch every VM and VMI of the
+// namespace, and grants everything else, reads by name and every write,
+// on the VMs it serves alone.
+func TestSharedRoleWritesOnlyItsVMs(t *testing.T) {
+	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
+	const kubevirt, subresources = "kubevirt.io", "subresources.kubevirt.io"
+	tests := []struct {
+		group, resource, verb, name string // name "" for the namespace
+		granted                     bool
+	}{
+		{kubevirt, "virtualmachines", "list", "", true},
+		{kubevirt, "virtualmachines", "watch", "", true},
+		{kubevirt, "virtualmachineinstances", "list", "", true},
+		{kubevirt, "virtualmachineinstances", "watch", "", true},
+		{kubevirt, "virtualmachines", "get", "node-1", true},
+		{kubevirt, "virtualmachines", "get", "other", false},
+		{kubevirt, "virtualmachines", "update", "node-2", true},
+		{kubevirt, "virtualmachines", "patch", "node-2", true},
+		{kubevirt, "virtualmachines", "update", "other", false},
+		{kubevirt, "virtualmachines", "patch", "other", false},
+		{kubevirt, "virtualmachines", "delete", "node-1", false},
+		{kubevirt, "virtualmachines", "create", "", false},
+		{kubevirt, "virtualmachines", "deletecollection", "", false},
+		{kubevirt, "virtualmachineinstances", "delete", "node-1", true},
+		{kubevirt, "virtualmachineinstances", "delete", "other", false},
+		{kubevirt, "virtualmachineinstances", "deletecollection", "", false},
+		{kubevirt, "virtualmachineinstances", "update", "node-1", false},
+		{subresources, "virtualmachines/start", "update", "node-1", true},
+		{subresources, "virtualmachines/start", "update", "other", false},
+		{subresources, "virtualmachines/stop", "update", "other", false},
+		{subresources, "virtualmachines/restart", "update", "other", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.verb+" "+tc.resource+" "+cmp.Or(tc.name, "(namespace)"), func(t *testing.T) {
+			if got := grants(rules, tc.group, tc.resource, tc.verb, tc.name); got != tc.granted {
+				t.Errorf("granted = %v, want %v", got, tc.granted)
+			}
+		})
+	}
+}
+
+// grants evaluates a Role's rules as the API server's RBAC does a request
+// on one object (name) or on the namespace (name ""), which a rule with
+// resourceNames never matches.
+func grants(rules []any, group, resource, verb, name string) bool {
+	for _, r := range rules {
+		groups, resources, names, verbs := ruleFields(r)
+		if slices.Contains(groups, group) && slices.Contains(resources, resource) && slices.Contains(verbs, verb) &&
+			(len(names) == 0 || name != "" && slices.Contains(names, name)) {
+			return true
+		}
+	}
+	return false
+}
+
+// ruleFields are a rendered rule's lists.
+func ruleFields(r any) (groups, resources, names, verbs []string) {
+	rule := r.(map[string]any)
+	groups, _, _ = unstructured.NestedStringSlice(rule, "apiGroups")
+	resources, _, _ = unstructured.NestedStringSlice(rule, "resources")
+	names, _, _ = unstructured.NestedStringSlice(rule, "resourceNames")
+	verbs, _, _ = unstructured.NestedStringSlice(rule, "verbs")
+	return groups, resources, names, verbs
 }
 
 func TestRBACRejectsBadNames(t *testing.T) {

@@ -303,13 +303,15 @@ func PowerAndBoot(e Entry) bool {
 // dropped from the forwarding (the log keeps them) and onError is told, as
 // it is of every failed send.
 func (l *Log) Forward(ctx context.Context, queue int, want func(Entry) bool, send func(context.Context, Entry) error, onError func(Entry, error)) {
-	pending := make(chan Entry, queue)
+	// Pointers: a queue of entries would hold queue whole entries from the
+	// start, per log, and a shared bmc-server has a log per VM.
+	pending := make(chan *Entry, queue)
 	l.OnRecord(func(e Entry) {
 		if !want(e) || ctx.Err() != nil {
 			return
 		}
 		select {
-		case pending <- e:
+		case pending <- &e:
 		default:
 			onError(e, ErrForwardQueueFull)
 		}
@@ -320,8 +322,8 @@ func (l *Log) Forward(ctx context.Context, queue int, want func(Entry) bool, sen
 			case <-ctx.Done():
 				return
 			case e := <-pending:
-				if err := send(ctx, e); err != nil {
-					onError(e, err)
+				if err := send(ctx, *e); err != nil {
+					onError(*e, err)
 				}
 			}
 		}

@@ -28,15 +28,16 @@ func newBackend(ctx context.Context, cfg Config, log logr.Logger) (machine.Backe
 		if err != nil {
 			return nil, fmt.Errorf("kubeconfig: %w", err)
 		}
-		return startKubeVirt(ctx, restCfg, cfg.Namespace, cfg.VM, log)
+		return startKubeVirt(ctx, restCfg, cfg.Namespace, cfg.VM, nil, log)
 	}
 	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", cfg.Backend)
 }
 
-// startKubeVirt starts the kubevirt backend of one VM, which runs its
-// informers until ctx ends.
-func startKubeVirt(ctx context.Context, restCfg *rest.Config, namespace, vm string, log logr.Logger) (machine.Backend, error) {
-	b, err := kubevirt.New(restCfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm)})
+// startKubeVirt starts the kubevirt backend of one VM, which serves until
+// ctx ends, reading from informers (nil: informers of its own, selected on
+// the VM's name, so the VM's Role with resourceNames suffices).
+func startKubeVirt(ctx context.Context, restCfg *rest.Config, namespace, vm string, informers *kubevirt.Informers, log logr.Logger) (machine.Backend, error) {
+	b, err := kubevirt.New(restCfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm), Informers: informers})
 	if err != nil {
 		return nil, err
 	}

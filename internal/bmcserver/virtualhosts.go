@@ -14,6 +14,7 @@ import (
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/internal/vhost"
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/redfish"
 )
 
@@ -37,6 +38,14 @@ func serveVirtualHosts(ctx context.Context, cfg Config, getenv func(string) stri
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	// One VM and one VMI informer for the namespace, whatever the number
+	// of VMs served: the shared server's Role lists and watches the
+	// namespace's VMs and VMIs, and writes only those it serves.
+	informers, err := kubevirt.NewInformers(restCfg, cfg.Namespace, kubevirt.InformersOptions{})
+	if err != nil {
+		return err
+	}
+	go informers.Run(ctx)
 	var observer redfish.Observer
 	var intercept machine.Interceptor
 	if metrics != nil {
@@ -44,12 +53,10 @@ func serveVirtualHosts(ctx context.Context, cfg Config, getenv func(string) stri
 	}
 	router, err := vhost.New(vhost.Config{
 		Dir: cfg.VMsDir,
-		// Each VM has a backend, and informers, of its own, selected on
-		// its name, so the pod's Role can list the VMs by resourceNames.
-		// For very large namespaces the next step is one namespace-wide
-		// informer shared by the VMs.
+		// Each VM has a backend of its own, reading from the shared
+		// informers and told only of its own VM's events.
 		StartBackend: func(ctx context.Context, vm string) (machine.Backend, error) {
-			return startKubeVirt(ctx, restCfg, cfg.Namespace, vm, log)
+			return startKubeVirt(ctx, restCfg, cfg.Namespace, vm, informers, log)
 		},
 		Limiter:        limiter,
 		Observer:       observer,

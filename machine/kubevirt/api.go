@@ -9,7 +9,6 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -91,18 +90,6 @@ const (
 	clusterInstancetypeResource = "virtualmachineclusterinstancetypes"
 	dataVolumeResource          = "datavolumes"
 )
-
-// newInformer watches the one object named after the VM (the VM or its
-// VMI): a field selector on the name lets a Role with resourceNames
-// suffice.
-func (b *Backend) newInformer(resource string, example runtime.Object) toolscache.SharedIndexInformer {
-	lw := toolscache.NewListWatchFromClient(b.api.kubevirt, resource, b.namespace, fields.OneTermEqualSelector("metadata.name", b.vmName))
-	informer := toolscache.NewSharedIndexInformerWithOptions(lw, example, toolscache.SharedIndexInformerOptions{})
-	// Neither fails before the informer runs.
-	_ = informer.SetTransform(keepWhatIsRead)
-	_ = informer.SetWatchErrorHandlerWithContext(b.watchError)
-	return informer
-}
 
 // fromInformer returns a copy of the informer's object named after the VM,
 // or a NotFound error.

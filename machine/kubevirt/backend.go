@@ -4,9 +4,11 @@
 // into the devices' bootOrder, and virtual media into a CDI DataVolume
 // attached as a CD-ROM.
 //
-// Reads come from an informer cache scoped by field selector to the one VM
-// and its VMI (so a Role with resourceNames suffices); writes go to the API
-// server and retry on conflict. Every piece of state (the boot override and
+// Reads come from an informer cache: of the backend's own, scoped by field
+// selector to the one VM and its VMI (so a Role with resourceNames
+// suffices), or namespace-wide and shared by the backends of one
+// bmc-server (Informers). Writes go to the API server and retry on
+// conflict. Every piece of state (the boot override and
 // the order it replaced, the inserted image) lives on the VM as annotations,
 // so a restarted BMC carries on where the last one stopped.
 package kubevirt
@@ -50,10 +52,14 @@ type Options struct {
 	// RequestTimeout bounds every API call, so an unreachable API server
 	// yields ErrUnavailable rather than a hung request. Zero means 10s.
 	RequestTimeout time.Duration
-	// ProbeInterval is how often the API server is probed, so one that
-	// silently drops traffic is noticed (a watch on such a connection
-	// reports nothing for minutes). Zero means 5s.
+	// ProbeInterval is how often the backend's own informers probe the
+	// API server (InformersOptions.ProbeInterval). Zero means 5s.
 	ProbeInterval time.Duration
+	// Informers, when set, are the namespace-wide cache (NewInformers) the
+	// backend reads its VM and VMI from, run by the caller and shared with
+	// the other backends of the namespace. Nil gives the backend informers
+	// of its own, selected on its VM's name, which Start runs.
+	Informers *Informers
 	// MediaSize is the size of the DataVolume an inserted image is imported
 	// into. Zero means 8Gi.
 	MediaSize resource.Quantity
@@ -75,7 +81,6 @@ type Backend struct {
 	vmName    string
 	log       logr.Logger
 	timeout   time.Duration
-	probe     time.Duration
 	mediaSize resource.Quantity
 	mediaSC   string
 	// reportingInstance is Options.ReportingInstance.
@@ -94,8 +99,10 @@ type Backend struct {
 	cdiKnown        bool
 	cdiTrustedUntil time.Time
 
-	// vms and vmis cache the VM and its VMI once Start runs them.
-	vms, vmis toolscache.SharedIndexInformer
+	// informers cache the VM and its VMI; Start runs them if they are
+	// the backend's own.
+	informers     *Informers
+	ownsInformers bool
 
 	// watchFailing is set while the API server cannot be reached; reads
 	// then go to the API server, whose answer tells a stale cache from an
@@ -138,8 +145,9 @@ func (b *Backend) Ready() error {
 }
 
 // backendScheme has only the kinds the backend reads and writes: every
-// registered kind costs memory in every BMC pod.
-func backendScheme() *runtime.Scheme {
+// registered kind costs memory in every BMC pod. One serves every backend
+// of the process (a scheme is read-only once built).
+var backendScheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
 		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme, corev1.AddToScheme,
@@ -149,7 +157,7 @@ func backendScheme() *runtime.Scheme {
 		}
 	}
 	return s
-}
+})
 
 // New creates the backend for the VM namespace/vmName. It does not contact
 // the API server; Start does.
@@ -162,7 +170,6 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		vmName:    vmName,
 		log:       opts.Logger.WithValues("namespace", namespace, "vm", vmName),
 		timeout:   opts.RequestTimeout,
-		probe:     cmp.Or(opts.ProbeInterval, 5*time.Second),
 		mediaSize: opts.MediaSize,
 		mediaSC:   opts.MediaStorageClass,
 		changed:   make(chan struct{}, 1),
@@ -176,12 +183,13 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if b.mediaSize.IsZero() {
 		b.mediaSize = resource.MustParse("8Gi")
 	}
+	if opts.Informers != nil && opts.Informers.namespace != namespace {
+		return nil, fmt.Errorf("kubevirt backend: the informers are of namespace %s, not %s", opts.Informers.namespace, namespace)
+	}
 	scheme := backendScheme()
-	// The reflector retries a refused watch quietly (no error handler call),
-	// so outages are seen at the transport: every request answers whether
-	// the API server is reachable.
+	// Every request answers whether the API server is reachable.
 	cfg = rest.CopyConfig(cfg)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, b: b} })
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, to: b} })
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
@@ -189,30 +197,28 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if b.api, err = newAPIGroups(cfg, httpClient, scheme); err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	b.vms = b.newInformer(vmResource, &kubevirtv1.VirtualMachine{})
-	b.vmis = b.newInformer(vmiResource, &kubevirtv1.VirtualMachineInstance{})
-	for _, informer := range []toolscache.SharedIndexInformer{b.vms, b.vmis} {
-		if _, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { b.observed(obj, false) },
-			UpdateFunc: func(_, obj any) { b.observed(obj, false) },
-			DeleteFunc: func(obj any) { b.observed(obj, true) },
-		}); err != nil {
-			return nil, fmt.Errorf("kubevirt backend: %w", err)
-		}
+	b.informers = opts.Informers
+	if b.informers == nil {
+		b.informers = newOwnInformers(b.api.kubevirt, namespace, vmName,
+			InformersOptions{RequestTimeout: b.timeout, ProbeInterval: opts.ProbeInterval})
+		b.ownsInformers = true
 	}
 	return b, nil
 }
 
-// Start runs the informers and the Once-override bookkeeping until ctx
-// ends. While the API server is not reachable, the informers keep
+// Start runs the Once-override bookkeeping, and the backend's own
+// informers, until ctx ends; shared informers tell it of its VM's events
+// meanwhile. While the API server is not reachable, the informers keep
 // retrying and reads go to the API server (and fail ErrUnavailable).
 func (b *Backend) Start(ctx context.Context) error {
+	b.informers.subscribe(b)
+	defer b.informers.unsubscribe(b)
 	var loops sync.WaitGroup
-	loops.Go(func() { b.vms.RunWithContext(ctx) })
-	loops.Go(func() { b.vmis.RunWithContext(ctx) })
-	loops.Go(func() { b.consumeOnceLoop(ctx) })
+	if b.ownsInformers {
+		loops.Go(func() { b.informers.Run(ctx) })
+	}
 	loops.Go(func() { b.WaitForCacheSync(ctx) })
-	loops.Go(func() { b.probeLoop(ctx) })
+	b.consumeOnceLoop(ctx) // on this goroutine: one stack fewer per VM served
 	loops.Wait()
 	return nil
 }
@@ -220,7 +226,7 @@ func (b *Backend) Start(ctx context.Context) error {
 // WaitForCacheSync blocks until the cache has read the VM and VMI once (true)
 // or ctx ends (false).
 func (b *Backend) WaitForCacheSync(ctx context.Context) bool {
-	if !toolscache.WaitForCacheSync(ctx.Done(), b.vms.HasSynced, b.vmis.HasSynced) {
+	if !toolscache.WaitForCacheSync(ctx.Done(), b.informers.HasSynced) {
 		return false
 	}
 	b.synced.Store(true)
@@ -233,19 +239,14 @@ func (b *Backend) cacheServes() bool {
 	return b.synced.Load() && !b.watchFailing.Load()
 }
 
-// observed runs for every informer event: the watch works, and the VM or
-// VMI may have changed.
+// observed runs for every informer event of the VM or VMI, which may have
+// changed.
 func (b *Backend) observed(obj any, deleted bool) {
 	b.state.observe(obj, deleted)
-	b.reachable()
 	select {
 	case b.changed <- struct{}{}:
 	default:
 	}
-}
-
-func (b *Backend) watchError(_ context.Context, _ *toolscache.Reflector, err error) {
-	b.unreachable(err)
 }
 
 func (b *Backend) unreachable(err error) {
@@ -262,45 +263,6 @@ func (b *Backend) reachable() {
 		b.state.bump()
 		b.log.Info("API server reachable again")
 	}
-}
-
-// probeLoop asks the API server for the VM every probe interval, through
-// the same transport as every other request, so reachability tracks a
-// blackholed server (noticed within the interval plus the request timeout)
-// as well as a refused one.
-func (b *Backend) probeLoop(ctx context.Context) {
-	ticker := time.NewTicker(b.probe)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		probeCtx, cancel := context.WithTimeout(ctx, b.timeout)
-		_, err := b.getVM(probeCtx)
-		cancel()
-		if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
-			b.unreachable(err)
-		}
-	}
-}
-
-// reachability notes, for every request, whether the API server answered.
-type reachability struct {
-	next http.RoundTripper
-	b    *Backend
-}
-
-func (r *reachability) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := r.next.RoundTrip(req)
-	switch {
-	case err == nil:
-		r.b.reachable()
-	case req.Context().Err() == nil: // not the caller giving up
-		r.b.unreachable(err)
-	}
-	return resp, err
 }
 
 // Machines lists the one VM.
@@ -326,11 +288,11 @@ func (b *Backend) read(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevi
 	if !b.cacheServes() {
 		return b.readLive(ctx)
 	}
-	vm, err := fromInformer[*kubevirtv1.VirtualMachine](b.vms, b, vmResource)
+	vm, err := fromInformer[*kubevirtv1.VirtualMachine](b.informers.vms, b, vmResource)
 	if err != nil {
 		return nil, nil, b.apiError(err, "reading the VirtualMachine")
 	}
-	vmi, err := fromInformer[*kubevirtv1.VirtualMachineInstance](b.vmis, b, vmiResource)
+	vmi, err := fromInformer[*kubevirtv1.VirtualMachineInstance](b.informers.vmis, b, vmiResource)
 	return b.checkRead(vm, vmi, err)
 }
 
