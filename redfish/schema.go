@@ -100,8 +100,10 @@ var (
 	typeSecureBoot             = schemaType{"SecureBoot", "v1_1_0"}
 	typeSettings               = schemaType{"Settings", "v1_4_0"}
 	typeRegistryFileCollection = schemaType{"MessageRegistryFileCollection", ""}
-	typeRegistryFile           = schemaType{"MessageRegistryFile", "v1_1_0"}
-	typeAttributeRegistry      = schemaType{"AttributeRegistry", "v1_3_0"}
+	// Its newest errata: v1_1_0's JSON schema declares a draft-04 style
+	// metaschema of its own that JSON schema validators cannot compile.
+	typeRegistryFile      = schemaType{"MessageRegistryFile", "v1_1_5"}
+	typeAttributeRegistry = schemaType{"AttributeRegistry", "v1_3_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
