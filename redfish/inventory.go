@@ -243,8 +243,11 @@ var driveProtocols = map[machine.DiskBus]string{
 // drive's URI does not move when a CD-ROM comes or goes before it.
 func isDrive(d machine.Disk) bool { return d.Kind == machine.DiskKindDisk }
 
-// Every drive is one volume of its own (no RAID between them), numbered
-// as its drive.
+// isVolume says whether a disk is also a Volume: every drive of known size
+// is one volume of its own (no RAID between them), numbered as its drive.
+// One of unknown size (a containerDisk) is none: a Volume's capacity is what
+// clients read it for, and sushy's sum of them fails on a missing one.
+func isVolume(d machine.Disk) bool { return isDrive(d) && d.CapacityBytes > 0 }
 
 // chassisInventory is systemInventory for the paths under a chassis: a VM
 // is one system in one chassis, both named after it.
@@ -295,7 +298,11 @@ func (s *Server) getDrive(c *call) (result, error) {
 	// count them as rotational.
 	body["MediaType"] = "HDD"
 	body["Status"] = statusOK()
-	body["Links"] = map[string]any{"Volumes": links(volumePath(m.ID(), i+1)), "Volumes@odata.count": 1}
+	var volumes []string
+	if isVolume(d) {
+		volumes = append(volumes, volumePath(m.ID(), i+1))
+	}
+	body["Links"] = map[string]any{"Volumes": links(volumes...), "Volumes@odata.count": len(volumes)}
 	return result{body: body}, nil
 }
 
@@ -308,7 +315,7 @@ func (s *Server) getVolumes(c *call) (result, error) {
 	}
 	var members []string
 	for i, d := range inv.Disks {
-		if isDrive(d) {
+		if isVolume(d) {
 			members = append(members, volumePath(m.ID(), i+1))
 		}
 	}
@@ -328,7 +335,7 @@ func (s *Server) getVolume(c *call) (result, error) {
 		return result{}, err
 	}
 	i, err := member(c, "volumeID", "Volume", len(inv.Disks))
-	if err == nil && !isDrive(inv.Disks[i]) {
+	if err == nil && !isVolume(inv.Disks[i]) {
 		err = newError(http.StatusNotFound, msgResourceNotFound, "Volume", c.vars["volumeID"])
 	}
 	if err != nil {
@@ -336,9 +343,7 @@ func (s *Server) getVolume(c *call) (result, error) {
 	}
 	d := inv.Disks[i]
 	body := resource(typeVolume, volumePath(m.ID(), i+1), strconv.Itoa(i+1), d.Name)
-	if d.CapacityBytes > 0 {
-		body["CapacityBytes"] = d.CapacityBytes
-	}
+	body["CapacityBytes"] = d.CapacityBytes
 	body["Status"] = statusOK()
 	body["Links"] = map[string]any{"Drives": links(drivePath(m.ID(), i+1)), "Drives@odata.count": 1}
 	return result{body: body}, nil

@@ -56,8 +56,10 @@ func TestInventoryResources(t *testing.T) {
 		}}},
 		{storage + "/Controllers/scsi", map[string]any{"SupportedDeviceProtocols": nil, "SupportedControllerProtocols": []any{"PCIe"}, "SupportedRAIDTypes": []any{}}},
 		{storage + "/Controllers/sata", map[string]any{"SupportedDeviceProtocols": []any{"SATA"}}},
+		// The root disk's size is unknown: a Drive, but no Volume.
+		{drives + "/1", map[string]any{"Links": map[string]any{"Volumes": []any{}, "Volumes@odata.count": 0.0}}},
 		{storage + "/Volumes", map[string]any{"Members": []any{
-			map[string]any{"@odata.id": storage + "/Volumes/1"}, map[string]any{"@odata.id": storage + "/Volumes/3"},
+			map[string]any{"@odata.id": storage + "/Volumes/3"},
 		}}},
 		{storage + "/Volumes/3", map[string]any{"Name": "data", "CapacityBytes": float64(1 << 30),
 			"Links": map[string]any{"Drives": []any{map[string]any{"@odata.id": drives + "/3"}}, "Drives@odata.count": 1.0}}},
