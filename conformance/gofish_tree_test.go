@@ -208,20 +208,33 @@ func TestGofishWalksTheWholeTree(t *testing.T) {
 			gotDrives = append(gotDrives, []any{d.Name, d.CapacityBytes, d.Protocol, len(volumes)})
 		}
 		for _, d := range inv.Disks {
+			if d.Kind != machine.DiskKindDisk {
+				continue // a CD-ROM is no Drive
+			}
 			var capacity *int64
+			volumes := 0 // a disk of unknown size is no Volume
 			if d.CapacityBytes > 0 {
-				capacity = &d.CapacityBytes
+				capacity, volumes = &d.CapacityBytes, 1
 			}
-			protocol, volumes := "", 0
-			if d.Bus == machine.DiskBusSATA {
-				protocol = "SATA"
-			}
-			if d.Kind == machine.DiskKindDisk {
-				volumes = 1
-			}
+			protocol := map[machine.DiskBus]string{machine.DiskBusVirtio: "PCIe", machine.DiskBusSATA: "SATA", machine.DiskBusUSB: "USB"}[d.Bus]
 			wantDrives = append(wantDrives, []any{d.Name, capacity, protocol, volumes})
 		}
 		check(sys.ID+" drives", gotDrives, wantDrives)
+		controllers, err := subsystems[0].Controllers()
+		if err != nil {
+			t.Errorf("%s Storage Controllers: %v", sys.ID, err)
+		}
+		var gotBuses, wantBuses []string
+		for _, c := range controllers {
+			gotBuses = append(gotBuses, c.ID)
+			check(sys.ID+" controller "+c.ID+" RAID types", len(c.SupportedRAIDTypes), 0)
+		}
+		for _, d := range inv.Disks {
+			if d.Bus != "" && !slices.Contains(wantBuses, string(d.Bus)) {
+				wantBuses = append(wantBuses, string(d.Bus))
+			}
+		}
+		check(sys.ID+" storage controllers", gotBuses, wantBuses)
 		storageVolumes, err := subsystems[0].Volumes()
 		if err != nil {
 			t.Errorf("%s Storage Volumes: %v", sys.ID, err)
@@ -456,7 +469,7 @@ func crawlTree(t *testing.T, ts *httptest.Server) []string {
 func volumesOf(disks []machine.Disk) int {
 	n := 0
 	for _, d := range disks {
-		if d.Kind == machine.DiskKindDisk {
+		if d.Kind == machine.DiskKindDisk && d.CapacityBytes > 0 {
 			n++
 		}
 	}

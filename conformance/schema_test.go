@@ -101,8 +101,9 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	// Guard against a crawl that "passes" because it found nothing.
 	for _, want := range []string{"/redfish/v1/Systems", "/redfish/v1/Managers", "/redfish/v1/Chassis", "/redfish/v1/SessionService/Sessions", "/redfish/v1/AccountService", "/redfish/v1/EventService",
 		"/redfish/v1/Systems/vm-1/LogServices/Log/Entries/1", "/redfish/v1/Managers/vm-1/LogServices/Log/Entries/2",
-		"/redfish/v1/Systems/vm-0/Processors/1", "/redfish/v1/Systems/vm-0/Memory/1", "/redfish/v1/Chassis/vm-0/Drives/2",
-		"/redfish/v1/Systems/vm-0/Storage/1/Volumes/1"} {
+		"/redfish/v1/Systems/vm-0/Processors/1", "/redfish/v1/Systems/vm-0/Memory/1", "/redfish/v1/Chassis/vm-0/Drives/1",
+		"/redfish/v1/Systems/vm-0/Storage/1/Volumes/1", "/redfish/v1/Systems/vm-0/Storage/1/Controllers/virtio",
+		"/redfish/v1/Registries/BiosAttributeRegistry.1.0.0/BiosAttributeRegistry.1.0.0"} {
 		if !visitedUnder(report.Visited, want) {
 			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)
 		}

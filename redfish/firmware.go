@@ -33,7 +33,8 @@ func enabledText(on bool) string {
 // biosAttribute is one member of Bios Attributes. Names are stable: clients
 // key their settings on them.
 type biosAttribute struct {
-	name string
+	name        string
+	displayName string // for the attribute registry
 	// allowed lists the values of a writable attribute; nil: read-only.
 	allowed func(caps machine.Capabilities) []string
 	read    func(fw machine.Firmware, inv machine.Inventory) any
@@ -43,21 +44,23 @@ type biosAttribute struct {
 
 var biosAttributes = []biosAttribute{
 	{
-		name:    "BootMode",
-		allowed: func(caps machine.Capabilities) []string { return stringsOf(caps.BootModes) },
-		read:    func(fw machine.Firmware, _ machine.Inventory) any { return string(fw.Mode) },
-		write:   func(fw *machine.Firmware, v string) { fw.Mode = machine.BootMode(v) },
+		name:        "BootMode",
+		displayName: "Boot mode",
+		allowed:     func(caps machine.Capabilities) []string { return stringsOf(caps.BootModes) },
+		read:        func(fw machine.Firmware, _ machine.Inventory) any { return string(fw.Mode) },
+		write:       func(fw *machine.Firmware, v string) { fw.Mode = machine.BootMode(v) },
 	},
 	{
-		name:    "SecureBoot",
-		allowed: func(machine.Capabilities) []string { return []string{secureBootEnabled, secureBootDisabled} },
-		read:    func(fw machine.Firmware, _ machine.Inventory) any { return enabledText(fw.SecureBoot) },
-		write:   func(fw *machine.Firmware, v string) { fw.SecureBoot = v == secureBootEnabled },
+		name:        "SecureBoot",
+		displayName: "UEFI Secure Boot",
+		allowed:     func(machine.Capabilities) []string { return []string{secureBootEnabled, secureBootDisabled} },
+		read:        func(fw machine.Firmware, _ machine.Inventory) any { return enabledText(fw.SecureBoot) },
+		write:       func(fw *machine.Firmware, v string) { fw.SecureBoot = v == secureBootEnabled },
 	},
-	{name: "ProcessorSockets", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.CPU.Sockets }},
-	{name: "ProcessorCores", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.CPU.Sockets * inv.CPU.Cores }},
-	{name: "ProcessorThreads", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.CPU.LogicalProcessors() }},
-	{name: "MemoryMiB", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.MemoryMiB }},
+	{name: "ProcessorSockets", displayName: "Processor sockets", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.CPU.Sockets }},
+	{name: "ProcessorCores", displayName: "Processor cores", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.CPU.Sockets * inv.CPU.Cores }},
+	{name: "ProcessorThreads", displayName: "Processor threads", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.CPU.LogicalProcessors() }},
+	{name: "MemoryMiB", displayName: "Memory (MiB)", read: func(_ machine.Firmware, inv machine.Inventory) any { return inv.MemoryMiB }},
 }
 
 func attributesOf(fw machine.Firmware, inv machine.Inventory) map[string]any {
@@ -100,6 +103,7 @@ func biosBody(v firmwareView) map[string]any {
 	id := v.m.ID()
 	body := resource(typeBios, biosPath(id), "Bios", "BIOS Configuration Current Settings")
 	body["Attributes"] = attributesOf(v.state.Current, v.inv)
+	body["AttributeRegistry"] = biosRegistryID
 	body["@Redfish.Settings"] = map[string]any{
 		"@odata.type":         typeSettings.odataType(),
 		"SettingsObject":      link(biosSettingsPath(id)),
@@ -122,6 +126,7 @@ func biosSettingsBody(v firmwareView) map[string]any {
 func secureBootBody(v firmwareView) map[string]any {
 	body := resource(typeSecureBoot, secureBootPath(v.m.ID()), "SecureBoot", "UEFI Secure Boot")
 	body["SecureBootEnable"] = v.state.Next.SecureBoot
+	body["@Redfish.WriteableProperties"] = []string{propSecureBootEnable}
 	body["SecureBootCurrentBoot"] = enabledText(v.state.Current.SecureBoot)
 	return body
 }

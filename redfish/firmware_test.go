@@ -2,7 +2,10 @@ package redfish_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -214,5 +217,63 @@ func TestSystemETagSurvivesFirmwareTakingEffect(t *testing.T) {
 	patch.headers = map[string]string{"If-Match": before.header.Get("ETag")}
 	if res := f.do(patch); res.status != 200 {
 		t.Fatalf("PATCH with the ETag from before the power-off: %d %s", res.status, res.raw)
+	}
+}
+
+// TestBiosRegistryDescribesAttributes: the registry Bios names lists every
+// attribute Bios shows, read-only exactly where a PATCH is refused, and
+// each value it offers is one a PATCH accepts.
+func TestBiosRegistryDescribesAttributes(t *testing.T) {
+	f := newFixture(t, nil)
+	bios := f.do(asAdmin("GET", system0+"/Bios", ""))
+	registryID, _ := bios.json["AttributeRegistry"].(string)
+	file := f.do(asAdmin("GET", "/redfish/v1/Registries/"+registryID, ""))
+	if file.status != http.StatusOK {
+		t.Fatalf("registry file %q: status %d", registryID, file.status)
+	}
+	location := file.json["Location"].([]any)[0].(map[string]any)["Uri"].(string)
+	registry := f.do(asAdmin("GET", location, ""))
+	if registry.status != http.StatusOK || registry.json["Id"] != registryID {
+		t.Fatalf("registry at %s: status %d, Id %v, want %s", location, registry.status, registry.json["Id"], registryID)
+	}
+	entries := registry.json["RegistryEntries"].(map[string]any)["Attributes"].([]any)
+	described := map[string]map[string]any{}
+	for _, e := range entries {
+		entry := e.(map[string]any)
+		described[entry["AttributeName"].(string)] = entry
+	}
+	attributes := bios.json["Attributes"].(map[string]any)
+	if len(described) != len(attributes) {
+		t.Errorf("registry describes %d attributes, Bios shows %d", len(described), len(attributes))
+	}
+	for name := range attributes {
+		entry, ok := described[name]
+		if !ok {
+			t.Errorf("attribute %s is not in the registry", name)
+			continue
+		}
+		t.Run(name, func(t *testing.T) {
+			if entry["ReadOnly"] == true {
+				current, _ := json.Marshal(attributes[name])
+				res := f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"`+name+`":`+string(current)+`}}`))
+				if res.status != http.StatusBadRequest || !strings.Contains(string(res.raw), "PropertyNotWritable") {
+					t.Errorf("PATCH of read-only %s with its value: status %d, want 400 PropertyNotWritable: %s", name, res.status, res.raw)
+				}
+				return
+			}
+			values, _ := entry["Value"].([]any)
+			if len(values) == 0 || entry["ResetRequired"] != true {
+				t.Fatalf("writable %s: values %v, ResetRequired %v", name, values, entry["ResetRequired"])
+			}
+			for _, v := range values {
+				value := v.(map[string]any)["ValueName"].(string)
+				// From the first firmware each time: one value alone.
+				f.do(asAdmin("POST", bios0+"/Actions/Bios.ResetBios", `{}`))
+				res := f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"`+name+`":"`+value+`"}}`))
+				if res.status != http.StatusOK {
+					t.Errorf("PATCH %s=%s: status %d: %s", name, value, res.status, res.raw)
+				}
+			}
+		})
 	}
 }

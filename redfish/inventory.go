@@ -2,6 +2,7 @@ package redfish
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -153,28 +154,100 @@ func (s *Server) getStorage(c *call) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	drives := make([]string, len(inv.Disks))
-	for i := range inv.Disks {
-		drives[i] = drivePath(m.ID(), i+1)
-	}
+	drives := drivePaths(m.ID(), inv.Disks)
 	body := resource(typeStorage, storagePath(m.ID()), storageID, "Virtual disk controller")
 	body["Drives"] = links(drives...)
 	body["Drives@odata.count"] = len(drives)
 	body["Volumes"] = link(storagePath(m.ID()) + "/Volumes")
+	body["Controllers"] = link(controllersPath(m.ID()))
 	body["Status"] = statusOK()
 	return result{body: body}, nil
 }
 
-// driveProtocols maps the buses Redfish's Protocol names; virtio and SCSI
-// (virtio-scsi) have no value, so their drives leave Protocol out.
-var driveProtocols = map[machine.DiskBus]string{
-	machine.DiskBusSATA: "SATA",
-	machine.DiskBusUSB:  "USB",
+func controllersPath(systemID string) string { return storagePath(systemID) + "/Controllers" }
+
+// storageController is what the guest sees of one disk bus: the PCIe
+// device its disks hang on (an AHCI controller for SATA, virtio-scsi for
+// SCSI, xHCI for USB; virtio disks are PCIe functions of their own, shown
+// as one controller for their bus, as SimpleStorage shows one for all).
+type storageController struct {
+	name            string
+	deviceProtocols []string // what its disks speak; empty when Redfish has no name for it
 }
 
-// hasVolume says whether a disk is also a Volume: every hard disk is one
-// volume of its own (no RAID between them); a CD-ROM holds none.
-func hasVolume(d machine.Disk) bool { return d.Kind == machine.DiskKindDisk }
+// storageControllers are keyed by bus, which is also the member's Id.
+var storageControllers = map[machine.DiskBus]storageController{
+	machine.DiskBusVirtio: {"VirtIO block", []string{"PCIe"}},
+	machine.DiskBusSATA:   {"SATA (AHCI)", []string{"SATA"}},
+	machine.DiskBusSCSI:   {"VirtIO SCSI", nil},
+	machine.DiskBusUSB:    {"USB (xHCI)", []string{"USB"}},
+}
+
+// controllerBuses lists the buses the machine's disks use, each once, in
+// the order of the disks.
+func controllerBuses(disks []machine.Disk) []machine.DiskBus {
+	var buses []machine.DiskBus
+	for _, d := range disks {
+		if _, known := storageControllers[d.Bus]; known && !slices.Contains(buses, d.Bus) {
+			buses = append(buses, d.Bus)
+		}
+	}
+	return buses
+}
+
+func (s *Server) getStorageControllers(c *call) (result, error) {
+	m, inv, err := s.storageInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	var members []string
+	for _, bus := range controllerBuses(inv.Disks) {
+		members = append(members, controllersPath(m.ID())+"/"+string(bus))
+	}
+	return result{body: collection(typeStorageControllerColl, controllersPath(m.ID()), "Storage Controller Collection", members)}, nil
+}
+
+func (s *Server) getStorageController(c *call) (result, error) {
+	m, inv, err := s.storageInventory(c)
+	if err != nil {
+		return result{}, err
+	}
+	bus := machine.DiskBus(c.vars["controllerID"])
+	if !slices.Contains(controllerBuses(inv.Disks), bus) {
+		return result{}, newError(http.StatusNotFound, msgResourceNotFound, "StorageController", string(bus))
+	}
+	ctrl := storageControllers[bus]
+	body := resource(typeStorageController, controllersPath(m.ID())+"/"+string(bus), string(bus), ctrl.name)
+	body["SupportedControllerProtocols"] = []string{"PCIe"}
+	if ctrl.deviceProtocols != nil {
+		body["SupportedDeviceProtocols"] = ctrl.deviceProtocols
+	}
+	// No RAID: each disk is its own volume.
+	body["SupportedRAIDTypes"] = []string{}
+	body["Status"] = statusOK()
+	return result{body: body}, nil
+}
+
+// driveProtocols maps the buses Redfish's Protocol names: a virtio disk
+// is a PCIe function of its own; SCSI (virtio-scsi) has no value, so its
+// drives leave Protocol out.
+var driveProtocols = map[machine.DiskBus]string{
+	machine.DiskBusVirtio: "PCIe",
+	machine.DiskBusSATA:   "SATA",
+	machine.DiskBusUSB:    "USB",
+}
+
+// isDrive says whether a disk is a Drive: hard disks are; a CD-ROM is not,
+// since Drive's MediaType has no value for optical media (it stays in
+// SimpleStorage and VirtualMedia). Drives keep the disk's number, so a
+// drive's URI does not move when a CD-ROM comes or goes before it.
+func isDrive(d machine.Disk) bool { return d.Kind == machine.DiskKindDisk }
+
+// isVolume says whether a disk is also a Volume: every drive of known size
+// is one volume of its own (no RAID between them), numbered as its drive.
+// One of unknown size (a containerDisk) is none: a Volume's capacity is what
+// clients read it for, and sushy's sum of them fails on a missing one.
+func isVolume(d machine.Disk) bool { return isDrive(d) && d.CapacityBytes > 0 }
 
 // chassisInventory is systemInventory for the paths under a chassis: a VM
 // is one system in one chassis, both named after it.
@@ -187,11 +260,17 @@ func (s *Server) getDrives(c *call) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	members := make([]string, len(inv.Disks))
-	for i := range inv.Disks {
-		members[i] = drivePath(m.ID(), i+1)
+	return result{body: collection(typeDriveCollection, drivesPath(m.ID()), "Drive Collection", drivePaths(m.ID(), inv.Disks))}, nil
+}
+
+func drivePaths(chassisID string, disks []machine.Disk) []string {
+	var paths []string
+	for i, d := range disks {
+		if isDrive(d) {
+			paths = append(paths, drivePath(chassisID, i+1))
+		}
 	}
-	return result{body: collection(typeDriveCollection, drivesPath(m.ID()), "Drive Collection", members)}, nil
+	return paths
 }
 
 func (s *Server) getDrive(c *call) (result, error) {
@@ -200,6 +279,9 @@ func (s *Server) getDrive(c *call) (result, error) {
 		return result{}, err
 	}
 	i, err := member(c, "driveID", "Drive", len(inv.Disks))
+	if err == nil && !isDrive(inv.Disks[i]) {
+		err = newError(http.StatusNotFound, msgResourceNotFound, "Drive", c.vars["driveID"])
+	}
 	if err != nil {
 		return result{}, err
 	}
@@ -211,11 +293,13 @@ func (s *Server) getDrive(c *call) (result, error) {
 	if p, ok := driveProtocols[d.Bus]; ok {
 		body["Protocol"] = p
 	}
-	// MediaType is left out: Redfish knows HDD, SSD and SMR, and a VM's
-	// disk is none the backend can tell, a CD-ROM none at all.
+	// What the guest's OS sees: QEMU reports no rotation rate for its
+	// disks, so Linux (lsblk ROTA), and MaaS's commissioning after it,
+	// count them as rotational.
+	body["MediaType"] = "HDD"
 	body["Status"] = statusOK()
 	var volumes []string
-	if hasVolume(d) {
+	if isVolume(d) {
 		volumes = append(volumes, volumePath(m.ID(), i+1))
 	}
 	body["Links"] = map[string]any{"Volumes": links(volumes...), "Volumes@odata.count": len(volumes)}
@@ -231,11 +315,18 @@ func (s *Server) getVolumes(c *call) (result, error) {
 	}
 	var members []string
 	for i, d := range inv.Disks {
-		if hasVolume(d) {
+		if isVolume(d) {
 			members = append(members, volumePath(m.ID(), i+1))
 		}
 	}
-	return result{body: collection(typeVolumeCollection, storagePath(m.ID())+"/Volumes", "Volume Collection", members)}, nil
+	body := collection(typeVolumeCollection, storagePath(m.ID())+"/Volumes", "Volume Collection", members)
+	// Volumes cannot be created or deleted (POST is not offered), so no
+	// apply time can be asked for either.
+	body["@Redfish.OperationApplyTimeSupport"] = map[string]any{
+		"@odata.type":     "#" + typeSettings.versionedNamespace() + ".OperationApplyTimeSupport",
+		"SupportedValues": []string{},
+	}
+	return result{body: body}, nil
 }
 
 func (s *Server) getVolume(c *call) (result, error) {
@@ -244,7 +335,7 @@ func (s *Server) getVolume(c *call) (result, error) {
 		return result{}, err
 	}
 	i, err := member(c, "volumeID", "Volume", len(inv.Disks))
-	if err == nil && !hasVolume(inv.Disks[i]) {
+	if err == nil && !isVolume(inv.Disks[i]) {
 		err = newError(http.StatusNotFound, msgResourceNotFound, "Volume", c.vars["volumeID"])
 	}
 	if err != nil {
@@ -252,9 +343,7 @@ func (s *Server) getVolume(c *call) (result, error) {
 	}
 	d := inv.Disks[i]
 	body := resource(typeVolume, volumePath(m.ID(), i+1), strconv.Itoa(i+1), d.Name)
-	if d.CapacityBytes > 0 {
-		body["CapacityBytes"] = d.CapacityBytes
-	}
+	body["CapacityBytes"] = d.CapacityBytes
 	body["Status"] = statusOK()
 	body["Links"] = map[string]any{"Drives": links(drivePath(m.ID(), i+1)), "Drives@odata.count": 1}
 	return result{body: body}, nil

@@ -42,14 +42,24 @@ func TestInventoryResources(t *testing.T) {
 		}},
 		{"/redfish/v1/Systems/vm-1/Processors/1", map[string]any{"ProcessorArchitecture": nil, "InstructionSet": nil, "ProcessorType": "CPU"}},
 		{system0 + "/Memory/1", map[string]any{"CapacityMiB": 4096.0, "MemoryDeviceType": nil}},
-		{storage, map[string]any{"Drives@odata.count": 3.0}},
-		{drives, map[string]any{"Members@odata.count": 3.0}},
+		// The CD-ROM is no Drive; the drives keep their disks' numbers.
+		{storage, map[string]any{"Drives@odata.count": 2.0, "Controllers": map[string]any{"@odata.id": storage + "/Controllers"}}},
+		{drives, map[string]any{"Members": []any{
+			map[string]any{"@odata.id": drives + "/1"}, map[string]any{"@odata.id": drives + "/3"},
+		}}},
 		{"/redfish/v1/Chassis/vm-0", map[string]any{"Drives": map[string]any{"@odata.id": drives}}},
-		{drives + "/1", map[string]any{"Name": "root", "Protocol": nil, "CapacityBytes": nil, "MediaType": nil}},
-		{drives + "/2", map[string]any{"Name": "cd", "Links": map[string]any{"Volumes": []any{}, "Volumes@odata.count": 0.0}}},
+		{drives + "/1", map[string]any{"Name": "root", "Protocol": nil, "CapacityBytes": nil, "MediaType": "HDD"}},
 		{drives + "/3", map[string]any{"Protocol": "SATA", "CapacityBytes": float64(1 << 30)}},
+		// One controller a bus, the CD-ROM's (unknown) not among them.
+		{storage + "/Controllers", map[string]any{"Members": []any{
+			map[string]any{"@odata.id": storage + "/Controllers/scsi"}, map[string]any{"@odata.id": storage + "/Controllers/sata"},
+		}}},
+		{storage + "/Controllers/scsi", map[string]any{"SupportedDeviceProtocols": nil, "SupportedControllerProtocols": []any{"PCIe"}, "SupportedRAIDTypes": []any{}}},
+		{storage + "/Controllers/sata", map[string]any{"SupportedDeviceProtocols": []any{"SATA"}}},
+		// The root disk's size is unknown: a Drive, but no Volume.
+		{drives + "/1", map[string]any{"Links": map[string]any{"Volumes": []any{}, "Volumes@odata.count": 0.0}}},
 		{storage + "/Volumes", map[string]any{"Members": []any{
-			map[string]any{"@odata.id": storage + "/Volumes/1"}, map[string]any{"@odata.id": storage + "/Volumes/3"},
+			map[string]any{"@odata.id": storage + "/Volumes/3"},
 		}}},
 		{storage + "/Volumes/3", map[string]any{"Name": "data", "CapacityBytes": float64(1 << 30),
 			"Links": map[string]any{"Drives": []any{map[string]any{"@odata.id": drives + "/3"}}, "Drives@odata.count": 1.0}}},
@@ -80,8 +90,11 @@ func TestInventoryMembersNotFound(t *testing.T) {
 		system0 + "/Processors/01",
 		system0 + "/Memory/2",
 		system0 + "/Storage/2",
-		system0 + "/Storage/1/Drives/1", // drives live under the chassis
+		system0 + "/Storage/1/Drives/1",     // drives live under the chassis
+		"/redfish/v1/Chassis/vm-0/Drives/2", // the CD-ROM is no Drive
 		"/redfish/v1/Chassis/vm-0/Drives/3",
+		system0 + "/Storage/1/Controllers/usb", // no disk on that bus
+		system0 + "/Storage/1/Controllers/ide",
 		"/redfish/v1/Chassis/vm-0/Drives/x",
 		"/redfish/v1/Chassis/vm-9/Drives",
 		system0 + "/Storage/1/Volumes/2", // the CD-ROM holds no volume

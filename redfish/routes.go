@@ -73,6 +73,10 @@ func serverRoutes() []route {
 		{http.MethodGet, "/redfish/v1/$metadata", privNoAuth, (*Server).getMetadata, nil, forLife},
 		{http.MethodGet, "/redfish/v1/odata", privNoAuth, (*Server).getServiceDocument, nil, forLife},
 
+		{http.MethodGet, registriesPath, privLogin, (*Server).getRegistries, nil, forLife},
+		{http.MethodGet, biosRegistryFile, privLogin, (*Server).getBiosRegistryFile, nil, forLife},
+		{http.MethodGet, biosRegistryDocPath, privLogin, (*Server).getBiosRegistry, nil, forLife},
+
 		{http.MethodGet, "/redfish/v1/Systems", privLogin, (*Server).getSystems, nil, whileMachineList},
 		{http.MethodGet, sys, privLogin, (*Server).getSystem, nil, whileMachineState},
 		{http.MethodPatch, sys, privConfigureComponents, (*Server).patchSystem, nil, perRequest},
@@ -89,6 +93,8 @@ func serverRoutes() []route {
 		{http.MethodGet, sysStorage, privLogin, (*Server).getStorage, nil, whileMachineState},
 		{http.MethodGet, sysStorage + "/Volumes", privLogin, (*Server).getVolumes, nil, whileMachineState},
 		{http.MethodGet, sysStorage + "/Volumes/{volumeID}", privLogin, (*Server).getVolume, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Controllers", privLogin, (*Server).getStorageControllers, nil, whileMachineState},
+		{http.MethodGet, sysStorage + "/Controllers/{controllerID}", privLogin, (*Server).getStorageController, nil, whileMachineState},
 		{http.MethodGet, sys + "/Bios", privLogin, (*Server).getBios, nil, whileMachineState},
 		{http.MethodGet, sys + "/Bios/Settings", privLogin, (*Server).getBiosSettings, nil, whileMachineState},
 		{http.MethodPatch, sys + "/Bios/Settings", privConfigureComponents, (*Server).patchBiosSettings, nil, perRequest},

@@ -53,50 +53,57 @@ func (t schemaType) csdlURI() string { return baseOf(t.namespace) + t.namespace 
 // Versions chosen from the DMTF 2025.4 bundle: the newest minor version of
 // each schema, declared with its .0 errata.
 var (
-	typeServiceRoot          = schemaType{"ServiceRoot", "v1_20_0"}
-	typeSystemCollection     = schemaType{"ComputerSystemCollection", ""}
-	typeSystem               = schemaType{"ComputerSystem", "v1_27_0"}
-	typeEthernetCollection   = schemaType{"EthernetInterfaceCollection", ""}
-	typeEthernetInterface    = schemaType{"EthernetInterface", "v1_12_0"}
-	typeSimpleStorageColl    = schemaType{"SimpleStorageCollection", ""}
-	typeSimpleStorage        = schemaType{"SimpleStorage", "v1_3_0"}
-	typeManagerCollection    = schemaType{"ManagerCollection", ""}
-	typeManager              = schemaType{"Manager", "v1_24_0"}
-	typeVirtualMediaColl     = schemaType{"VirtualMediaCollection", ""}
-	typeVirtualMedia         = schemaType{"VirtualMedia", "v1_6_0"}
-	typeChassisCollection    = schemaType{"ChassisCollection", ""}
-	typeChassis              = schemaType{"Chassis", "v1_28_0"}
-	typeSessionService       = schemaType{"SessionService", "v1_2_0"}
-	typeSessionCollection    = schemaType{"SessionCollection", ""}
-	typeSession              = schemaType{"Session", "v1_8_0"}
-	typeAccountService       = schemaType{"AccountService", "v1_18_0"}
-	typeAccountCollection    = schemaType{"ManagerAccountCollection", ""}
-	typeAccount              = schemaType{"ManagerAccount", "v1_14_0"}
-	typeRoleCollection       = schemaType{"RoleCollection", ""}
-	typeRole                 = schemaType{"Role", "v1_3_0"}
-	typeResource             = schemaType{"Resource", "v1_23_0"}
-	typeMessage              = schemaType{"Message", "v1_3_0"}
-	typeLogServiceCollection = schemaType{"LogServiceCollection", ""}
-	typeLogService           = schemaType{"LogService", "v1_9_0"}
-	typeLogEntryCollection   = schemaType{"LogEntryCollection", ""}
-	typeLogEntry             = schemaType{"LogEntry", "v1_21_0"}
-	typeEventService         = schemaType{"EventService", "v1_10_0"}
-	typeEvent                = schemaType{"Event", "v1_10_0"}
-	typeEventDestinationColl = schemaType{"EventDestinationCollection", ""}
-	typeEventDestination     = schemaType{"EventDestination", "v1_16_0"}
-	typeProcessorCollection  = schemaType{"ProcessorCollection", ""}
-	typeProcessor            = schemaType{"Processor", "v1_22_0"}
-	typeMemoryCollection     = schemaType{"MemoryCollection", ""}
-	typeMemory               = schemaType{"Memory", "v1_23_0"}
-	typeStorageCollection    = schemaType{"StorageCollection", ""}
-	typeStorage              = schemaType{"Storage", "v1_21_0"}
-	typeDrive                = schemaType{"Drive", "v1_22_0"}
-	typeDriveCollection      = schemaType{"DriveCollection", ""}
-	typeVolumeCollection     = schemaType{"VolumeCollection", ""}
-	typeVolume               = schemaType{"Volume", "v1_10_0"}
-	typeBios                 = schemaType{"Bios", "v1_2_0"}
-	typeSecureBoot           = schemaType{"SecureBoot", "v1_1_0"}
-	typeSettings             = schemaType{"Settings", "v1_4_0"}
+	typeServiceRoot            = schemaType{"ServiceRoot", "v1_20_0"}
+	typeSystemCollection       = schemaType{"ComputerSystemCollection", ""}
+	typeSystem                 = schemaType{"ComputerSystem", "v1_27_0"}
+	typeEthernetCollection     = schemaType{"EthernetInterfaceCollection", ""}
+	typeEthernetInterface      = schemaType{"EthernetInterface", "v1_12_0"}
+	typeSimpleStorageColl      = schemaType{"SimpleStorageCollection", ""}
+	typeSimpleStorage          = schemaType{"SimpleStorage", "v1_3_0"}
+	typeManagerCollection      = schemaType{"ManagerCollection", ""}
+	typeManager                = schemaType{"Manager", "v1_24_0"}
+	typeVirtualMediaColl       = schemaType{"VirtualMediaCollection", ""}
+	typeVirtualMedia           = schemaType{"VirtualMedia", "v1_6_0"}
+	typeChassisCollection      = schemaType{"ChassisCollection", ""}
+	typeChassis                = schemaType{"Chassis", "v1_28_0"}
+	typeSessionService         = schemaType{"SessionService", "v1_2_0"}
+	typeSessionCollection      = schemaType{"SessionCollection", ""}
+	typeSession                = schemaType{"Session", "v1_8_0"}
+	typeAccountService         = schemaType{"AccountService", "v1_18_0"}
+	typeAccountCollection      = schemaType{"ManagerAccountCollection", ""}
+	typeAccount                = schemaType{"ManagerAccount", "v1_14_0"}
+	typeRoleCollection         = schemaType{"RoleCollection", ""}
+	typeRole                   = schemaType{"Role", "v1_3_0"}
+	typeResource               = schemaType{"Resource", "v1_23_0"}
+	typeMessage                = schemaType{"Message", "v1_3_0"}
+	typeLogServiceCollection   = schemaType{"LogServiceCollection", ""}
+	typeLogService             = schemaType{"LogService", "v1_9_0"}
+	typeLogEntryCollection     = schemaType{"LogEntryCollection", ""}
+	typeLogEntry               = schemaType{"LogEntry", "v1_21_0"}
+	typeEventService           = schemaType{"EventService", "v1_10_0"}
+	typeEvent                  = schemaType{"Event", "v1_10_0"}
+	typeEventDestinationColl   = schemaType{"EventDestinationCollection", ""}
+	typeEventDestination       = schemaType{"EventDestination", "v1_16_0"}
+	typeProcessorCollection    = schemaType{"ProcessorCollection", ""}
+	typeProcessor              = schemaType{"Processor", "v1_22_0"}
+	typeMemoryCollection       = schemaType{"MemoryCollection", ""}
+	typeMemory                 = schemaType{"Memory", "v1_23_0"}
+	typeStorageCollection      = schemaType{"StorageCollection", ""}
+	typeStorage                = schemaType{"Storage", "v1_21_0"}
+	typeDrive                  = schemaType{"Drive", "v1_22_0"}
+	typeDriveCollection        = schemaType{"DriveCollection", ""}
+	typeVolumeCollection       = schemaType{"VolumeCollection", ""}
+	typeVolume                 = schemaType{"Volume", "v1_10_0"}
+	typeStorageControllerColl  = schemaType{"StorageControllerCollection", ""}
+	typeStorageController      = schemaType{"StorageController", "v1_9_0"}
+	typeBios                   = schemaType{"Bios", "v1_2_0"}
+	typeSecureBoot             = schemaType{"SecureBoot", "v1_1_0"}
+	typeSettings               = schemaType{"Settings", "v1_4_0"}
+	typeRegistryFileCollection = schemaType{"MessageRegistryFileCollection", ""}
+	// Its newest errata: v1_1_0's JSON schema declares a draft-04 style
+	// metaschema of its own that JSON schema validators cannot compile.
+	typeRegistryFile      = schemaType{"MessageRegistryFile", "v1_1_5"}
+	typeAttributeRegistry = schemaType{"AttributeRegistry", "v1_3_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -113,7 +120,9 @@ var servedTypes = []schemaType{
 	typeSimpleStorageColl, typeSimpleStorage,
 	typeProcessorCollection, typeProcessor, typeMemoryCollection, typeMemory,
 	typeStorageCollection, typeStorage, typeDriveCollection, typeDrive, typeVolumeCollection, typeVolume,
+	typeStorageControllerColl, typeStorageController,
 	typeBios, typeSecureBoot, typeSettings,
+	typeRegistryFileCollection, typeRegistryFile, typeAttributeRegistry,
 	typeManagerCollection, typeManager,
 	typeVirtualMediaColl, typeVirtualMedia,
 	typeChassisCollection, typeChassis,

@@ -210,7 +210,7 @@ func identityViolations(uri string, obj map[string]any) []Violation {
 }
 
 // collectLinks walks a body for @odata.id and @Redfish.ActionInfo values
-// (to crawl) and @odata.type values (for the $metadata check).
+// and the service's own registry Locations (to crawl) and @odata.type values (for the $metadata check).
 func collectLinks(uri string, node any, pointer string, types map[string]bool) ([]link, []Violation) {
 	var links []link
 	var violations []Violation
@@ -234,6 +234,10 @@ func collectLinks(uri string, node any, pointer string, types map[string]bool) (
 					continue
 				}
 				links = append(links, link{path: path, referrer: uri, pointer: childPointer})
+			case key == "Uri" && isString && strings.Contains(pointer, "/Location/") && strings.HasPrefix(value, serviceRoot):
+				// A registry file's copy of its registry, when the service
+				// holds it: a resource too, though no @odata.id names it.
+				links = append(links, link{path: value, referrer: uri, pointer: childPointer})
 			default:
 				childLinks, childViolations := collectLinks(uri, n[key], childPointer, types)
 				links = append(links, childLinks...)

@@ -260,6 +260,11 @@ func powerState(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineIns
 		return observed
 	}
 	switch {
+	case strategy == halted && vmi == nil && preparingVolumes(vm.Status.PrintableStatus):
+		// KubeVirt shows a VM's volumes being prepared (a media import)
+		// whether or not it is to run: with nothing running and nothing
+		// to start, the machine is off.
+		return machine.PowerOff
 	case strategy == poweredOn && observed == machine.PowerOff && !stoppedForGood(vm, vmi):
 		// virt-controller has not acted on the strategy or the start yet.
 		return machine.PoweringOn
@@ -269,6 +274,17 @@ func powerState(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineIns
 		return machine.PoweringOff
 	}
 	return observed
+}
+
+// preparingVolumes says whether a printableStatus is about the VM's volumes
+// rather than a start.
+func preparingVolumes(status kubevirtv1.VirtualMachinePrintableStatus) bool {
+	switch status {
+	case kubevirtv1.VirtualMachineStatusProvisioning, kubevirtv1.VirtualMachineStatusWaitingForVolumeBinding,
+		kubevirtv1.VirtualMachineStatusPvcNotFound, kubevirtv1.VirtualMachineStatusDataVolumeError:
+		return true
+	}
+	return false
 }
 
 func observedPower(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachineInstance) machine.PowerState {

@@ -26,6 +26,11 @@ func TestPowerState(t *testing.T) {
 		{"stopped", &halted, kubevirtv1.VirtualMachineStatusStopped, nil, machine.PowerOff},
 		{"starting", &always, kubevirtv1.VirtualMachineStatusStarting, nil, machine.PoweringOn},
 		{"provisioning", &always, kubevirtv1.VirtualMachineStatusProvisioning, nil, machine.PoweringOn},
+		// A media import shows a halted VM as Provisioning too.
+		{"halted while its media imports", &halted, kubevirtv1.VirtualMachineStatusProvisioning, nil, machine.PowerOff},
+		{"halted, its media import failed", &halted, kubevirtv1.VirtualMachineStatusDataVolumeError, nil, machine.PowerOff},
+		{"halted while its volume binds, VMI still stopping", &halted, kubevirtv1.VirtualMachineStatusWaitingForVolumeBinding,
+			&kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}, machine.PoweringOff},
 		{"stopping", &halted, kubevirtv1.VirtualMachineStatusStopping, nil, machine.PoweringOff},
 		{"terminating", &halted, kubevirtv1.VirtualMachineStatusTerminating, nil, machine.PoweringOff},
 		{"paused", &always, kubevirtv1.VirtualMachineStatusPaused, nil, machine.Paused},
