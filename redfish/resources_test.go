@@ -314,7 +314,7 @@ func TestVirtualMediaErrors(t *testing.T) {
 		{name: "insert without image", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{}`, wantStatus: 400, wantID: "ActionParameterMissing"},
 		{name: "insert unsupported parameter", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `","UserName":"x"}`, wantStatus: 400, wantID: "ActionParameterNotSupported"},
 		{name: "insert non-http image", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"ftp://images.example/boot.iso"}`, wantStatus: 400, wantID: "ActionParameterValueFormatError"},
-		{name: "insert into occupied drive", setup: occupied, method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `"}`, wantStatus: 409, wantID: "ResourceInUse"},
+		{name: "insert into occupied drive", setup: occupied, method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `?other"}`, wantStatus: 409, wantID: "ResourceInUse"},
 		{name: "eject with parameter", method: "POST", suffix: "/Cd/Actions/VirtualMedia.EjectMedia", body: `{"Now":true}`, wantStatus: 400, wantID: "ActionParameterUnknown"},
 		{name: "backend unavailable", setup: unavailable, method: "GET", suffix: "/Cd", wantStatus: 503, wantID: "ServiceTemporarilyUnavailable"},
 	}

@@ -97,6 +97,10 @@ var (
 	typeBios                 = schemaType{"Bios", "v1_2_0"}
 	typeSecureBoot           = schemaType{"SecureBoot", "v1_1_0"}
 	typeSettings             = schemaType{"Settings", "v1_4_0"}
+	typeTaskService          = schemaType{"TaskService", "v1_3_0"}
+	typeTaskCollection       = schemaType{"TaskCollection", ""}
+	typeTask                 = schemaType{"Task", "v1_7_0"}
+	typeActionInfo           = schemaType{"ActionInfo", "v1_5_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -123,6 +127,7 @@ var servedTypes = []schemaType{
 	typeResource, typeMessage,
 	typeLogServiceCollection, typeLogService, typeLogEntryCollection, typeLogEntry,
 	typeEventService, typeEvent, typeEventDestinationColl, typeEventDestination,
+	typeTaskService, typeTaskCollection, typeTask, typeActionInfo,
 }
 
 // describedBy returns the JSON schema URI for an @odata.type value, for the
