@@ -1,6 +1,7 @@
 package conformance_test
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -80,6 +81,37 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	}
 	if !backend.Get("vm-2").FailMediaImport("HTTP 404 Not Found") {
 		t.Fatal("vm-2 has no import under way")
+	}
+	// The task monitors are no resources the crawl finds: the running
+	// import's answers 202 with its Task, the failed one's with an error.
+	for _, monitor := range []struct {
+		path, schema string // schema "" is the @odata.type's
+		status       int
+	}{
+		{"/redfish/v1/TaskService/TaskMonitors/1", "", http.StatusAccepted},
+		{"/redfish/v1/TaskService/TaskMonitors/2", "redfish-error.v1_0_2.json", http.StatusInternalServerError},
+	} {
+		r, _ := http.NewRequest(http.MethodGet, service.URL+monitor.path, nil)
+		r.SetBasicAuth("admin", "password")
+		res, err := service.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || res.StatusCode != monitor.status {
+			t.Fatalf("GET %s: %d %s (%v), want %d", monitor.path, res.StatusCode, body, err, monitor.status)
+		}
+		violations, err := validator.Validate(monitor.path, body)
+		if monitor.schema != "" {
+			violations, err = validator.ValidateAgainst(monitor.path, body, monitor.schema)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range violations {
+			t.Errorf("%s", v)
+		}
 	}
 
 	// The Events the stream carries: the power-on of vm-1, the lost ones.
