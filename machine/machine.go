@@ -226,10 +226,6 @@ const (
 	MediaFailed MediaState = "Failed"
 )
 
-// Finished reports whether the state can change only by an eject or an
-// insert: Ready or Failed.
-func (s MediaState) Finished() bool { return s == MediaReady || s == MediaFailed }
-
 // InventoryReader describes the machine. Reads never change state.
 type InventoryReader interface {
 	Inventory(ctx context.Context) (Inventory, error)

@@ -43,21 +43,23 @@ func (m *Machine) VirtualMedia(ctx context.Context) (machine.VirtualMedia, error
 	return media, nil
 }
 
-// importDone is an import seen Succeeded: the image, and the VM's
-// generation it was attached at. An eject and insert change the
-// generation, so a new import of the same URL is read afresh.
+// importDone is an import seen Succeeded, which a DataVolume never
+// leaves: the image, the VM's generation it was attached at, and the media
+// it read. An eject and insert change the generation, so a new import of
+// the same URL is read afresh. (A Failed import is read again: CDI may
+// still retry it.)
 type importDone struct {
 	image      string
 	generation int64
+	media      machine.VirtualMedia
 }
 
 // readImport fills media's State, Percent and Problem from the
 // DataVolume's status. A Succeeded import is remembered, so a drive that
 // is ready costs no API call per read.
 func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine, media *machine.VirtualMedia) error {
-	done := importDone{image: media.Image, generation: vm.Generation}
-	if remembered := b.mediaDone.Load(); remembered != nil && *remembered == done {
-		media.State, media.Percent = machine.MediaReady, 100
+	if done := b.mediaDone.Load(); done != nil && done.image == media.Image && done.generation == vm.Generation {
+		*media = done.media
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
@@ -75,7 +77,7 @@ func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine,
 	}
 	media.State, media.Percent, media.Problem = importState(dv.Status)
 	if media.State == machine.MediaReady {
-		b.mediaDone.Store(&done)
+		b.mediaDone.Store(&importDone{image: media.Image, generation: vm.Generation, media: *media})
 	}
 	return nil
 }

@@ -18,6 +18,8 @@ import (
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -137,7 +139,8 @@ func setImportStatus(t *testing.T, ns, vm string, status cdiv1beta1.DataVolumeSt
 // TestImportProgress: the media's State and Percent follow the
 // DataVolume's import, inserting the same URL again (Ironic's retry)
 // changes nothing, another URL is a conflict, and the VM's own CD-ROM
-// and volumes stay as they were through insert and eject.
+// and volumes stay as they were through insert and eject; all of it with
+// the per-VM Role's rights.
 func TestImportProgress(t *testing.T) {
 	ns := cluster.NewNamespace(t)
 	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
@@ -151,7 +154,22 @@ func TestImportProgress(t *testing.T) {
 		})
 	})
 	own := getVM(t, ns, "vm").Spec.Template.Spec
-	m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
+	// As the VM's bmc-server is: its ServiceAccount with the per-VM Role,
+	// which must grant every call the media makes.
+	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: ns, VMName: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range objs {
+		if err := cluster.Client.Create(t.Context(), obj); err != nil {
+			t.Fatalf("creating %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	cfg, err := cluster.ConfigFor(kubetest.ServiceAccountUser(ns, objs[0].GetName()), "system:serviceaccounts", "system:serviceaccounts:"+ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mustMachine(t, kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{}), "vm")
 	ctx := t.Context()
 	const image = "http://images.example/installer.iso"
 	if err := m.InsertMedia(ctx, image); err != nil {
