@@ -255,7 +255,8 @@ func annotationProblems(body map[string]any) (problems, counts []string) {
 // parameters whose allowable values can be checked; the JSON schemas do
 // not describe action parameters otherwise.
 var actionParameterSchemas = map[string]string{
-	"ResetType": "Resource.json#/definitions/ResetType",
+	"ResetType":            "Resource.json#/definitions/ResetType",
+	"TransferProtocolType": "VirtualMedia.v1_6_0.json#/definitions/TransferProtocolType",
 }
 
 // allowableValueProblems: every value a property's AllowableValues offers

@@ -1,6 +1,7 @@
 package conformance_test
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -26,17 +27,18 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend := memory.New(memory.Options{Machines: 2})
-	// vm-0 runs with a one-time PXE override and media inserted; vm-1 keeps
-	// the defaults (off, no override, empty drive): both shapes get crawled.
+	// Images import for an hour, as a CDI import can: inserts answer with
+	// a Task, and the crawl finds it running.
+	backend := memory.New(memory.Options{Machines: 3, MediaImportTime: time.Hour})
+	// vm-0 runs with a one-time PXE override and media inserted (its
+	// import's Task running); vm-1 keeps the defaults (off, no override,
+	// empty drive); vm-2's import failed (its Task ended in Exception):
+	// every shape gets crawled.
 	vm0 := backend.Get("vm-0")
 	if err := vm0.Reset(t.Context(), machine.ResetOn); err != nil {
 		t.Fatal(err)
 	}
 	if err := vm0.SetBootOverride(t.Context(), machine.BootOverride{Target: machine.BootPxe, Enabled: machine.BootOnce, Mode: machine.BootModeUEFI}); err != nil {
-		t.Fatal(err)
-	}
-	if err := vm0.InsertMedia(t.Context(), "http://127.0.0.1:8080/boot.iso"); err != nil {
 		t.Fatal(err)
 	}
 	server, err := redfish.NewServer(redfish.Config{
@@ -59,10 +61,14 @@ func TestRedfishSchemaConformance(t *testing.T) {
 	if stream == nil || resumed == nil {
 		t.Fatal("no SSE stream")
 	}
-	// An action and a failed login, so that both kinds of LogEntry exist.
+	// An action and a failed login, so that both kinds of LogEntry exist,
+	// and the inserts whose Tasks are crawled.
+	const insert = "/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia"
 	for _, req := range []struct{ method, path, body, password string }{
 		{http.MethodPost, "/redfish/v1/Systems/vm-1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`, "password"},
 		{http.MethodGet, "/redfish/v1/Systems", "", "wrong"},
+		{http.MethodPost, "/redfish/v1/Systems/vm-0" + insert, `{"Image":"http://127.0.0.1:8080/boot.iso"}`, "password"},
+		{http.MethodPost, "/redfish/v1/Systems/vm-2" + insert, `{"Image":"http://127.0.0.1:8080/missing.iso"}`, "password"},
 	} {
 		r, _ := http.NewRequest(req.method, service.URL+req.path, strings.NewReader(req.body))
 		r.SetBasicAuth("admin", req.password)
@@ -72,6 +78,40 @@ func TestRedfishSchemaConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		res.Body.Close()
+	}
+	if !backend.Get("vm-2").FailMediaImport("HTTP 404 Not Found") {
+		t.Fatal("vm-2 has no import under way")
+	}
+	// The task monitors are no resources the crawl finds: the running
+	// import's answers 202 with its Task, the failed one's with an error.
+	for _, monitor := range []struct {
+		path, schema string // schema "" is the @odata.type's
+		status       int
+	}{
+		{"/redfish/v1/TaskService/TaskMonitors/1", "", http.StatusAccepted},
+		{"/redfish/v1/TaskService/TaskMonitors/2", "redfish-error.v1_0_2.json", http.StatusInternalServerError},
+	} {
+		r, _ := http.NewRequest(http.MethodGet, service.URL+monitor.path, nil)
+		r.SetBasicAuth("admin", "password")
+		res, err := service.Client().Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil || res.StatusCode != monitor.status {
+			t.Fatalf("GET %s: %d %s (%v), want %d", monitor.path, res.StatusCode, body, err, monitor.status)
+		}
+		violations, err := validator.Validate(monitor.path, body)
+		if monitor.schema != "" {
+			violations, err = validator.ValidateAgainst(monitor.path, body, monitor.schema)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range violations {
+			t.Errorf("%s", v)
+		}
 	}
 
 	// The Events the stream carries: the power-on of vm-1, the lost ones.
@@ -103,7 +143,9 @@ func TestRedfishSchemaConformance(t *testing.T) {
 		"/redfish/v1/Systems/vm-1/LogServices/Log/Entries/1", "/redfish/v1/Managers/vm-1/LogServices/Log/Entries/2",
 		"/redfish/v1/Systems/vm-0/Processors/1", "/redfish/v1/Systems/vm-0/Memory/1", "/redfish/v1/Chassis/vm-0/Drives/1",
 		"/redfish/v1/Systems/vm-0/Storage/1/Volumes/1", "/redfish/v1/Systems/vm-0/Storage/1/Controllers/virtio",
-		"/redfish/v1/Registries/BiosAttributeRegistry.1.0.0/BiosAttributeRegistry.1.0.0"} {
+		"/redfish/v1/Registries/BiosAttributeRegistry.1.0.0/BiosAttributeRegistry.1.0.0",
+		"/redfish/v1/TaskService/Tasks/1", "/redfish/v1/TaskService/Tasks/2",
+		"/redfish/v1/Systems/vm-0/ResetActionInfo", "/redfish/v1/Systems/vm-0/VirtualMedia/Cd/InsertMediaActionInfo"} {
 		if !visitedUnder(report.Visited, want) {
 			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)
 		}

@@ -197,7 +197,34 @@ type VirtualMedia struct {
 	Inserted       bool
 	Image          string // URL of the inserted image; empty when ejected
 	WriteProtected bool
+	// State says whether the inserted image can be read yet; empty when
+	// nothing is inserted.
+	State MediaState
+	// Percent is how much of the image the backend has fetched, 0 to 100,
+	// as far as it can tell: 100 once Ready.
+	Percent int
+	// Problem says why a Failed import failed.
+	Problem string
 }
+
+// MediaState is how far the backend has got with an inserted image. A
+// backend that reads the image where it is (the in-memory machine) is Ready
+// at once; one that copies it first (KubeVirt's CDI import) is Importing
+// until the copy is whole.
+type MediaState string
+
+const (
+	// MediaReady: the drive reads the image.
+	MediaReady MediaState = "Ready"
+	// MediaPending: the fetch has not started and waits for the machine
+	// (a volume bound only when the machine first starts).
+	MediaPending MediaState = "Pending"
+	// MediaImporting: the backend is fetching the image.
+	MediaImporting MediaState = "Importing"
+	// MediaFailed: the fetch failed (Problem says why); the media stays
+	// inserted until ejected, and the drive reads nothing.
+	MediaFailed MediaState = "Failed"
+)
 
 // InventoryReader describes the machine. Reads never change state.
 type InventoryReader interface {
@@ -237,12 +264,20 @@ type BootController interface {
 
 // MediaController drives the virtual CD drive.
 type MediaController interface {
+	// VirtualMedia reports the drive, with how far the backend has got
+	// with the inserted image.
 	VirtualMedia(ctx context.Context) (VirtualMedia, error)
-	// InsertMedia attaches the image at url. Inserting while media is
-	// already inserted returns ErrConflict; an empty or non-absolute URL
-	// returns ErrInvalidArgument.
+	// InsertMedia attaches the image at url and starts fetching it; it
+	// returns before the image is Ready (VirtualMedia tells when it is).
+	// Inserting the URL that is already inserted returns nil and changes
+	// nothing (clients retry inserts, or eject best-effort and insert
+	// again), whatever its State; a different URL while media is inserted
+	// returns ErrConflict. An empty or non-absolute URL returns
+	// ErrInvalidArgument. The machine's own drives and volumes are never
+	// touched: the media has a drive of its own.
 	InsertMedia(ctx context.Context, url string) error
-	// EjectMedia detaches the media; it returns nil when the drive is empty.
+	// EjectMedia detaches the media, stopping a fetch under way; it
+	// returns nil when the drive is empty.
 	EjectMedia(ctx context.Context) error
 }
 
@@ -373,7 +408,9 @@ type Versioned interface {
 	// StateVersion returns a number that changes whenever anything the
 	// machine with that ID reports could read differently: Inventory,
 	// PowerState, BootOverride, VirtualMedia, Firmware, LocatorActive,
-	// Capabilities, and whether Backend.Machine finds it. It may also
+	// Capabilities, and whether Backend.Machine finds it; VirtualMedia's
+	// State, Percent and Problem excepted, which an import moves without
+	// any write (read VirtualMedia afresh to follow them). It may also
 	// change when nothing did. Once a write (Reset, SetBootOverride,
 	// InsertMedia, EjectMedia, SetFirmware, ResetFirmware,
 	// SetLocatorActive) has returned,

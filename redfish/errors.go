@@ -100,14 +100,48 @@ var baseRegistry = map[string]registryEntry{
 	msgResetRequired:                  {"In order to apply changes, recover from errors, or complete the operation, a component reset is required with the Reset action URI '%1' and ResetType '%2'.", "Warning"},
 }
 
-// message is one entry of @Message.ExtendedInfo.
+// taskEventVersion prefixes the MessageIds of DMTF's Task Event registry,
+// whose messages a Task carries.
+const taskEventVersion = "TaskEvent.1.0"
+
+// Task Event registry message keys.
+const (
+	msgTaskStarted     = "TaskStarted"
+	msgTaskCompletedOK = "TaskCompletedOK"
+	msgTaskAborted     = "TaskAborted"
+	msgTaskCancelled   = "TaskCancelled"
+)
+
+var taskEventRegistry = map[string]registryEntry{
+	msgTaskStarted:     {"The task with Id '%1' has started.", "OK"},
+	msgTaskCompletedOK: {"The task with Id '%1' has completed.", "OK"},
+	msgTaskAborted:     {"The task with Id '%1' has been aborted.", "Critical"},
+	msgTaskCancelled:   {"The task with Id '%1' has been cancelled.", "Warning"},
+}
+
+// message is one entry of @Message.ExtendedInfo, or of a Task's Messages.
 type message struct {
 	key     string
 	args    []string
 	related string // JSON pointer of the offending property, if any
+	// resolution, when set, says what happened and what to do, beyond
+	// what the registry's text can.
+	resolution string
 }
 
-func (m message) text() string { return m.format(baseRegistry[m.key].text) }
+// entry is m's registry entry and MessageId: the Base registry's, or the
+// Task Event registry's for a task's messages.
+func (m message) entry() (registryEntry, string) {
+	if e, ok := taskEventRegistry[m.key]; ok {
+		return e, taskEventVersion + "." + m.key
+	}
+	return baseRegistry[m.key], registryVersion + "." + m.key
+}
+
+func (m message) text() string {
+	e, _ := m.entry()
+	return m.format(e.text)
+}
 
 // format fills a registry text with m's arguments, in one pass, so an
 // argument that contains "%2" stays as sent.
@@ -120,15 +154,19 @@ func (m message) format(text string) string {
 }
 
 func (m message) body() map[string]any {
+	e, id := m.entry()
 	body := map[string]any{
 		"@odata.type":     typeMessage.odataType(),
-		"MessageId":       registryVersion + "." + m.key,
+		"MessageId":       id,
 		"Message":         m.text(),
 		"MessageArgs":     append([]string{}, m.args...),
-		"MessageSeverity": baseRegistry[m.key].severity,
+		"MessageSeverity": e.severity,
 	}
 	if m.related != "" {
 		body["RelatedProperties"] = []string{"#" + m.related}
+	}
+	if m.resolution != "" {
+		body["Resolution"] = m.resolution
 	}
 	return body
 }
@@ -180,7 +218,8 @@ func badRequest(msgs ...message) *apiError {
 func (e *apiError) body() map[string]any {
 	code, text := registryVersion+"."+msgGeneralError, baseRegistry[msgGeneralError].text
 	if len(e.messages) == 1 {
-		code, text = registryVersion+"."+e.messages[0].key, e.messages[0].text()
+		_, code = e.messages[0].entry()
+		text = e.messages[0].text()
 	}
 	info := make([]any, len(e.messages))
 	for i, m := range e.messages {

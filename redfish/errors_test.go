@@ -122,7 +122,10 @@ func TestErrorResponses(t *testing.T) {
 		{name: "manager reset type", req: asAdmin("POST", manager0+"/Actions/Manager.Reset", `{"ResetType":"ForceOff"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
 		{name: "insert without image", req: asAdmin("POST", sysInsert0, `{}`), wantStatus: 400, wantIDs: []string{"ActionParameterMissing"}},
 		{name: "insert image of wrong type", req: asAdmin("POST", sysInsert0, `{"Image":5}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
-		{name: "insert unsupported parameter", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"NFS"}`), wantStatus: 400, wantIDs: []string{"ActionParameterNotSupported"}},
+		{name: "insert unsupported parameter", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferMethod":"Stream"}`), wantStatus: 400, wantIDs: []string{"ActionParameterNotSupported"}},
+		{name: "insert over NFS", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"NFS"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
+		{name: "insert http image over HTTPS", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"HTTPS"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
+		{name: "insert protocol of wrong type", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":1}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
 		{name: "insert not inserted", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","Inserted":false}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueNotInList"}},
 		{name: "insert writable", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","WriteProtected":"no"}`), wantStatus: 400, wantIDs: []string{"ActionParameterValueTypeError"}},
 		{name: "insert unknown parameter", req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`","Colour":"red"}`), wantStatus: 400, wantIDs: []string{"ActionParameterUnknown"}},
@@ -131,7 +134,7 @@ func TestErrorResponses(t *testing.T) {
 			if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`)); res.status != 204 {
 				f.t.Fatalf("first insert: %d %s", res.status, res.raw)
 			}
-		}, req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), wantStatus: 409, wantIDs: []string{"ResourceInUse"}},
+		}, req: asAdmin("POST", sysInsert0, `{"Image":"`+image+`?other"}`), wantStatus: 409, wantIDs: []string{"ResourceInUse"}},
 		{name: "eject with parameter", req: asAdmin("POST", sysEject0, `{"Now":true}`), wantStatus: 400, wantIDs: []string{"ActionParameterUnknown"}},
 		{name: "login without user name", req: request{method: "POST", path: "/redfish/v1/SessionService/Sessions", body: `{"Password":"x"}`}, wantStatus: 400, wantIDs: []string{"PropertyMissing"}},
 		{name: "login with numeric password", req: request{method: "POST", path: "/redfish/v1/SessionService/Sessions", body: `{"UserName":"admin","Password":1}`}, wantStatus: 400, wantIDs: []string{"PropertyValueTypeError"}},

@@ -61,6 +61,29 @@ func TestGoldenBodies(t *testing.T) {
 			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
 		}, get(sysCD0), 200},
 		{"system_virtual_media_empty", nil, get(sysCD0), 200},
+		{"insert_media_action_info", nil, get(sysCD0 + "/InsertMediaActionInfo"), 200},
+		{"reset_action_info", nil, get(system0 + "/ResetActionInfo"), 200},
+		{"task_service", nil, get("/redfish/v1/TaskService"), 200},
+		{"insert_media_accepted", slowMedia, asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), 202},
+		{"tasks", func(f *fixture) {
+			slowMedia(f)
+			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
+		}, get("/redfish/v1/TaskService/Tasks"), 200},
+		{"task_running", func(f *fixture) {
+			slowMedia(f)
+			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
+			f.clock.Advance(importTime / 4)
+		}, get(task1), 200},
+		{"task_exception", func(f *fixture) {
+			slowMedia(f)
+			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
+			f.backend.Get("vm-0").FailMediaImport("HTTP 404 Not Found")
+		}, get(task1), 200},
+		{"error_task_monitor_exception", func(f *fixture) {
+			slowMedia(f)
+			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
+			f.backend.Get("vm-0").FailMediaImport("HTTP 404 Not Found")
+		}, get(taskMonitor1), 500},
 		{"chassis", nil, get("/redfish/v1/Chassis/vm-0"), 200},
 		{"session_service", nil, get("/redfish/v1/SessionService"), 200},
 		{"account_service", nil, get("/redfish/v1/AccountService"), 200},

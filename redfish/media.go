@@ -1,7 +1,10 @@
 package redfish
 
 import (
+	"encoding/json"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -63,19 +66,46 @@ func (s *Server) getVirtualMedia(c *call) (result, error) {
 		body["ConnectedVia"] = "NotConnected"
 	}
 	body["Actions"] = map[string]any{
-		"#VirtualMedia.InsertMedia": map[string]any{"target": path + "/Actions/VirtualMedia.InsertMedia"},
-		"#VirtualMedia.EjectMedia":  map[string]any{"target": path + "/Actions/VirtualMedia.EjectMedia"},
+		"#VirtualMedia.InsertMedia": map[string]any{
+			"target":              path + "/Actions/VirtualMedia.InsertMedia",
+			"@Redfish.ActionInfo": insertMediaActionInfoPath(m.ID()),
+			"TransferProtocolType@Redfish.AllowableValues": transferProtocols,
+		},
+		"#VirtualMedia.EjectMedia": map[string]any{"target": path + "/Actions/VirtualMedia.EjectMedia"},
 	}
 	return result{body: body}, nil
 }
 
+func insertMediaActionInfoPath(id string) string { return cdPath(id) + "/InsertMediaActionInfo" }
+
+// transferProtocols are the TransferProtocolTypes the backends fetch
+// images with (machine.CheckImageURL): the one a client names must be the
+// Image URL's scheme.
+var transferProtocols = []string{"HTTP", "HTTPS"}
+
+func (s *Server) getInsertMediaActionInfo(c *call) (result, error) {
+	m, err := s.mediaMachine(c)
+	if err != nil {
+		return result{}, err
+	}
+	// The drive is a CD: media is always inserted and write-protected.
+	always := []string{"true"}
+	return result{body: actionInfo(insertMediaActionInfoPath(m.ID()), "InsertMedia",
+		actionParameter{name: "Image", required: true, dataType: "String"},
+		actionParameter{name: "Inserted", dataType: "Boolean", allowed: always},
+		actionParameter{name: "WriteProtected", dataType: "Boolean", allowed: always},
+		actionParameter{name: "TransferProtocolType", dataType: "String", allowed: transferProtocols},
+	)}, nil
+}
+
 // insertMediaKnown are the InsertMedia parameters the schema defines.
-// Image, Inserted and WriteProtected are honoured; the transfer and
-// credential parameters are refused because images are fetched over plain
-// http(s) by the backend.
+// Image, Inserted, WriteProtected and TransferProtocolType are honoured
+// (sushy sends the last when a BMC asks for it, others always); the
+// transfer method and credentials are refused because images are fetched
+// over plain http(s) by the backend.
 var (
 	insertMediaKnown       = []string{"Image", "Inserted", "WriteProtected", "TransferMethod", "TransferProtocolType", "UserName", "Password"}
-	insertMediaUnsupported = []string{"TransferMethod", "TransferProtocolType", "UserName", "Password"}
+	insertMediaUnsupported = []string{"TransferMethod", "UserName", "Password"}
 )
 
 func (s *Server) insertMedia(c *call) (result, error) {
@@ -111,6 +141,9 @@ func (s *Server) insertMedia(c *call) (result, error) {
 			problems = append(problems, message{key: msgActionParameterValueNotInList, args: []string{"false", key, action}})
 		}
 	}
+	if raw, given := params["TransferProtocolType"]; given {
+		problems = append(problems, transferProtocolProblems(raw, image)...)
+	}
 	if len(problems) > 0 {
 		return result{}, badRequest(problems...)
 	}
@@ -120,9 +153,38 @@ func (s *Server) insertMedia(c *call) (result, error) {
 			action: action, parameter: "Image", value: image,
 		})
 	}
-	return result{}, nil
+	media, err := m.VirtualMedia(c.ctx())
+	if err != nil {
+		return result{}, s.mapBackendError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID})
+	}
+	if media.Image != image || media.State == machine.MediaReady || media.State == "" {
+		return result{}, nil // the drive reads it now (or it was ejected since)
+	}
+	t, err := s.followTask(c.ctx(), s.tasks.start(s.now(), m.ID(), image))
+	if err != nil {
+		return result{}, err
+	}
+	return s.accepted(t), nil
 }
 
+// transferProtocolProblems checks a TransferProtocolType: HTTP or HTTPS,
+// and the Image URL's own scheme (an https URL fetched as HTTP, or the
+// reverse, is not what the client asked for).
+func transferProtocolProblems(raw json.RawMessage, image string) []message {
+	const param, action = "TransferProtocolType", "InsertMedia"
+	value, ok := jsonString(raw)
+	switch {
+	case !ok:
+		return []message{{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), param, action}}}
+	case !slices.Contains(transferProtocols, value):
+		return []message{{key: msgActionParameterValueNotInList, args: []string{value, param, action}}}
+	}
+	scheme, _, _ := strings.Cut(image, "://")
+	if !strings.EqualFold(scheme, value) {
+		return []message{{key: msgActionParameterValueNotInList, args: []string{value, param, action}}}
+	}
+	return nil
+}
 func (s *Server) ejectMedia(c *call) (result, error) {
 	m, err := s.mediaMachine(c)
 	if err != nil {

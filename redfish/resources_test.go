@@ -248,6 +248,10 @@ func TestVirtualMedia(t *testing.T) {
 	if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
 		t.Errorf("backend media = %+v", got)
 	}
+	// Ironic's retry, with the protocol sushy adds when a BMC asks for it.
+	if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"HTTP"}`)); res.status != http.StatusNoContent {
+		t.Errorf("inserting the inserted image again: %d %s, want 204", res.status, res.raw)
+	}
 	wantIDs := map[string]any{"@odata.id": sysCD0, "InsertMedia target": sysInsert0, "EjectMedia target": sysEject0}
 	gotIDs := map[string]any{
 		"@odata.id":          cd["@odata.id"],
@@ -314,8 +318,11 @@ func TestVirtualMediaErrors(t *testing.T) {
 		{name: "insert without image", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{}`, wantStatus: 400, wantID: "ActionParameterMissing"},
 		{name: "insert unsupported parameter", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `","UserName":"x"}`, wantStatus: 400, wantID: "ActionParameterNotSupported"},
 		{name: "insert non-http image", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"ftp://images.example/boot.iso"}`, wantStatus: 400, wantID: "ActionParameterValueFormatError"},
-		{name: "insert into occupied drive", setup: occupied, method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `"}`, wantStatus: 409, wantID: "ResourceInUse"},
+		{name: "insert into occupied drive", setup: occupied, method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `?other"}`, wantStatus: 409, wantID: "ResourceInUse"},
 		{name: "eject with parameter", method: "POST", suffix: "/Cd/Actions/VirtualMedia.EjectMedia", body: `{"Now":true}`, wantStatus: 400, wantID: "ActionParameterUnknown"},
+		{name: "eject with parameter from occupied drive", setup: occupied, method: "POST", suffix: "/Cd/Actions/VirtualMedia.EjectMedia", body: `{"Now":true}`, wantStatus: 400, wantID: "ActionParameterUnknown"},
+		{name: "insert over FTP", method: "POST", suffix: "/Cd/Actions/VirtualMedia.InsertMedia", body: `{"Image":"` + image + `","TransferProtocolType":"FTP"}`, wantStatus: 400, wantID: "ActionParameterValueNotInList"},
+		{name: "insert with its action info's path", method: "POST", suffix: "/Cd/InsertMediaActionInfo", body: `{"Image":"` + image + `"}`, wantStatus: 405, wantID: "OperationNotAllowed"},
 		{name: "backend unavailable", setup: unavailable, method: "GET", suffix: "/Cd", wantStatus: 503, wantID: "ServiceTemporarilyUnavailable"},
 	}
 	for _, tt := range tests {
@@ -324,10 +331,15 @@ func TestVirtualMediaErrors(t *testing.T) {
 			if tt.setup != nil {
 				tt.setup(f)
 			}
+			before, beforeErr := f.backend.Get("vm-0").VirtualMedia(t.Context())
 			path := system0 + "/VirtualMedia" + tt.suffix
 			res := f.do(asAdmin(tt.method, path, tt.body))
 			if res.status != tt.wantStatus {
 				t.Fatalf("%s %s: status %d, want %d: %s", tt.method, path, res.status, tt.wantStatus, res.raw)
+			}
+			// A refused request leaves the drive as it was.
+			if after, err := f.backend.Get("vm-0").VirtualMedia(t.Context()); after != before || (err == nil) != (beforeErr == nil) {
+				t.Errorf("the drive went from %+v to %+v", before, after)
 			}
 			if ids := messageIDs(t, res); !slices.Equal(ids, []string{"Base.1.19." + tt.wantID}) {
 				t.Errorf("MessageIds = %v, want [Base.1.19.%s]", ids, tt.wantID)

@@ -57,6 +57,7 @@ func (s *Server) getServiceRoot(*call) (result, error) {
 	body["AccountService"] = link("/redfish/v1/AccountService")
 	body["EventService"] = link(eventServicePath)
 	body["Registries"] = link(registriesPath)
+	body["Tasks"] = link(taskServicePath)
 	body["Links"] = map[string]any{"Sessions": link("/redfish/v1/SessionService/Sessions")}
 	// Query parameters are ignored; say so, so clients do not rely on them.
 	body["ProtocolFeaturesSupported"] = map[string]any{
@@ -91,6 +92,8 @@ func (s *Server) getServiceDocument(*call) (result, error) {
 			entry("SessionService", "/redfish/v1/SessionService"),
 			entry("AccountService", "/redfish/v1/AccountService"),
 			entry("EventService", eventServicePath),
+			entry("Tasks", taskServicePath),
+			entry("Registries", registriesPath),
 			entry("Sessions", "/redfish/v1/SessionService/Sessions"),
 		},
 	}}, nil

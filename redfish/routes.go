@@ -81,6 +81,7 @@ func serverRoutes() []route {
 		{http.MethodGet, sys, privLogin, (*Server).getSystem, nil, whileMachineState},
 		{http.MethodPatch, sys, privConfigureComponents, (*Server).patchSystem, nil, perRequest},
 		{http.MethodPost, sys + "/Actions/ComputerSystem.Reset", privConfigureComponents, (*Server).resetSystem, nil, perRequest},
+		{http.MethodGet, sys + "/ResetActionInfo", privLogin, (*Server).getResetActionInfo, nil, whileMachineState},
 		{http.MethodGet, sys + "/EthernetInterfaces", privLogin, (*Server).getEthernetInterfaces, nil, whileMachineState},
 		{http.MethodGet, sys + "/EthernetInterfaces/{nicID}", privLogin, (*Server).getEthernetInterface, nil, whileMachineState},
 		{http.MethodGet, sys + "/SimpleStorage", privLogin, (*Server).getSimpleStorages, nil, whileMachineState},
@@ -104,6 +105,7 @@ func serverRoutes() []route {
 		{http.MethodPost, sys + "/SecureBoot/Actions/SecureBoot.ResetKeys", privConfigureComponents, (*Server).resetSecureBootKeys, nil, perRequest},
 		{http.MethodGet, sys + "/VirtualMedia", privLogin, (*Server).getVirtualMediaCollection, nil, whileMachineState},
 		{http.MethodGet, sysCD, privLogin, (*Server).getVirtualMedia, nil, whileMachineState},
+		{http.MethodGet, sysCD + "/InsertMediaActionInfo", privLogin, (*Server).getInsertMediaActionInfo, nil, whileMachineState},
 		{http.MethodPost, sysCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, (*Server).insertMedia, nil, perRequest},
 		{http.MethodPost, sysCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, (*Server).ejectMedia, nil, perRequest},
 
@@ -139,6 +141,13 @@ func serverRoutes() []route {
 		{http.MethodDelete, subscription, privConfigureManager, (*Server).deleteSubscription, (*Server).subscriptionOwner, perRequest},
 		{http.MethodPost, subscription + "/Actions/EventDestination.SuspendSubscription", privConfigureManager, (*Server).suspendSubscription, (*Server).subscriptionOwner, perRequest},
 		{http.MethodPost, subscription + "/Actions/EventDestination.ResumeSubscription", privConfigureManager, (*Server).resumeSubscription, (*Server).subscriptionOwner, perRequest},
+
+		// Tasks change without the machine's version saying so: an
+		// import moves by itself.
+		{http.MethodGet, taskServicePath, privLogin, (*Server).getTaskService, nil, forLife},
+		{http.MethodGet, tasksPath, privLogin, (*Server).getTasks, nil, perRequest},
+		{http.MethodGet, tasksPath + "/{taskID}", privLogin, (*Server).getTask, nil, perRequest},
+		{http.MethodGet, taskMonitorsDir + "/{taskID}", privLogin, (*Server).getTaskMonitor, nil, perRequest},
 
 		{http.MethodGet, "/redfish/v1/SessionService", privLogin, (*Server).getSessionService, nil, forLife},
 		{http.MethodGet, "/redfish/v1/SessionService/Sessions", privLogin, (*Server).getSessions, nil, perRequest},

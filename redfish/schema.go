@@ -104,6 +104,10 @@ var (
 	// metaschema of its own that JSON schema validators cannot compile.
 	typeRegistryFile      = schemaType{"MessageRegistryFile", "v1_1_5"}
 	typeAttributeRegistry = schemaType{"AttributeRegistry", "v1_3_0"}
+	typeTaskService       = schemaType{"TaskService", "v1_3_0"}
+	typeTaskCollection    = schemaType{"TaskCollection", ""}
+	typeTask              = schemaType{"Task", "v1_7_0"}
+	typeActionInfo        = schemaType{"ActionInfo", "v1_5_0"}
 )
 
 // Schemas of the two bodies that carry no @odata.type.
@@ -132,6 +136,7 @@ var servedTypes = []schemaType{
 	typeResource, typeMessage,
 	typeLogServiceCollection, typeLogService, typeLogEntryCollection, typeLogEntry,
 	typeEventService, typeEvent, typeEventDestinationColl, typeEventDestination,
+	typeTaskService, typeTaskCollection, typeTask, typeActionInfo,
 }
 
 // describedBy returns the JSON schema URI for an @odata.type value, for the

@@ -146,6 +146,9 @@ type Server struct {
 	// rendered keeps GET answers until what they show changes.
 	rendered renderCache
 
+	// tasks are the TaskService's: inserts whose image is not ready yet.
+	tasks taskStore
+
 	// firmwareVersion is Manager.FirmwareVersion.
 	firmwareVersion string
 

@@ -158,6 +158,7 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 		"BootSourceOverrideTarget@Redfish.AllowableValues":  bootTargetsAllowed(caps),
 		"BootSourceOverrideEnabled@Redfish.AllowableValues": bootEnabledAllowed,
 		"BootSourceOverrideMode@Redfish.AllowableValues":    stringsOf(caps.BootModes),
+		"@Redfish.WriteableProperties":                      []string{propTarget, propEnabled, propMode},
 	}
 	body["ProcessorSummary"] = processorSummary(inv.CPU)
 	body["MemorySummary"] = map[string]any{"TotalSystemMemoryGiB": float64(inv.MemoryMiB) / 1024}
@@ -178,6 +179,7 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 		"#ComputerSystem.Reset": map[string]any{
 			"target":                            path + "/Actions/ComputerSystem.Reset",
 			"ResetType@Redfish.AllowableValues": stringsOf(caps.ResetTypes),
+			"@Redfish.ActionInfo":               resetActionInfoPath(id),
 		},
 	}
 	return body, boot, nil
@@ -439,6 +441,41 @@ func enumParam(raw json.RawMessage, action, param string, allowed []string) (str
 		return "", newError(http.StatusBadRequest, msgActionParameterValueNotInList, value, param, action)
 	}
 	return value, nil
+}
+
+func resetActionInfoPath(id string) string { return systemPath(id) + "/ResetActionInfo" }
+
+// actionParameter is one Parameters entry of an ActionInfo.
+type actionParameter struct {
+	name     string
+	required bool
+	dataType string // "String", "Boolean"
+	allowed  []string
+}
+
+// actionInfo renders the ActionInfo of an action: the parameters the
+// service accepts, with the values it accepts.
+func actionInfo(path, action string, params ...actionParameter) map[string]any {
+	list := make([]any, len(params))
+	for i, p := range params {
+		entry := map[string]any{"Name": p.name, "Required": p.required, "DataType": p.dataType}
+		if p.allowed != nil {
+			entry["AllowableValues"] = p.allowed
+		}
+		list[i] = entry
+	}
+	body := resource(typeActionInfo, path, action+"ActionInfo", action+" Action Info")
+	body["Parameters"] = list
+	return body
+}
+
+func (s *Server) getResetActionInfo(c *call) (result, error) {
+	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+	if err != nil {
+		return result{}, err
+	}
+	return result{body: actionInfo(resetActionInfoPath(m.ID()), "Reset",
+		actionParameter{name: "ResetType", required: true, dataType: "String", allowed: stringsOf(m.Capabilities().ResetTypes)})}, nil
 }
 
 func (s *Server) resetSystem(c *call) (result, error) {

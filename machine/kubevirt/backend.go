@@ -94,6 +94,8 @@ type Backend struct {
 
 	// mediaMu makes inserts and ejects take turns.
 	mediaMu sync.Mutex
+	// mediaDone is the last import VirtualMedia saw Succeeded, or nil.
+	mediaDone atomic.Pointer[importDone]
 	// cdiMu guards the remembered answer of cdiInstalledRecently.
 	cdiMu           sync.Mutex
 	cdiKnown        bool

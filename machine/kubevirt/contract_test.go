@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"testing"
 
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -43,6 +45,9 @@ func TestContract(t *testing.T) {
 					Machine:   m,
 					Boots:     func() []machine.BootTarget { return cluster.Boots(ns, "vm") },
 					Versioned: b,
+					FinishImport: func(t *testing.T) {
+						setImportStatus(t, ns, "vm", cdiv1beta1.DataVolumeStatus{Phase: cdiv1beta1.Succeeded, Progress: "100.0%"})
+					},
 				}
 			})
 		})

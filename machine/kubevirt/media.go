@@ -3,6 +3,8 @@ package kubevirt
 import (
 	"context"
 	"slices"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,7 +26,8 @@ const (
 // mediaDataVolume names the DataVolume the image is imported into.
 func (b *Backend) mediaDataVolume() string { return b.vmName + "-" + mediaDevice }
 
-// VirtualMedia reports the CD-ROM the backend attached, if any.
+// VirtualMedia reports the CD-ROM the backend attached, if any, and how
+// far CDI has imported its image.
 func (m *Machine) VirtualMedia(ctx context.Context) (machine.VirtualMedia, error) {
 	vm, _, err := m.b.read(ctx)
 	if err != nil {
@@ -33,7 +36,88 @@ func (m *Machine) VirtualMedia(ctx context.Context) (machine.VirtualMedia, error
 	if !hasMedia(vm) {
 		return machine.VirtualMedia{WriteProtected: true}, nil
 	}
-	return machine.VirtualMedia{Inserted: true, Image: vm.Annotations[mediaAnnotation], WriteProtected: true}, nil
+	media := machine.VirtualMedia{Inserted: true, Image: vm.Annotations[mediaAnnotation], WriteProtected: true}
+	if err := m.b.readImport(ctx, vm, &media); err != nil {
+		return machine.VirtualMedia{}, err
+	}
+	return media, nil
+}
+
+// importDone is an import seen Succeeded, which a DataVolume never
+// leaves: the image, the VM's generation it was attached at, and the media
+// it read. An eject and insert change the generation, so a new import of
+// the same URL is read afresh. (A Failed import is read again: CDI may
+// still retry it.)
+type importDone struct {
+	image      string
+	generation int64
+	media      machine.VirtualMedia
+}
+
+// readImport fills media's State, Percent and Problem from the
+// DataVolume's status. A Succeeded import is remembered, so a drive that
+// is ready costs no API call per read.
+func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine, media *machine.VirtualMedia) error {
+	if done := b.mediaDone.Load(); done != nil && done.image == media.Image && done.generation == vm.Generation {
+		*media = done.media
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	dv := &cdiv1beta1.DataVolume{}
+	err := b.api.cdi.Get().Namespace(b.namespace).Resource(dataVolumeResource).Name(b.mediaDataVolume()).Do(ctx).Into(dv)
+	switch {
+	case apierrors.IsNotFound(err):
+		// Attached without its volume: deleted by someone else. The VM
+		// cannot start with it; an eject mends it.
+		media.State, media.Problem = machine.MediaFailed, "DataVolume "+b.mediaDataVolume()+" is missing"
+		return nil
+	case err != nil:
+		return b.apiError(err, "reading DataVolume "+b.mediaDataVolume()+" of")
+	}
+	media.State, media.Percent, media.Problem = importState(dv.Status)
+	if media.State == machine.MediaReady {
+		b.mediaDone.Store(&importDone{image: media.Image, generation: vm.Generation, media: *media})
+	}
+	return nil
+}
+
+// importState maps a DataVolume's status onto the media's: Succeeded is
+// Ready, Failed is Failed with the condition that says why, a volume
+// waiting for its first consumer (a WaitForFirstConsumer storage class
+// binds it when the VM starts) is Pending, and every other phase is an
+// import under way.
+func importState(status cdiv1beta1.DataVolumeStatus) (machine.MediaState, int, string) {
+	switch status.Phase {
+	case cdiv1beta1.Succeeded:
+		return machine.MediaReady, 100, ""
+	case cdiv1beta1.Failed:
+		return machine.MediaFailed, importPercent(status.Progress), importProblem(status.Conditions)
+	case cdiv1beta1.WaitForFirstConsumer, cdiv1beta1.PendingPopulation:
+		return machine.MediaPending, 0, ""
+	}
+	return machine.MediaImporting, importPercent(status.Progress), ""
+}
+
+// importPercent reads CDI's progress ("45.3%", or "N/A"), rounded down; 0
+// when unknown.
+func importPercent(progress cdiv1beta1.DataVolumeProgress) int {
+	f, err := strconv.ParseFloat(strings.TrimSuffix(string(progress), "%"), 64)
+	if err != nil || f < 0 {
+		return 0
+	}
+	return int(min(f, 100))
+}
+
+// importProblem is the first message of a condition that is not True
+// (CDI explains a failed import on Running or Ready).
+func importProblem(conditions []cdiv1beta1.DataVolumeCondition) string {
+	for _, c := range conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			return c.Message
+		}
+	}
+	return "the import failed"
 }
 
 // InsertMedia imports the image into a CDI DataVolume (CDI fetches it over
@@ -56,7 +140,7 @@ func (m *Machine) InsertMedia(ctx context.Context, image string) error {
 		return err
 	}
 	if hasMedia(vm) {
-		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", vm.Annotations[mediaAnnotation])
+		return sameOrConflict(vm, image)
 	}
 	dv, err := m.b.createMediaDataVolume(ctx, vm, image)
 	if err != nil {
@@ -64,6 +148,8 @@ func (m *Machine) InsertMedia(ctx context.Context, image string) error {
 	}
 	_, err = m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, _ *kubevirtv1.VirtualMachineInstance) (bool, error) {
 		if hasMedia(vm) {
+			// Inserted since the read above, by another BMC: this call's
+			// DataVolume replaced that one's, so it is no retry.
 			return false, machine.Errorf(machine.ErrConflict, "media %q is already inserted", vm.Annotations[mediaAnnotation])
 		}
 		spec := &vm.Spec.Template.Spec
@@ -160,6 +246,16 @@ func (b *Backend) deleteMediaDataVolume(ctx context.Context, uid *types.UID) err
 		return nil
 	}
 	return b.apiError(err, "deleting DataVolume "+name+" of")
+}
+
+// sameOrConflict answers an insert of image into vm's occupied drive: nil
+// when image is the one inserted (a client's retry, which changes
+// nothing), ErrConflict when another is.
+func sameOrConflict(vm *kubevirtv1.VirtualMachine, image string) error {
+	if inserted := vm.Annotations[mediaAnnotation]; inserted != image {
+		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", inserted)
+	}
+	return nil
 }
 
 func hasMedia(vm *kubevirtv1.VirtualMachine) bool {

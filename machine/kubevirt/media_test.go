@@ -9,11 +9,17 @@ import (
 	"sync"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -110,4 +116,144 @@ func TestFailedInsertLeavesNoDataVolume(t *testing.T) {
 	if _, err := getDataVolume(t, ns, "vm"); !apierrors.IsNotFound(err) {
 		t.Fatalf("DataVolume after a failed insert: %v, want none", err)
 	}
+}
+
+// setImportStatus writes the media DataVolume's status as CDI's importer
+// would: the test cluster serves CDI's API but runs no importer, so the
+// test plays its part.
+func setImportStatus(t *testing.T, ns, vm string, status cdiv1beta1.DataVolumeStatus) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		dv, err := getDataVolume(t, ns, vm)
+		if err != nil {
+			return err
+		}
+		dv.Status = status
+		return cluster.Client.Status().Update(t.Context(), dv)
+	})
+	if err != nil {
+		t.Fatalf("writing the DataVolume's status: %v", err)
+	}
+}
+
+// TestImportProgress: the media's State and Percent follow the
+// DataVolume's import, inserting the same URL again (Ironic's retry)
+// changes nothing, another URL is a conflict, and the VM's own CD-ROM
+// and volumes stay as they were through insert and eject; all of it with
+// the per-VM Role's rights.
+func TestImportProgress(t *testing.T) {
+	ns := cluster.NewNamespace(t)
+	newVM(t, ns, "vm", func(vm *kubevirtv1.VirtualMachine) {
+		spec := &vm.Spec.Template.Spec
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{
+			Name: "own-cdrom", DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}},
+		})
+		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{
+			Name:         "own-cdrom",
+			VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "own-installer"}},
+		})
+	})
+	own := getVM(t, ns, "vm").Spec.Template.Spec
+	// As the VM's bmc-server is: its ServiceAccount with the per-VM Role,
+	// which must grant every call the media makes.
+	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: ns, VMName: "vm"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range objs {
+		if err := cluster.Client.Create(t.Context(), obj); err != nil {
+			t.Fatalf("creating %s %s: %v", obj.GetKind(), obj.GetName(), err)
+		}
+	}
+	cfg, err := cluster.ConfigFor(kubetest.ServiceAccountUser(ns, objs[0].GetName()), "system:serviceaccounts", "system:serviceaccounts:"+ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mustMachine(t, kubevirttest.StartBackend(t, cfg, ns, "vm", kubevirt.Options{}), "vm")
+	ctx := t.Context()
+	const image = "http://images.example/installer.iso"
+	if err := m.InsertMedia(ctx, image); err != nil {
+		t.Fatalf("InsertMedia: %v", err)
+	}
+	dv, err := getDataVolume(t, ns, "vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name    string
+		status  cdiv1beta1.DataVolumeStatus
+		state   machine.MediaState
+		percent int
+		problem string
+	}{
+		{"no status yet", cdiv1beta1.DataVolumeStatus{}, machine.MediaImporting, 0, ""},
+		{"waiting for the VM to start", cdiv1beta1.DataVolumeStatus{Phase: cdiv1beta1.WaitForFirstConsumer}, machine.MediaPending, 0, ""},
+		{"importing", cdiv1beta1.DataVolumeStatus{Phase: cdiv1beta1.ImportInProgress, Progress: "45.3%"}, machine.MediaImporting, 45, ""},
+		{"progress not known", cdiv1beta1.DataVolumeStatus{Phase: cdiv1beta1.ImportInProgress, Progress: "N/A"}, machine.MediaImporting, 0, ""},
+		{"failed", cdiv1beta1.DataVolumeStatus{Phase: cdiv1beta1.Failed, Progress: "12.0%", Conditions: []cdiv1beta1.DataVolumeCondition{
+			{Type: cdiv1beta1.DataVolumeBound, Status: corev1.ConditionTrue, Message: "PVC bound"},
+			{Type: cdiv1beta1.DataVolumeRunning, Status: corev1.ConditionFalse, Reason: "Error", Message: "HTTP 404 fetching the image"},
+		}}, machine.MediaFailed, 12, "HTTP 404 fetching the image"},
+		{"succeeded", cdiv1beta1.DataVolumeStatus{Phase: cdiv1beta1.Succeeded, Progress: "100.0%"}, machine.MediaReady, 100, ""},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			setImportStatus(t, ns, "vm", s.status)
+			media, err := m.VirtualMedia(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !media.Inserted || media.Image != image || media.State != s.state || media.Percent != s.percent || media.Problem != s.problem {
+				t.Errorf("media %+v, want %s at %d%% (problem %q)", media, s.state, s.percent, s.problem)
+			}
+		})
+	}
+	if err := m.InsertMedia(ctx, image); err != nil {
+		t.Errorf("inserting the inserted image again: %v, want nil", err)
+	}
+	if err := m.InsertMedia(ctx, "http://images.example/other.iso"); !errors.Is(err, machine.ErrConflict) {
+		t.Errorf("inserting another image: %v, want ErrConflict", err)
+	}
+	if again, err := getDataVolume(t, ns, "vm"); err != nil || again.UID != dv.UID || again.Spec.Source.HTTP.URL != image {
+		t.Errorf("the refused and the repeated insert replaced the DataVolume: %v", err)
+	}
+	inserted := getVM(t, ns, "vm").Spec.Template.Spec
+	if got := withoutMedia(inserted); !equality.Semantic.DeepEqual(got.Disks, own.Domain.Devices.Disks) || !equality.Semantic.DeepEqual(got.Volumes, own.Volumes) {
+		t.Errorf("insert changed the VM's own drives:\ndisks %+v\nvolumes %+v", got.Disks, got.Volumes)
+	}
+	if len(inserted.Volumes) != len(own.Volumes)+1 {
+		t.Errorf("inserted media is not a volume of its own: %+v", inserted.Volumes)
+	}
+	if err := m.EjectMedia(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ejected := getVM(t, ns, "vm").Spec.Template.Spec
+	if !equality.Semantic.DeepEqual(ejected.Domain.Devices.Disks, own.Domain.Devices.Disks) || !equality.Semantic.DeepEqual(ejected.Volumes, own.Volumes) {
+		t.Errorf("after eject the VM's drives are\ndisks %+v\nvolumes %+v\nwant as created", ejected.Domain.Devices.Disks, ejected.Volumes)
+	}
+	if media, err := m.VirtualMedia(ctx); err != nil || media.Inserted || media.State != "" {
+		t.Errorf("after eject: %+v, %v", media, err)
+	}
+}
+
+// ownDrives are a VM's disks and volumes.
+type ownDrives struct {
+	Disks   []kubevirtv1.Disk
+	Volumes []kubevirtv1.Volume
+}
+
+// withoutMedia is spec's drives but the media's.
+func withoutMedia(spec kubevirtv1.VirtualMachineInstanceSpec) ownDrives {
+	var d ownDrives
+	for _, disk := range spec.Domain.Devices.Disks {
+		if disk.Name != "virtmetal-media" {
+			d.Disks = append(d.Disks, disk)
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.Name != "virtmetal-media" {
+			d.Volumes = append(d.Volumes, v)
+		}
+	}
+	return d
 }

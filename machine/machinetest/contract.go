@@ -23,6 +23,10 @@ type Subject struct {
 	// Versioned is the machine's backend where it implements
 	// machine.Versioned, else nil.
 	Versioned machine.Versioned
+	// FinishImport, when set, completes the fetch of the inserted image
+	// where nothing here would (a cluster without CDI's importer); nil
+	// when imports finish by themselves.
+	FinishImport func(t *testing.T)
 }
 
 // Run runs the contract suite. newSubject is called once per subtest.
@@ -300,6 +304,9 @@ func testMedia(t *testing.T, s Subject) {
 		}
 		return
 	}
+	if vm := media(t, s); vm.Inserted || vm.State != "" {
+		t.Fatalf("a fresh machine's drive: %+v, want empty", vm)
+	}
 	if err := s.Machine.InsertMedia(ctx, "not a url"); !errors.Is(err, machine.ErrInvalidArgument) {
 		t.Fatalf("InsertMedia(bad URL) = %v, want ErrInvalidArgument", err)
 	}
@@ -310,19 +317,49 @@ func testMedia(t *testing.T, s Subject) {
 		vm, err := s.Machine.VirtualMedia(ctx)
 		return err == nil && vm.Inserted && vm.Image == image
 	})
-	if err := s.Machine.InsertMedia(ctx, image); !errors.Is(err, machine.ErrConflict) {
-		t.Fatalf("second InsertMedia = %v, want ErrConflict", err)
+	if vm := media(t, s); vm.State == "" || vm.Percent < 0 || vm.Percent > 100 {
+		t.Errorf("inserted media reads %+v: want a State and a Percent within 0-100", vm)
+	}
+	// Inserting the same image again (a client's retry) is a no-op,
+	// while the import runs as after it.
+	if err := s.Machine.InsertMedia(ctx, image); err != nil {
+		t.Fatalf("InsertMedia of the image already inserted = %v, want nil", err)
+	}
+	if s.FinishImport != nil {
+		s.FinishImport(t)
+	}
+	poll.True(t, "media ready", func() bool {
+		vm, err := s.Machine.VirtualMedia(ctx)
+		return err == nil && vm.State == machine.MediaReady && vm.Percent == 100
+	})
+	if err := s.Machine.InsertMedia(ctx, image); err != nil {
+		t.Fatalf("InsertMedia of the ready image again = %v, want nil", err)
+	}
+	if err := s.Machine.InsertMedia(ctx, image+"?other"); !errors.Is(err, machine.ErrConflict) {
+		t.Fatalf("InsertMedia of another image = %v, want ErrConflict", err)
+	}
+	if vm := media(t, s); !vm.Inserted || vm.Image != image || vm.State != machine.MediaReady {
+		t.Fatalf("after the refused insert: %+v, want %s still inserted and ready", vm, image)
 	}
 	if err := s.Machine.EjectMedia(ctx); err != nil {
 		t.Fatalf("EjectMedia: %v", err)
 	}
 	poll.True(t, "media ejected", func() bool {
 		vm, err := s.Machine.VirtualMedia(ctx)
-		return err == nil && !vm.Inserted && vm.Image == ""
+		return err == nil && !vm.Inserted && vm.Image == "" && vm.State == ""
 	})
 	if err := s.Machine.EjectMedia(ctx); err != nil {
 		t.Fatalf("EjectMedia of an empty drive: %v", err)
 	}
+}
+
+func media(t *testing.T, s Subject) machine.VirtualMedia {
+	t.Helper()
+	vm, err := s.Machine.VirtualMedia(t.Context())
+	if err != nil {
+		t.Fatalf("VirtualMedia: %v", err)
+	}
+	return vm
 }
 
 func mustReset(t *testing.T, s Subject, r machine.ResetType) {

@@ -29,6 +29,10 @@ type Options struct {
 	CPU machine.CPU
 	// MemoryMiB is every machine's memory; zero means DefaultMemoryMiB.
 	MemoryMiB int64
+	// MediaImportTime is how long an inserted image stays Importing, its
+	// Percent growing with the time, as a backend that copies images
+	// first shows it. Zero makes inserted media Ready at once.
+	MediaImportTime time.Duration
 }
 
 // The hardware of a machine whose Options do not say: a small amd64
@@ -72,6 +76,7 @@ func New(opts Options) *Backend {
 		m := newMachine(i, opts.TransitionDelay, now, b.changes)
 		m.inv.CPU = opts.CPU
 		m.inv.MemoryMiB = opts.MemoryMiB
+		m.mediaTime = opts.MediaImportTime
 		b.machines = append(b.machines, m)
 	}
 	return b
@@ -172,6 +177,8 @@ type Machine struct {
 	firmware      machine.FirmwareState
 	locator       bool
 	media         machine.VirtualMedia
+	mediaTime     time.Duration // Options.MediaImportTime
+	mediaStart    time.Time     // when the inserted image's import began
 	boots         []machine.BootTarget
 	fault         error
 	// generation counts changes of the fields above, from 1; each is told
@@ -464,14 +471,36 @@ func (m *Machine) SetLocatorActive(_ context.Context, on bool) error {
 	return nil
 }
 
-// VirtualMedia returns the state of the virtual CD drive.
+// VirtualMedia returns the state of the virtual CD drive, with the
+// import's progress as of now.
 func (m *Machine) VirtualMedia(context.Context) (machine.VirtualMedia, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fault != nil {
 		return machine.VirtualMedia{}, m.fault
 	}
-	return m.media, nil
+	media := m.media
+	if media.State == machine.MediaImporting {
+		elapsed := m.now().Sub(m.mediaStart)
+		if elapsed >= m.mediaTime {
+			media.State, media.Percent = machine.MediaReady, 100
+		} else {
+			media.Percent = int(100 * elapsed / m.mediaTime)
+		}
+	}
+	return media, nil
+}
+
+// FailMediaImport makes an import under way fail with problem, as a fetch
+// of an unreachable URL does; it returns false when no import is under way.
+func (m *Machine) FailMediaImport(problem string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.media.State != machine.MediaImporting || m.now().Sub(m.mediaStart) >= m.mediaTime {
+		return false
+	}
+	m.media.State, m.media.Problem = machine.MediaFailed, problem
+	return true
 }
 
 // InsertMedia attaches an image; see machine.MediaController.
@@ -484,10 +513,17 @@ func (m *Machine) InsertMedia(_ context.Context, image string) error {
 	if m.fault != nil {
 		return m.fault
 	}
-	if m.media.Inserted {
+	switch {
+	case m.media.Inserted && m.media.Image == image:
+		return nil
+	case m.media.Inserted:
 		return machine.Errorf(machine.ErrConflict, "media %q is already inserted", m.media.Image)
 	}
-	m.media = machine.VirtualMedia{Inserted: true, Image: image, WriteProtected: true}
+	m.media = machine.VirtualMedia{Inserted: true, Image: image, WriteProtected: true, State: machine.MediaReady, Percent: 100}
+	if m.mediaTime > 0 {
+		m.media.State, m.media.Percent = machine.MediaImporting, 0
+		m.mediaStart = m.now()
+	}
 	m.changed()
 	return nil
 }

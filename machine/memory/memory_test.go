@@ -14,7 +14,7 @@ func TestContract(t *testing.T) {
 	for _, delay := range []time.Duration{0, 20 * time.Millisecond} {
 		t.Run("delay "+delay.String(), func(t *testing.T) {
 			machinetest.Run(t, func(t *testing.T) machinetest.Subject {
-				b := memory.New(memory.Options{TransitionDelay: delay})
+				b := memory.New(memory.Options{TransitionDelay: delay, MediaImportTime: delay})
 				m := b.Get("vm-0")
 				return machinetest.Subject{Machine: m, Boots: m.Boots, Versioned: b}
 			})
@@ -138,5 +138,73 @@ func TestHardware(t *testing.T) {
 				t.Errorf("CPU %+v, memory %d MiB; want %+v, %d MiB", inv.CPU, inv.MemoryMiB, tt.wantCPU, tt.wantMemory)
 			}
 		})
+	}
+}
+
+// TestMediaImport: with an import time, inserted media is Importing, its
+// Percent growing with the clock, until Ready; FailMediaImport fails one
+// under way; an eject ends either.
+func TestMediaImport(t *testing.T) {
+	const image = "http://images.example/boot.iso"
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	b := memory.New(memory.Options{MediaImportTime: 10 * time.Second, Now: clock.Now})
+	m := b.Get("vm-0")
+	ctx := t.Context()
+	read := func() machine.VirtualMedia {
+		t.Helper()
+		vm, err := m.VirtualMedia(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vm
+	}
+	if err := m.InsertMedia(ctx, image); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name    string
+		advance time.Duration
+		state   machine.MediaState
+		percent int
+	}{
+		{"just inserted", 0, machine.MediaImporting, 0},
+		{"under way", 4500 * time.Millisecond, machine.MediaImporting, 45},
+		{"done", 5500 * time.Millisecond, machine.MediaReady, 100},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			clock.now = clock.now.Add(s.advance)
+			if vm := read(); vm.State != s.state || vm.Percent != s.percent || !vm.Inserted || vm.Image != image {
+				t.Errorf("media %+v, want %s at %d%%", vm, s.state, s.percent)
+			}
+		})
+	}
+	if m.FailMediaImport("too late") {
+		t.Error("FailMediaImport failed an import that had finished")
+	}
+	if err := m.EjectMedia(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.InsertMedia(ctx, image); err != nil {
+		t.Fatal(err)
+	}
+	if !m.FailMediaImport("404 Not Found") {
+		t.Fatal("FailMediaImport found no import under way")
+	}
+	clock.now = clock.now.Add(time.Minute)
+	if vm := read(); vm.State != machine.MediaFailed || vm.Problem != "404 Not Found" {
+		t.Errorf("after the failure: %+v, want Failed with its problem", vm)
+	}
+	if err := m.InsertMedia(ctx, image); err != nil {
+		t.Errorf("inserting the failed image again: %v, want nil (the retry changes nothing)", err)
+	}
+	if vm := read(); vm.State != machine.MediaFailed {
+		t.Errorf("the retried insert changed the media: %+v", vm)
+	}
+	if err := m.EjectMedia(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if vm := read(); vm != (machine.VirtualMedia{}) {
+		t.Errorf("after eject: %+v, want an empty drive", vm)
 	}
 }
