@@ -196,8 +196,8 @@ func (s *Server) deliver(ctx context.Context, sub *subscription, after uint64, f
 			complete = true
 			// A resume, seen here or not (suspended and resumed while a
 			// push was under way), starts where it says.
-			if since, replay, resumed := s.subscriptions.takeReplay(sub); resumed {
-				after = s.events.Last()
+			if since, replay, resumeAfter, resumed := s.subscriptions.takeReplay(sub); resumed {
+				after = resumeAfter
 				if replay {
 					feed = s.events.SubscribeSince(since)
 				}

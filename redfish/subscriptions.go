@@ -63,6 +63,7 @@ type subscription struct {
 	resumed     chan struct{} // closed when a suspended subscription resumes
 	replaySince time.Time     // where a resumed subscription starts, when replay
 	replay      bool
+	resumeAfter uint64        // the feed's last event when it resumed
 	unseen      bool          // resumed, and its delivery has not yet seen it
 	ended       chan struct{} // closed when it is deleted
 }
@@ -213,26 +214,28 @@ func (t *subscriptionTable) suspend(sub *subscription) <-chan struct{} {
 }
 
 // resume lets a suspended subscription deliver again, the events since
-// the given time first when replay is set; resuming one that is not
-// suspended does nothing.
-func (t *subscriptionTable) resume(sub *subscription, since time.Time, replay bool) {
+// the given time first when replay is set, else those after the feed's
+// event after; resuming one that is not suspended does nothing.
+func (t *subscriptionTable) resume(sub *subscription, since time.Time, replay bool, after uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if sub.suspended {
-		sub.suspended, sub.replaySince, sub.replay, sub.unseen = false, since, replay, true
+		sub.suspended, sub.replaySince, sub.replay, sub.resumeAfter, sub.unseen = false, since, replay, after, true
 		close(sub.resumed)
 	}
 }
 
 // takeReplay is where a resumed subscription starts: the time its
-// ResumeSubscription asked for, or replay false for now; resumed is false
-// when there was no resume since the last call.
-func (t *subscriptionTable) takeReplay(sub *subscription) (since time.Time, replay, resumed bool) {
+// ResumeSubscription asked for, or replay false for the feed's last event
+// when it resumed (not when its delivery wakes: an event between the two is
+// one to deliver); resumed is false when there was no resume since the
+// last call.
+func (t *subscriptionTable) takeReplay(sub *subscription) (since time.Time, replay bool, after uint64, resumed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	since, replay, resumed = sub.replaySince, sub.replay, sub.unseen
+	since, replay, after, resumed = sub.replaySince, sub.replay, sub.resumeAfter, sub.unseen
 	sub.replay, sub.unseen = false, false
-	return since, replay, resumed
+	return since, replay, after, resumed
 }
 
 // interrupted tells a delivery to stop following the feed: the
@@ -713,7 +716,7 @@ func (s *Server) resumeSubscription(c *call) (result, error) {
 			}
 		}
 	}
-	s.subscriptions.resume(sub, s.now().Add(-buffered), buffered > 0)
+	s.subscriptions.resume(sub, s.now().Add(-buffered), buffered > 0, s.events.Last())
 	s.saveSubscriptions(c.ctx())
 	return result{}, nil
 }
