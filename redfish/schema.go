@@ -62,6 +62,7 @@ var (
 	typeSimpleStorage        = schemaType{"SimpleStorage", "v1_3_0"}
 	typeManagerCollection    = schemaType{"ManagerCollection", ""}
 	typeManager              = schemaType{"Manager", "v1_24_0"}
+	typeNetworkProtocol      = schemaType{"ManagerNetworkProtocol", "v1_12_0"}
 	typeVirtualMediaColl     = schemaType{"VirtualMediaCollection", ""}
 	typeVirtualMedia         = schemaType{"VirtualMedia", "v1_6_0"}
 	typeChassisCollection    = schemaType{"ChassisCollection", ""}
@@ -114,7 +115,7 @@ var servedTypes = []schemaType{
 	typeProcessorCollection, typeProcessor, typeMemoryCollection, typeMemory,
 	typeStorageCollection, typeStorage, typeDriveCollection, typeDrive, typeVolumeCollection, typeVolume,
 	typeBios, typeSecureBoot, typeSettings,
-	typeManagerCollection, typeManager,
+	typeManagerCollection, typeManager, typeNetworkProtocol,
 	typeVirtualMediaColl, typeVirtualMedia,
 	typeChassisCollection, typeChassis,
 	typeSessionService, typeSessionCollection, typeSession,
