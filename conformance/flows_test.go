@@ -14,9 +14,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
@@ -139,6 +145,7 @@ func startFlowBMC(t *testing.T, backend string, uefiOnly bool) flowBMC {
 		vm.Spec.RunStrategy = ptr.To(kubevirtv1.RunStrategyHalted)
 	}
 	createRunning(t, vm)
+	importMedia(t, ns, name)
 	b := kubevirttest.StartBackend(t, cluster.Config, ns, name, kubevirt.Options{})
 	m, err := b.Machine(ctx, name)
 	if err != nil {
@@ -146,6 +153,53 @@ func startFlowBMC(t *testing.T, backend string, uefiOnly bool) flowBMC {
 	}
 	ts := serveBMCThrough(t, b, nil, wire.wrap)
 	return flowBMC{ts: ts, wire: wire, system: "/redfish/v1/Systems/" + name, m: m, boots: func() []machine.BootTarget { return cluster.Boots(ns, name) }}
+}
+
+// importMedia stands in for CDI's importer, which the test cluster does
+// not run, for the VM's media DataVolume: while one exists that has not
+// finished, it makes its PVC, Bound, and marks the import Succeeded, so
+// that KubeVirt starts the VM with the CD attached.
+func importMedia(t *testing.T, namespace, vm string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	key := client.ObjectKey{Namespace: namespace, Name: vm + "-virtmetal-media"}
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			dv := &cdiv1beta1.DataVolume{}
+			if err := cluster.Client.Get(ctx, key, dv); err != nil || dv.Status.Phase == cdiv1beta1.Succeeded || dv.DeletionTimestamp != nil || dv.Spec.Storage == nil {
+				continue
+			}
+			pvc := &corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: dv.Name},
+				Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: dv.Spec.Storage.AccessModes, Resources: dv.Spec.Storage.Resources},
+			}
+			// A PVC an earlier import left (nothing collects garbage here)
+			// serves the new one too.
+			if err := cluster.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+				continue
+			}
+			if err := cluster.Client.Get(ctx, key, pvc); err != nil {
+				continue
+			}
+			if pvc.Status.Phase != corev1.ClaimBound {
+				pvc.Status.Phase = corev1.ClaimBound
+				pvc.Status.AccessModes = pvc.Spec.AccessModes
+				pvc.Status.Capacity = pvc.Spec.Resources.Requests
+				if err := cluster.Client.Status().Update(ctx, pvc); err != nil {
+					continue
+				}
+			}
+			dv.Status.Phase, dv.Status.Progress = cdiv1beta1.Succeeded, "100.0%"
+			_ = cluster.Client.Status().Update(ctx, dv)
+		}
+	}()
 }
 
 // requireSushy returns Debian's python3 with python3-sushy (hack/test.sh
@@ -357,20 +411,18 @@ func compactJSON(v any) string {
 	return string(data)
 }
 
-// bmclibBinary builds conformance/bmclib once per test binary.
-var bmclibBinary = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "virtmetal-bmclib-")
-	if err != nil {
-		return "", err
-	}
-	bin := dir + "/bmclib-flow"
+// buildBmclib builds conformance/bmclib for the test (the build cache
+// makes every build after the first a link).
+func buildBmclib(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir() + "/bmclib-flow"
 	cmd := exec.Command("go", "build", "-o", bin, ".")
 	cmd.Dir = "bmclib"
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building conformance/bmclib: %v: %s", err, out)
+		t.Fatalf("building conformance/bmclib: %v: %s", err, out)
 	}
-	return bin, nil
-})
+	return bin
+}
 
 type bmclibResult struct {
 	Steps []struct{ Call, Result, Error string } `json:"steps"`
@@ -379,11 +431,7 @@ type bmclibResult struct {
 
 func runBmclib(t *testing.T, bmc flowBMC, args ...string) bmclibResult {
 	t.Helper()
-	bin, err := bmclibBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.CommandContext(t.Context(), bin, append([]string{"--url", bmc.ts.URL, "--username", maasUser}, args...)...)
+	cmd := exec.CommandContext(t.Context(), buildBmclib(t), append([]string{"--url", bmc.ts.URL, "--username", maasUser}, args...)...)
 	cmd.Env = append(os.Environ(), "REDFISH_PASSWORD="+maasPass)
 	var res bmclibResult
 	runClient(t, cmd, &res, &res.Error)
