@@ -126,6 +126,13 @@ func serveBMC(t testing.TB, backend machine.Backend) *httptest.Server {
 // serveBMCWith is serveBMC with edit applied to the configuration.
 func serveBMCWith(t testing.TB, backend machine.Backend, edit func(*redfish.Config)) *httptest.Server {
 	t.Helper()
+	return serveBMCThrough(t, backend, edit, nil)
+}
+
+// serveBMCThrough is serveBMCWith with the server's handler wrapped by
+// wrap, when not nil (a recorder of the requests, say).
+func serveBMCThrough(t testing.TB, backend machine.Backend, edit func(*redfish.Config), wrap func(http.Handler) http.Handler) *httptest.Server {
+	t.Helper()
 	cfg := redfish.Config{
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
@@ -141,7 +148,11 @@ func serveBMCWith(t testing.TB, backend machine.Backend, edit func(*redfish.Conf
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { _ = server.Run(ctx) }()
-	ts := quietTLSServer(t, server)
+	var handler http.Handler = server
+	if wrap != nil {
+		handler = wrap(server)
+	}
+	ts := quietTLSServer(t, handler)
 	t.Cleanup(server.StopEventStreams) // before ts.Close, which waits for them
 	return ts
 }

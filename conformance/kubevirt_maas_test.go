@@ -34,39 +34,8 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 
 	// A running VM that boots from its disk (bootOrder 1), as MaaS finds it.
 	ns, name := cluster.NewNamespace(t), "node-1"
-	one := uint(1)
-	always := kubevirtv1.RunStrategyAlways
-	memory := resource.MustParse("2Gi")
-	vm := &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec: kubevirtv1.VirtualMachineSpec{
-			RunStrategy: &always,
-			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
-				Domain: kubevirtv1.DomainSpec{
-					CPU:      &kubevirtv1.CPU{Cores: 2},
-					Memory:   &kubevirtv1.Memory{Guest: &memory},
-					Firmware: &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(false)}}},
-					Devices: kubevirtv1.Devices{
-						Disks: []kubevirtv1.Disk{{Name: "root", BootOrder: &one, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
-						Interfaces: []kubevirtv1.Interface{{
-							Name: "pxe", MacAddress: "02:00:00:00:01:01",
-							InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
-						}},
-					},
-					Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
-				},
-				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
-				Volumes:  []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("20Gi")}}}},
-			}},
-		},
-	}
-	if err := cluster.Client.Create(ctx, vm); err != nil {
-		t.Fatalf("creating VM: %v", err)
-	}
-	poll.True(t, "the VM running", func() bool {
-		got := &kubevirtv1.VirtualMachine{}
-		return cluster.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
-	})
+	vm := pxeVM(ns, name, "02:00:00:00:01:01")
+	createRunning(t, vm)
 
 	backend := kubevirttest.StartBackend(t, cluster.Config, ns, name, kubevirt.Options{})
 	ts := serveBMC(t, backend)
@@ -152,6 +121,53 @@ func TestKubeVirtMaaSPowerSequence(t *testing.T) {
 		if boots := cluster.Boots(ns, starting); !slices.Equal(boots, []machine.BootTarget{machine.BootPxe}) {
 			t.Fatalf("boots = %v, want [Pxe]: the start under way must use the one-time PXE boot", boots)
 		}
+	})
+}
+
+// pxeVM is a running VM with UEFI firmware (Secure Boot off), 2 cores,
+// 2Gi, a 20Gi disk it boots from (bootOrder 1) and a NIC with that MAC.
+func pxeVM(namespace, name, mac string) *kubevirtv1.VirtualMachine {
+	always := kubevirtv1.RunStrategyAlways
+	memory := resource.MustParse("2Gi")
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: &always,
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{
+					CPU:      &kubevirtv1.CPU{Cores: 2},
+					Memory:   &kubevirtv1.Memory{Guest: &memory},
+					Firmware: &kubevirtv1.Firmware{Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{SecureBoot: ptr.To(false)}}},
+					Devices: kubevirtv1.Devices{
+						Disks: []kubevirtv1.Disk{{Name: "root", BootOrder: ptr.To(uint(1)), DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
+						Interfaces: []kubevirtv1.Interface{{
+							Name: "pxe", MacAddress: mac,
+							InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
+						}},
+					},
+					Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
+				},
+				Networks: []kubevirtv1.Network{{Name: "pxe", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+				Volumes:  []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{EmptyDisk: &kubevirtv1.EmptyDiskSource{Capacity: resource.MustParse("20Gi")}}}},
+			}},
+		},
+	}
+}
+
+// createRunning creates the VM and waits until KubeVirt reports it
+// Running (at once for a VM that is not to run).
+func createRunning(t *testing.T, vm *kubevirtv1.VirtualMachine) {
+	t.Helper()
+	ctx := t.Context()
+	if err := cluster.Client.Create(ctx, vm); err != nil {
+		t.Fatalf("creating VM: %v", err)
+	}
+	if vm.Spec.RunStrategy == nil || *vm.Spec.RunStrategy != kubevirtv1.RunStrategyAlways {
+		return
+	}
+	poll.True(t, "the VM running", func() bool {
+		got := &kubevirtv1.VirtualMachine{}
+		return cluster.Client.Get(ctx, client.ObjectKeyFromObject(vm), got) == nil && got.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusRunning
 	})
 }
 

@@ -56,6 +56,7 @@ func TestGoldenBodies(t *testing.T) {
 		{"bios_registry", nil, get("/redfish/v1/Registries/BiosAttributeRegistry.1.0.0/BiosAttributeRegistry.1.0.0"), 200},
 		{"error_bios_attributes", nil, asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"BootMode":1,"MemoryMiB":1,"Turbo":"On"}}`), 400},
 		{"manager", nil, get(manager0), 200},
+		{"network_protocol", nil, get(manager0 + "/NetworkProtocol"), 200},
 		{"system_virtual_media_collection", nil, get(system0 + "/VirtualMedia"), 200},
 		{"system_virtual_media", func(f *fixture) {
 			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
@@ -117,7 +118,10 @@ func TestGoldenBodies(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, func(c *redfish.Config, _ *stubBackend) { c.FirmwareVersion = "v0.0.0-golden" })
+			f := newFixture(t, func(c *redfish.Config, _ *stubBackend) {
+				c.FirmwareVersion = "v0.0.0-golden"
+				c.NetworkProtocol = redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0"}
+			})
 			if tt.setup != nil {
 				tt.setup(f)
 			}

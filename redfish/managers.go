@@ -77,6 +77,7 @@ func (s *Server) getManager(c *call) (result, error) {
 	body["PowerState"] = string(machine.PowerOn)
 	body["Status"] = statusOK()
 	body["LogServices"] = link(logServicesPath(path))
+	body["NetworkProtocol"] = link(path + "/NetworkProtocol")
 	body["Links"] = map[string]any{
 		"ManagerForServers": links(systemPath(id)),
 		"ManagerForChassis": links(chassisPath(id)),
@@ -87,6 +88,51 @@ func (s *Server) getManager(c *call) (result, error) {
 			"ResetType@Redfish.AllowableValues": managerResetTypes,
 		},
 	}
+	return result{body: body}, nil
+}
+
+// NetworkProtocol is what the BMC knows of its own network services. It
+// serves no EthernetInterfaces of its own: the BMC is a process behind a
+// Kubernetes Service (or a port-forward), with no NIC, MAC or address that
+// a client could use, and it does not know the name or the port it is
+// reached by, so HostName and FQDN are left out too.
+type NetworkProtocol struct {
+	// RedfishPort is the port the Redfish service listens on; 0 when not
+	// known (a listener the caller made). A Service may publish another.
+	RedfishPort int
+	// PlainHTTP: the Redfish service speaks HTTP, not HTTPS.
+	PlainHTTP bool
+	// IPMIPort is the UDP port IPMI listens on for IPMIMachine (IPMI serves
+	// one machine); 0 when IPMI is off.
+	IPMIPort    int
+	IPMIMachine string
+}
+
+// protocolSettings is one protocol's entry: enabled with its port (when
+// known), or disabled without one.
+func protocolSettings(enabled bool, port int) map[string]any {
+	p := map[string]any{"ProtocolEnabled": enabled}
+	if enabled && port > 0 {
+		p["Port"] = port
+	}
+	return p
+}
+
+func (s *Server) getNetworkProtocol(c *call) (result, error) {
+	m, err := s.machineFor(c, "managerID", "Manager")
+	if err != nil {
+		return result{}, err
+	}
+	id := m.ID()
+	p := s.protocols
+	body := resource(typeNetworkProtocol, managerPath(id)+"/NetworkProtocol", "NetworkProtocol", "Manager Network Protocol")
+	body["Status"] = statusOK()
+	body["HTTPS"] = protocolSettings(!p.PlainHTTP, p.RedfishPort)
+	body["HTTP"] = protocolSettings(p.PlainHTTP, p.RedfishPort)
+	body["IPMI"] = protocolSettings(p.IPMIPort > 0 && p.IPMIMachine == id, p.IPMIPort)
+	// Services a BMC often has and this one has not.
+	body["SSH"] = protocolSettings(false, 0)
+	body["SSDP"] = protocolSettings(false, 0)
 	return result{body: body}, nil
 }
 

@@ -118,6 +118,7 @@ func serverRoutes() []route {
 		{http.MethodGet, "/redfish/v1/Managers", privLogin, (*Server).getManagers, nil, whileMachineList},
 		{http.MethodGet, mgr, privLogin, (*Server).getManager, nil, whileMachineState},
 		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, (*Server).resetManager, nil, perRequest},
+		{http.MethodGet, mgr + "/NetworkProtocol", privLogin, (*Server).getNetworkProtocol, nil, whileMachineState},
 		{http.MethodGet, mgr + "/LogServices", privLogin, getLogServices(managerLogs), nil, perRequest},
 		{http.MethodGet, mgrLog, privLogin, getLogService(managerLogs), nil, perRequest},
 		{http.MethodGet, mgrLog + "/Entries", privLogin, getLogEntries(managerLogs), nil, perRequest},

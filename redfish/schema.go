@@ -62,6 +62,7 @@ var (
 	typeSimpleStorage          = schemaType{"SimpleStorage", "v1_3_0"}
 	typeManagerCollection      = schemaType{"ManagerCollection", ""}
 	typeManager                = schemaType{"Manager", "v1_24_0"}
+	typeNetworkProtocol        = schemaType{"ManagerNetworkProtocol", "v1_12_0"}
 	typeVirtualMediaColl       = schemaType{"VirtualMediaCollection", ""}
 	typeVirtualMedia           = schemaType{"VirtualMedia", "v1_6_0"}
 	typeChassisCollection      = schemaType{"ChassisCollection", ""}
@@ -127,7 +128,7 @@ var servedTypes = []schemaType{
 	typeStorageControllerColl, typeStorageController,
 	typeBios, typeSecureBoot, typeSettings,
 	typeRegistryFileCollection, typeRegistryFile, typeAttributeRegistry,
-	typeManagerCollection, typeManager,
+	typeManagerCollection, typeManager, typeNetworkProtocol,
 	typeVirtualMediaColl, typeVirtualMedia,
 	typeChassisCollection, typeChassis,
 	typeSessionService, typeSessionCollection, typeSession,

@@ -57,6 +57,9 @@ type Config struct {
 	// FirmwareVersion is each Manager's FirmwareVersion (default the
 	// virtmetal build version).
 	FirmwareVersion string
+	// NetworkProtocol is what each Manager's NetworkProtocol says of the
+	// BMC's own services.
+	NetworkProtocol NetworkProtocol
 	// Now is the clock (default time.Now); tests inject one.
 	Now func() time.Time
 	// Observer is told of every answered request, for metrics; nil tells
@@ -151,6 +154,8 @@ type Server struct {
 
 	// firmwareVersion is Manager.FirmwareVersion.
 	firmwareVersion string
+	// protocols is what Manager.NetworkProtocol says.
+	protocols NetworkProtocol
 
 	// patchLocks serialises If-Match checks with the writes they guard, per
 	// machine.
@@ -226,6 +231,7 @@ func NewServer(cfg Config) (*Server, error) {
 		now:         now,
 	}
 	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
+	s.protocols = cfg.NetworkProtocol
 	s.audit = cfg.AuditLog
 	if s.audit == nil {
 		s.audit = auditlog.New(auditlog.Options{Now: now})

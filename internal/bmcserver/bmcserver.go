@@ -135,13 +135,14 @@ func serveBackend(ctx context.Context, stop context.CancelCauseFunc, cfg Config,
 		return err
 	}
 	handler, err := redfish.NewServer(redfish.Config{
-		Backend:        backend,
-		Accounts:       []redfish.Account{{Username: creds.username, Password: creds.password, Role: redfish.RoleAdministrator}},
-		Logger:         log.WithName("redfish"),
-		Limiter:        limiter,
-		TrustedProxies: cfg.TrustedProxies,
-		Observer:       observer,
-		AuditLog:       audit,
+		Backend:         backend,
+		Accounts:        []redfish.Account{{Username: creds.username, Password: creds.password, Role: redfish.RoleAdministrator}},
+		Logger:          log.WithName("redfish"),
+		Limiter:         limiter,
+		TrustedProxies:  cfg.TrustedProxies,
+		Observer:        observer,
+		AuditLog:        audit,
+		NetworkProtocol: networkProtocol(ctx, cfg, backend),
 
 		EventDestinationsDenied:        cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: cfg.EventDestinationsAllowLoopback,

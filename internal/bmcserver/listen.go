@@ -9,11 +9,14 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/internal/certs"
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/redfish"
 )
 
 // ShutdownTimeout is how long in-flight requests may take to finish once
@@ -102,4 +105,33 @@ func serveUntilDone(ctx context.Context, srv *http.Server, listener net.Listener
 		return err
 	}
 	return failure
+}
+
+// networkProtocol is what the Managers say of the BMC's services: the
+// Redfish port from --listen (unknown for port 0) and, with --ipmi-listen,
+// IPMI's port for the machine it serves, the backend's first (startIPMI's
+// choice; backend is nil where IPMI cannot be served).
+func networkProtocol(ctx context.Context, cfg Config, backend machine.Backend) redfish.NetworkProtocol {
+	p := redfish.NetworkProtocol{RedfishPort: listenPort(cfg.Listen), PlainHTTP: cfg.InsecureHTTP}
+	if cfg.IPMIListen == "" || backend == nil {
+		return p
+	}
+	// A failure here fails startIPMI too, which ends the process.
+	if ids, err := backend.Machines(ctx); err == nil && len(ids) > 0 {
+		p.IPMIPort, p.IPMIMachine = listenPort(cfg.IPMIListen), ids[0]
+	}
+	return p
+}
+
+// listenPort is the port of a listen address; 0 when none is fixed.
+func listenPort(addr string) int {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return 0
+	}
+	return n
 }

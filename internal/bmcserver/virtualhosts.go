@@ -58,12 +58,13 @@ func serveVirtualHosts(ctx context.Context, cfg Config, getenv func(string) stri
 		StartBackend: func(ctx context.Context, vm string) (machine.Backend, error) {
 			return startKubeVirt(ctx, restCfg, cfg.Namespace, vm, informers, log)
 		},
-		Limiter:        limiter,
-		Observer:       observer,
-		Intercept:      intercept,
-		TrustedProxies: cfg.TrustedProxies,
-		Grace:          cfg.CredentialsGrace,
-		Logger:         log,
+		Limiter:         limiter,
+		Observer:        observer,
+		Intercept:       intercept,
+		TrustedProxies:  cfg.TrustedProxies,
+		Grace:           cfg.CredentialsGrace,
+		NetworkProtocol: networkProtocol(ctx, cfg, nil),
+		Logger:          log,
 
 		EventDestinationsDenied:        cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: cfg.EventDestinationsAllowLoopback,

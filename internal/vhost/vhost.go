@@ -45,6 +45,9 @@ type Config struct {
 	// until ctx ends: when the VM's file is removed, or the context given
 	// to Reload ends.
 	StartBackend func(ctx context.Context, vm string) (machine.Backend, error)
+	// NetworkProtocol is what each VM's Manager says of the shared
+	// listener's protocols.
+	NetworkProtocol redfish.NetworkProtocol
 	// Limiter is shared by every VM's service, so a source that fails to
 	// log in on one host is slowed on all of them; nil means one with the
 	// default policy.
@@ -242,13 +245,14 @@ func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) 
 		backend = machine.InterceptBackend(backend, r.cfg.Intercept)
 	}
 	server, err := redfish.NewServer(redfish.Config{
-		AuditLog:       audit,
-		Backend:        backend,
-		Accounts:       accounts(spec),
-		Logger:         r.cfg.Logger.WithName("redfish").WithValues("vm", name),
-		Limiter:        r.cfg.Limiter,
-		TrustedProxies: r.cfg.TrustedProxies,
-		Observer:       r.cfg.Observer,
+		AuditLog:        audit,
+		Backend:         backend,
+		Accounts:        accounts(spec),
+		Logger:          r.cfg.Logger.WithName("redfish").WithValues("vm", name),
+		Limiter:         r.cfg.Limiter,
+		TrustedProxies:  r.cfg.TrustedProxies,
+		Observer:        r.cfg.Observer,
+		NetworkProtocol: r.cfg.NetworkProtocol,
 
 		EventDestinationsDenied:        r.cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: r.cfg.EventDestinationsAllowLoopback,
