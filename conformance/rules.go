@@ -257,6 +257,7 @@ func annotationProblems(body map[string]any) (problems, counts []string) {
 var actionParameterSchemas = map[string]string{
 	"ResetType":            "Resource.json#/definitions/ResetType",
 	"TransferProtocolType": "VirtualMedia.v1_6_0.json#/definitions/TransferProtocolType",
+	"TransferMethod":       "VirtualMedia.v1_6_0.json#/definitions/TransferMethod",
 }
 
 // allowableValueProblems: every value a property's AllowableValues offers

@@ -70,6 +70,7 @@ func (s *Server) getVirtualMedia(c *call) (result, error) {
 			"target":              path + "/Actions/VirtualMedia.InsertMedia",
 			"@Redfish.ActionInfo": insertMediaActionInfoPath(m.ID()),
 			"TransferProtocolType@Redfish.AllowableValues": transferProtocols,
+			"TransferMethod@Redfish.AllowableValues":       transferMethods,
 		},
 		"#VirtualMedia.EjectMedia": map[string]any{"target": path + "/Actions/VirtualMedia.EjectMedia"},
 	}
@@ -83,6 +84,11 @@ func insertMediaActionInfoPath(id string) string { return cdPath(id) + "/InsertM
 // Image URL's scheme.
 var transferProtocols = []string{"HTTP", "HTTPS"}
 
+// transferMethods: the backends copy the image before the drive reads it
+// (KubeVirt's CDI imports it into a volume), which Redfish calls Upload;
+// none streams it from the source.
+var transferMethods = []string{"Upload"}
+
 func (s *Server) getInsertMediaActionInfo(c *call) (result, error) {
 	m, err := s.mediaMachine(c)
 	if err != nil {
@@ -95,17 +101,18 @@ func (s *Server) getInsertMediaActionInfo(c *call) (result, error) {
 		actionParameter{name: "Inserted", dataType: "Boolean", allowed: always},
 		actionParameter{name: "WriteProtected", dataType: "Boolean", allowed: always},
 		actionParameter{name: "TransferProtocolType", dataType: "String", allowed: transferProtocols},
+		actionParameter{name: "TransferMethod", dataType: "String", allowed: transferMethods},
 	)}, nil
 }
 
 // insertMediaKnown are the InsertMedia parameters the schema defines.
-// Image, Inserted, WriteProtected and TransferProtocolType are honoured
-// (sushy sends the last when a BMC asks for it, others always); the
-// transfer method and credentials are refused because images are fetched
-// over plain http(s) by the backend.
+// Image, Inserted, WriteProtected, TransferProtocolType and TransferMethod
+// are honoured (sushy sends TransferProtocolType when a BMC asks for it,
+// others always); credentials are refused because images are fetched over
+// plain http(s) by the backend.
 var (
 	insertMediaKnown       = []string{"Image", "Inserted", "WriteProtected", "TransferMethod", "TransferProtocolType", "UserName", "Password"}
-	insertMediaUnsupported = []string{"TransferMethod", "UserName", "Password"}
+	insertMediaUnsupported = []string{"UserName", "Password"}
 )
 
 func (s *Server) insertMedia(c *call) (result, error) {
@@ -143,6 +150,14 @@ func (s *Server) insertMedia(c *call) (result, error) {
 	}
 	if raw, given := params["TransferProtocolType"]; given {
 		problems = append(problems, transferProtocolProblems(raw, image)...)
+	}
+	if raw, given := params["TransferMethod"]; given {
+		switch value, ok := jsonString(raw); {
+		case !ok:
+			problems = append(problems, message{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), "TransferMethod", action}})
+		case !slices.Contains(transferMethods, value):
+			problems = append(problems, message{key: msgActionParameterValueNotInList, args: []string{value, "TransferMethod", action}})
+		}
 	}
 	if len(problems) > 0 {
 		return result{}, badRequest(problems...)

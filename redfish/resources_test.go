@@ -248,8 +248,9 @@ func TestVirtualMedia(t *testing.T) {
 	if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
 		t.Errorf("backend media = %+v", got)
 	}
-	// Ironic's retry, with the protocol sushy adds when a BMC asks for it.
-	if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"HTTP"}`)); res.status != http.StatusNoContent {
+	// Ironic's retry, with the protocol sushy adds when a BMC asks for it
+	// and the transfer method the ActionInfo offers.
+	if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"HTTP","TransferMethod":"Upload"}`)); res.status != http.StatusNoContent {
 		t.Errorf("inserting the inserted image again: %d %s, want 204", res.status, res.raw)
 	}
 	wantIDs := map[string]any{"@odata.id": sysCD0, "InsertMedia target": sysInsert0, "EjectMedia target": sysEject0}

@@ -203,7 +203,7 @@ func TestActionInfo(t *testing.T) {
 		wantParams string
 	}{
 		{lookup(system, "Actions", "#ComputerSystem.Reset", "@Redfish.ActionInfo"), system0 + "/ResetActionInfo", "ResetType"},
-		{lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "@Redfish.ActionInfo"), sysCD0 + "/InsertMediaActionInfo", "Image Inserted WriteProtected TransferProtocolType"},
+		{lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "@Redfish.ActionInfo"), sysCD0 + "/InsertMediaActionInfo", "Image Inserted WriteProtected TransferProtocolType TransferMethod"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
