@@ -164,7 +164,16 @@ type NIC struct {
 	Name string
 	MAC  string // lower case, colon separated
 	IPs  []string
+	Link LinkState
 }
+
+// LinkState is whether a NIC has a link; empty when unknown.
+type LinkState string
+
+const (
+	LinkUp   LinkState = "Up"
+	LinkDown LinkState = "Down"
+)
 
 // DiskKind tells a hard disk from an optical drive.
 type DiskKind string

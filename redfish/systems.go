@@ -538,6 +538,10 @@ func (s *Server) getEthernetInterfaces(c *call) (result, error) {
 	return result{body: collection(typeEthernetCollection, systemPath(m.ID())+"/EthernetInterfaces", "Ethernet Interface Collection", members)}, nil
 }
 
+// linkStatuses maps a NIC's link onto EthernetInterface's LinkStatus; an
+// unknown one is left out.
+var linkStatuses = map[machine.LinkState]string{machine.LinkUp: "LinkUp", machine.LinkDown: "LinkDown"}
+
 func (s *Server) getEthernetInterface(c *call) (result, error) {
 	m, inv, err := s.systemInventory(c)
 	if err != nil {
@@ -557,6 +561,9 @@ func (s *Server) getEthernetInterface(c *call) (result, error) {
 		body["PermanentMACAddress"] = nic.MAC
 	}
 	body["InterfaceEnabled"] = true
+	if status, ok := linkStatuses[nic.Link]; ok {
+		body["LinkStatus"] = status
+	}
 	body["Status"] = statusOK()
 	v4, v6 := []any{}, []any{}
 	for _, ip := range nic.IPs {

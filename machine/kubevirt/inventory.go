@@ -128,9 +128,24 @@ func nics(spec *kubevirtv1.VirtualMachineInstanceSpec, vmi *kubevirtv1.VirtualMa
 		if len(ips) == 0 && s.IP != "" {
 			ips = []string{s.IP}
 		}
-		out = append(out, machine.NIC{Name: iface.Name, MAC: normalizeMAC(mac), IPs: ips})
+		out = append(out, machine.NIC{Name: iface.Name, MAC: normalizeMAC(mac), IPs: ips, Link: linkState(iface, s, vmi)})
 	}
 	return out
+}
+
+// linkState is what virt-handler reports of the guest's link, else what
+// the spec asks for (an interface set down), else Down for a VM that has no
+// running instance: nothing to carry a link.
+func linkState(iface kubevirtv1.Interface, status kubevirtv1.VirtualMachineInstanceNetworkInterface, vmi *kubevirtv1.VirtualMachineInstance) machine.LinkState {
+	switch {
+	case status.LinkState == "up":
+		return machine.LinkUp
+	case status.LinkState == "down", iface.State == kubevirtv1.InterfaceStateLinkDown:
+		return machine.LinkDown
+	case vmi == nil || vmi.Status.Phase != kubevirtv1.Running:
+		return machine.LinkDown
+	}
+	return ""
 }
 
 func normalizeMAC(mac string) string {

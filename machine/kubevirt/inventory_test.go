@@ -88,3 +88,34 @@ func TestDisks(t *testing.T) {
 		t.Errorf("disks =\n%+v\nwant\n%+v", got, want)
 	}
 }
+
+// TestLinkState: virt-handler's report first, then the spec's down, then
+// no running instance; a running one that reports nothing is unknown.
+func TestLinkState(t *testing.T) {
+	running := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}
+	scheduled := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Scheduled}}
+	down := kubevirtv1.Interface{Name: "default", State: kubevirtv1.InterfaceStateLinkDown}
+	plain := kubevirtv1.Interface{Name: "default"}
+	tests := []struct {
+		name   string
+		iface  kubevirtv1.Interface
+		report string
+		vmi    *kubevirtv1.VirtualMachineInstance
+		want   machine.LinkState
+	}{
+		{"reported up", plain, "up", running, machine.LinkUp},
+		{"reported down", plain, "down", running, machine.LinkDown},
+		{"set down in the spec", down, "", running, machine.LinkDown},
+		{"not running", plain, "", nil, machine.LinkDown},
+		{"not running yet", plain, "", scheduled, machine.LinkDown},
+		{"running, nothing reported", plain, "", running, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status := kubevirtv1.VirtualMachineInstanceNetworkInterface{Name: "default", LinkState: tt.report}
+			if got := linkState(tt.iface, status, tt.vmi); got != tt.want {
+				t.Errorf("linkState = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

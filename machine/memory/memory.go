@@ -271,8 +271,16 @@ func (m *Machine) Inventory(context.Context) (machine.Inventory, error) {
 	if m.fault != nil {
 		return machine.Inventory{}, m.fault
 	}
+	m.settle()
 	inv := m.inv
 	inv.NICs = slices.Clone(inv.NICs)
+	for i := range inv.NICs {
+		// A machine's NIC has a link while it runs.
+		inv.NICs[i].Link = machine.LinkDown
+		if m.power == machine.PowerOn || m.power == machine.Paused {
+			inv.NICs[i].Link = machine.LinkUp
+		}
+	}
 	inv.Disks = slices.Clone(inv.Disks)
 	return inv, nil
 }

@@ -208,3 +208,29 @@ func TestMediaImport(t *testing.T) {
 		t.Errorf("after eject: %+v, want an empty drive", vm)
 	}
 }
+
+// TestNICLinkFollowsPower: a NIC has a link while its machine runs.
+func TestNICLinkFollowsPower(t *testing.T) {
+	m := memory.New(memory.Options{}).Get("vm-0")
+	for _, step := range []struct {
+		reset machine.ResetType
+		want  machine.LinkState
+	}{
+		{"", machine.LinkDown},
+		{machine.ResetOn, machine.LinkUp},
+		{machine.ResetForceOff, machine.LinkDown},
+	} {
+		if step.reset != "" {
+			if err := m.Reset(t.Context(), step.reset); err != nil {
+				t.Fatal(err)
+			}
+		}
+		inv, err := m.Inventory(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := inv.NICs[0].Link; got != step.want {
+			t.Errorf("after %q: link %q, want %q", step.reset, got, step.want)
+		}
+	}
+}
