@@ -104,10 +104,21 @@ func biosBody(v firmwareView) map[string]any {
 	body := resource(typeBios, biosPath(id), "Bios", "BIOS Configuration Current Settings")
 	body["Attributes"] = attributesOf(v.state.Current, v.inv)
 	body["AttributeRegistry"] = biosRegistryID
+	// The settings in effect are those of the running boot: their ETag is
+	// Bios/Settings' as it read when they were written, and the message
+	// says whether a reset is still to apply newer ones.
+	applied := v
+	applied.state.Next = v.state.Current
+	outcome := message{key: msgSuccess}
+	if v.state.Pending() {
+		outcome = resetRequired(v)
+	}
 	body["@Redfish.Settings"] = map[string]any{
 		"@odata.type":         typeSettings.odataType(),
 		"SettingsObject":      link(biosSettingsPath(id)),
 		"SupportedApplyTimes": []string{"OnReset"},
+		"ETag":                bodyETag(biosSettingsBody(applied)),
+		"Messages":            []any{outcome.body()},
 	}
 	body["Actions"] = map[string]any{
 		"#Bios.ResetBios": map[string]any{"target": biosPath(id) + "/Actions/Bios.ResetBios"},
@@ -206,12 +217,17 @@ func (s *Server) firmwareApplied(c *call, resourceType string, render func(firmw
 	etag := bodyETag(body)
 	msgs := []any{message{key: msgSuccess}.body()}
 	if v.state.Pending() {
-		msgs = append(msgs, message{key: msgResetRequired, args: []string{
-			systemPath(v.m.ID()) + "/Actions/ComputerSystem.Reset", string(restartType(v.m.Capabilities())),
-		}}.body())
+		msgs = append(msgs, resetRequired(v).body())
 	}
 	body["@Message.ExtendedInfo"] = msgs
 	return result{body: body, etag: etag}, nil
+}
+
+// resetRequired says which reset applies the pending firmware.
+func resetRequired(v firmwareView) message {
+	return message{key: msgResetRequired, args: []string{
+		systemPath(v.m.ID()) + "/Actions/ComputerSystem.Reset", string(restartType(v.m.Capabilities())),
+	}}
 }
 
 // restartType is the reset that applies pending firmware: a graceful

@@ -277,3 +277,31 @@ func TestBiosRegistryDescribesAttributes(t *testing.T) {
 		})
 	}
 }
+
+// TestBiosSettingsOutcome: Bios's @Redfish.Settings names the settings in
+// effect by Bios/Settings' ETag, and says Success, or ResetRequired while
+// a change waits for the next boot.
+func TestBiosSettingsOutcome(t *testing.T) {
+	f := newFixture(t, nil)
+	outcome := func() (etag, messageID string) {
+		settings := f.do(asAdmin("GET", bios0, "")).json["@Redfish.Settings"].(map[string]any)
+		msgs := settings["Messages"].([]any)
+		return settings["ETag"].(string), msgs[0].(map[string]any)["MessageId"].(string)
+	}
+	f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`))
+	inEffect := f.do(asAdmin("GET", biosSettings0, "")).header.Get("ETag")
+	if etag, id := outcome(); etag != inEffect || !strings.HasSuffix(id, ".Success") {
+		t.Errorf("before a change: ETag %s, %s; want %s, Success", etag, id, inEffect)
+	}
+	if res := f.do(asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`)); res.status != http.StatusOK {
+		t.Fatalf("PATCH: %d %s", res.status, res.raw)
+	}
+	if etag, id := outcome(); etag != inEffect || !strings.HasSuffix(id, ".ResetRequired") {
+		t.Errorf("change pending: ETag %s, %s; want the applied %s, ResetRequired", etag, id, inEffect)
+	}
+	f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"ForceRestart"}`))
+	now := f.do(asAdmin("GET", biosSettings0, "")).header.Get("ETag")
+	if etag, id := outcome(); etag != now || etag == inEffect || !strings.HasSuffix(id, ".Success") {
+		t.Errorf("after the restart: ETag %s, %s; want %s (not %s), Success", etag, id, now, inEffect)
+	}
+}
