@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "realkubevirt.Start:", err)
 		os.Exit(1)
 	}
-	node, err = c.StartNode(ctx, "node01")
+	node, err = c.StartNode(ctx, "node01", realkubevirt.NodeOptions{})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "StartNode:", err)
