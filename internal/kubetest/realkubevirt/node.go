@@ -150,9 +150,14 @@ func (n *Node) ShutdownGuest(namespace, name string) {
 	n.mu.Unlock()
 }
 
-// RebootGuest acts as the guest of a Running VMI rebooting itself: the VMI
-// stays, and the guest boots again from the same domain (its spec's boot
-// order).
+// RebootGuest acts as the guest of a Running VMI rebooting itself. Under
+// the default rebootPolicy (Reboot) the VMI stays, and the guest boots
+// again from the same domain (its spec's boot order). Under rebootPolicy
+// Terminate, virt-launcher's domain has libvirt's on_reboot destroy: the
+// domain shuts off (reason Shutdown), which virt-handler reports as it
+// reports a guest power-off, the VMI Succeeded (KubeVirt 1.9.0's
+// calculateVmPhaseForStatusReason); virt-controller then starts a new VMI
+// only under runStrategy Always.
 func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
 	vmi := &kubevirtv1.VirtualMachineInstance{}
 	if err := n.c.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, vmi); err != nil {
@@ -160,6 +165,10 @@ func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
 	}
 	if vmi.Status.Phase != kubevirtv1.Running || vmi.Status.NodeName != n.Name {
 		return fmt.Errorf("VMI %s/%s is %s on %q, not Running on %s", namespace, name, vmi.Status.Phase, vmi.Status.NodeName, n.Name)
+	}
+	if p := vmi.Spec.Domain.RebootPolicy; p != nil && *p == kubevirtv1.RebootPolicyTerminate {
+		n.ShutdownGuest(namespace, name)
+		return nil
 	}
 	n.boot(types.NamespacedName{Namespace: namespace, Name: name}, vmi)
 	return nil
