@@ -370,7 +370,7 @@ func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := c.poll(ctx, time.Minute, "kube-apiserver ready again", func() (bool, error) {
+	if err := poll(ctx, time.Minute, func() (bool, error) {
 		select {
 		case <-apiServer.done:
 			return false, fmt.Errorf("kube-apiserver exited (%v); its log ends:\n%s", apiServer.err, c.LogTail("kube-apiserver", 30))
@@ -379,25 +379,31 @@ func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 		_, err := c.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil, nil
 	}); err != nil {
-		return err
+		return fmt.Errorf("waiting for kube-apiserver ready again: %w", err)
 	}
 	ready := time.Now()
 	restart := false
-	if err := c.poll(ctx, 30*time.Second, "virt-controller leading again or exited", func() (bool, error) {
+	if err := poll(ctx, 30*time.Second, func() (bool, error) {
 		if c.exited("virt-controller") {
 			restart = true
 			return true, nil
 		}
 		return c.leading(ctx, ready) == nil, nil
 	}); err != nil || !restart {
-		return err
+		if err != nil {
+			return fmt.Errorf("waiting for virt-controller to lead again or exit: %w", err)
+		}
+		return nil
 	}
 	return c.RestartVirtController(ctx)
 }
 
+// errPollTimeout is poll's answer when the timeout passed first.
+var errPollTimeout = errors.New("timed out")
+
 // poll calls done every 200 ms until it is true or fails, or the timeout
-// passes.
-func (c *Cluster) poll(ctx context.Context, timeout time.Duration, what string, done func() (bool, error)) error {
+// passes (errPollTimeout).
+func poll(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		ok, err := done()
@@ -405,7 +411,7 @@ func (c *Cluster) poll(ctx context.Context, timeout time.Duration, what string, 
 			return err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("waiting for %s: timed out after %v", what, timeout)
+			return errPollTimeout
 		}
 		select {
 		case <-ctx.Done():
@@ -911,28 +917,24 @@ func (c *Cluster) start(name, bin string, args ...string) (*proc, error) {
 // waitFor polls check until it succeeds, a process of the cluster exits or
 // the timeout passes.
 func (c *Cluster) waitFor(ctx context.Context, timeout time.Duration, what string, check func() error) error {
-	deadline := time.Now().Add(timeout)
 	var last error
-	for {
+	err := poll(ctx, timeout, func() (bool, error) {
 		if last = check(); last == nil {
-			return nil
+			return true, nil
 		}
 		for _, p := range c.procs {
 			select {
 			case <-p.done:
-				return fmt.Errorf("waiting for %s: %s exited (%v); its log ends:\n%s", what, p.name, p.err, c.LogTail(p.name, 30))
+				return false, fmt.Errorf("waiting for %s: %s exited (%v); its log ends:\n%s", what, p.name, p.err, c.LogTail(p.name, 30))
 			default:
 			}
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("waiting for %s: %v", what, last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if errors.Is(err, errPollTimeout) {
+		return fmt.Errorf("waiting for %s: %v", what, last)
 	}
+	return err
 }
 
 // LogTail returns the last n lines of a process's log (etcd, kube-apiserver,
