@@ -90,7 +90,7 @@ func pollTest(ctx context.Context, done func() bool) error {
 }
 
 // TestFlowSurvivesAPIServerRestart: kube-apiserver stops and starts again
-// (etcd keeps running) once MaaS has the VM's power config and before the
+// (etcd, virt-api and virt-controller keep running) once MaaS has the VM's power config and before the
 // reconciler names it, while every process holds watches and clients on it.
 // The machine still ends Ready, with one machine, one pool and one
 // commissioning.
@@ -112,7 +112,7 @@ func TestFlowSurvivesAPIServerRestart(t *testing.T) {
 		t.Fatalf("already Ready before the restart: steps %v", l.Timeline(vm))
 	}
 	restart := time.Now()
-	if err := l.Env.RestartAPIServer(); err != nil {
+	if err := l.Cluster.RestartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("kube-apiserver restarted in %v", time.Since(restart).Round(time.Millisecond))

@@ -1,14 +1,17 @@
 // Package lab runs virtmetal's whole flow on one machine, from a created VM
-// to a commissioned, Ready MaaS machine: a real kube-apiserver and etcd
-// (envtest) with the KubeVirt CRDs, the virt-controller simulator, the real
-// bmc-controller and bmc-server binaries (started from what the controller
-// asks for, with the RBAC the manifests give them), the real MaaS reconciler,
-// and a MaaS that enlists PXE-booting VMs, runs the real commissioning script
-// and powers machines through their BMCs the way MaaS's power drivers do.
-// What cannot run here is simulated, by the packages of sim/: KubeVirt's
-// control plane (sim/kubevirt), the guests (sim/guest), the node that runs
-// the BMC pods (sim/node) and MaaS (sim/maas). The lab wires them to the
-// real components.
+// to a commissioned, Ready MaaS machine: KubeVirt's real control plane
+// (kube-apiserver, etcd, virt-api and virt-controller, as
+// internal/kubetest/realkubevirt runs them, with its stand-in for the node
+// that runs the VMs), the real bmc-controller and bmc-server binaries
+// (started from what the controller asks for, with the RBAC the manifests
+// give them), the real MaaS reconciler, and a MaaS that enlists PXE-booting
+// VMs, runs the real commissioning script and powers machines through their
+// BMCs the way MaaS's power drivers do. What cannot run here is simulated,
+// by the packages of sim/: the guests (sim/guest, booted when the node
+// stand-in boots their VMI), the node that runs the BMC pods (sim/node) and
+// MaaS (sim/maas). The lab wires them to the real components. The real
+// control plane runs in a network namespace: the lab needs root, and fails
+// without it.
 package lab
 
 import (
@@ -32,15 +35,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/virtmetal/virtmetal/api/v1beta1"
 	controllermanifests "github.com/virtmetal/virtmetal/deploy/controller"
+	"github.com/virtmetal/virtmetal/internal/kubescheme"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/maas"
+	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/sim/guest"
-	virtsim "github.com/virtmetal/virtmetal/sim/kubevirt"
 	maassim "github.com/virtmetal/virtmetal/sim/maas"
 	"github.com/virtmetal/virtmetal/sim/node"
 )
@@ -78,8 +85,10 @@ type Options struct {
 
 // Lab is a running lab. Its methods are safe for concurrent use.
 type Lab struct {
-	Env    *kubetest.Env
-	Client client.Client // cluster admin
+	// Cluster is KubeVirt's real control plane, with the node stand-in
+	// where the VMs' guests boot.
+	Cluster *realkubevirt.Cluster
+	Client  client.Client // cluster admin, with virtmetal's types
 	// MaaS is the simulated region API; MaaSClient talks to it as the
 	// reconciler does.
 	MaaS       *maassim.Server
@@ -104,11 +113,12 @@ type Lab struct {
 	webhooks   *envtest.WebhookInstallOptions
 }
 
-// Start builds bmc-server and bmc-controller, starts the API server, the
-// virt-controller simulator, the node that runs the BMC pods, the MaaS
-// simulator with its guests and the reconciler. The bmc-controller is left to
-// StartController, so that VMs can exist before it, as in a cluster where
-// virtmetal is installed later. Close stops everything.
+// Start starts KubeVirt's real control plane with the node stand-in that
+// boots the guests, builds bmc-server and bmc-controller, and starts the
+// node that runs the BMC pods, the MaaS simulator and the reconciler. The
+// bmc-controller is left to StartController, so that VMs can exist before
+// it, as in a cluster where virtmetal is installed later. Close stops
+// everything.
 func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	if opts.Domain == "" {
 		opts.Domain = DefaultDomain
@@ -128,30 +138,31 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	l := &Lab{Domain: opts.Domain, opts: opts, root: root, dir: dir, bins: filepath.Join(dir, "bin"), ctx: runCtx, cancel: cancel,
 		consumed: onceConsumed{vm: map[maas.VMRef]bool{}}}
 	l.progress = newProgress(opts.OnEvent)
-	ctrllog.SetLogger(logr.Discard()) // the simulator's manager; the real ones log to files
+	ctrllog.SetLogger(logr.Discard()) // controller-runtime's clients; the processes log to files
 	defer func() {
 		if err != nil {
 			l.Close()
 		}
 	}()
+	// The guests boot where the node stand-in boots their VMI: one that
+	// boots from the network asks MaaS's rack, as a PXE ROM would, side by
+	// side with the others. (No VM exists before Start returns, so the rack
+	// is there for the first boot.)
+	onBoot := func(vmi *kubevirtv1.VirtualMachineInstance, device machine.BootTarget) {
+		if device == machine.BootPxe {
+			go l.rack.NetworkBoot(l.ctx, guest.NetBootOf(vmi))
+		}
+	}
+	// First: without root it fails at once.
+	if err := l.startCluster(ctx, onBoot); err != nil {
+		return nil, err
+	}
 	if err := l.build(ctx); err != nil {
 		return nil, err
 	}
-	// The processes keep watching while a test restarts the API server.
-	if l.Env, err = kubetest.Start(kubetest.Options{StopTimeout: 2 * time.Minute}); err != nil {
-		return nil, err
-	}
-	l.Client = l.Env.Client
 	if err := l.installRBAC(ctx); err != nil {
 		return nil, err
 	}
-
-	// 10 workers: what virt-controller's VMI controller runs by default.
-	sim, err := virtsim.New(l.Env.Config, virtsim.Options{StartDelay: 100 * time.Millisecond, Workers: 10, Logger: logr.Discard()})
-	if err != nil {
-		return nil, err
-	}
-	l.goRun(func(ctx context.Context) { _ = sim.Start(ctx) })
 
 	l.node = node.New(node.Options{
 		Client: l.Client, Binary: filepath.Join(l.bins, "bmc-server"), Dir: l.dir, Domain: l.Domain,
@@ -172,7 +183,6 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		return nil, err
 	}
 	l.rack.Start(l.ctx)
-	l.goRun(func(ctx context.Context) { guest.Run(ctx, l.Client, l.rack.NetworkBoot) })
 	l.goRun(l.watchProgress)
 
 	if err := l.startReconciler(); err != nil {
@@ -188,6 +198,26 @@ func (l *Lab) goRun(f func(ctx context.Context)) {
 		defer l.wg.Done()
 		f(l.ctx)
 	}()
+}
+
+// startCluster starts KubeVirt's real control plane and its node
+// stand-in, whose guests' boots go to onBoot. Without root it fails, saying
+// so: the cluster needs a network namespace.
+func (l *Lab) startCluster(ctx context.Context, onBoot func(*kubevirtv1.VirtualMachineInstance, machine.BootTarget)) error {
+	cluster, err := realkubevirt.Start(ctx, realkubevirt.Options{})
+	if err != nil {
+		return fmt.Errorf("KubeVirt's control plane (the lab runs it in a network namespace: run as root, with hack/setup-kubevirt.sh's binaries): %w", err)
+	}
+	l.Cluster = cluster
+	scheme := kubescheme.New()
+	if err := v1beta1.AddToScheme(scheme); err != nil {
+		return err
+	}
+	if l.Client, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
+		return err
+	}
+	_, err = cluster.StartNode(ctx, "node01", realkubevirt.NodeOptions{OnBoot: onBoot})
+	return err
 }
 
 // Dir is the lab's folder: binaries, kubeconfigs, mounted Secrets, logs.
@@ -208,8 +238,8 @@ func (l *Lab) Close() {
 	if l.MaaS != nil {
 		l.MaaS.Close()
 	}
-	if l.Env != nil {
-		_ = l.Env.Stop()
+	if l.Cluster != nil {
+		_ = l.Cluster.Stop()
 	}
 	if l.webhooks != nil {
 		_ = l.webhooks.Cleanup()
@@ -303,7 +333,7 @@ func (l *Lab) kubeconfig(namespace, account string) (string, error) {
 	if _, err := os.Stat(path); err == nil {
 		return path, nil
 	}
-	data, err := l.Env.KubeConfigFor(kubetest.ServiceAccountUser(namespace, account),
+	data, err := l.Cluster.KubeConfigFor(kubetest.ServiceAccountUser(namespace, account),
 		"system:serviceaccounts", "system:serviceaccounts:"+namespace, "system:authenticated")
 	if err != nil {
 		return "", err
@@ -325,7 +355,9 @@ func (l *Lab) StartController(ctx context.Context) error {
 	if err := controllermanifests.WriteWebhooks(hooks); err != nil {
 		return err
 	}
-	install := &envtest.WebhookInstallOptions{Paths: []string{hooks}}
+	// kube-apiserver, in the cluster's network namespace, reaches the
+	// webhook server at the host's end of the veth pair.
+	install := &envtest.WebhookInstallOptions{Paths: []string{hooks}, LocalServingHost: l.Cluster.HostIP()}
 	if err := install.PrepWithoutInstalling(); err != nil {
 		return err
 	}
@@ -367,7 +399,7 @@ func (l *Lab) StartController(ctx context.Context) error {
 		return fmt.Errorf("bmc-controller not ready (log in %s): %w", l.dir, err)
 	}
 	// The configurations go in once their server answers: they fail closed.
-	return install.Install(l.Env.Config)
+	return install.Install(l.Cluster.Config)
 }
 
 // logFile opens the log of one process, appending; with Options.Logs the
@@ -389,7 +421,7 @@ func (l *Lab) logFile(name string) (io.Writer, error) {
 // startReconciler runs the real reconciler in a loop, as its Deployment
 // does, as its ServiceAccount.
 func (l *Lab) startReconciler() error {
-	cfg, err := l.Env.ConfigFor(kubetest.ServiceAccountUser(systemNamespace, reconcilerAccount),
+	cfg, err := l.Cluster.ConfigFor(kubetest.ServiceAccountUser(systemNamespace, reconcilerAccount),
 		"system:serviceaccounts", "system:serviceaccounts:"+systemNamespace, "system:authenticated")
 	if err != nil {
 		return err

@@ -16,40 +16,48 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/internal/poll"
+	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
-// apiServer is the package's one API server, started by the first test
-// that needs it (it takes seconds) and stopped by TestMain.
-var apiServer struct {
+// cluster is the package's one cluster, KubeVirt's real control plane with
+// its node stand-in (kubevirttest.StartReal): started by the first test that
+// needs it (about 15 s), stopped by TestMain.
+var cluster struct {
 	once sync.Once
-	env  *kubetest.Env
+	c    *kubevirttest.Cluster
 	err  error
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if apiServer.env != nil {
-		_ = apiServer.env.Stop()
+	if cluster.c != nil {
+		_ = cluster.c.Stop()
 	}
 	os.Exit(code)
 }
 
-// useAPIServer starts the package's API server if need be and points
-// KUBECONFIG at it, as a Deployment's ServiceAccount would.
-func useAPIServer(t *testing.T) *kubetest.Env {
+// useAPIServer starts the package's cluster if need be and points
+// KUBECONFIG at its kube-apiserver (the network namespace's address), as a
+// Deployment's ServiceAccount would.
+func useAPIServer(t *testing.T) *kubevirttest.Cluster {
 	t.Helper()
-	apiServer.once.Do(func() { apiServer.env, apiServer.err = kubetest.Start(kubetest.Options{}) })
-	if apiServer.err != nil {
-		t.Fatalf("envtest: %v", apiServer.err)
+	cluster.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cluster.c, cluster.err = kubevirttest.StartReal(ctx, "bmc", realkubevirt.Options{KeepDir: os.Getenv("REALKUBEVIRT_KEEP") != ""})
+	})
+	if cluster.err != nil {
+		t.Fatalf("KubeVirt's real control plane: %v", cluster.err)
 	}
-	kubeconfig, err := apiServer.env.AdminKubeConfig()
+	kubeconfig, err := cluster.c.Real.KubeConfigFor("bmc-server-test", "system:masters")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,20 +66,22 @@ func useAPIServer(t *testing.T) *kubetest.Env {
 		t.Fatal(err)
 	}
 	t.Setenv("KUBECONFIG", path)
-	return apiServer.env
+	return cluster.c
 }
 
 // createVM creates a halted VM with a firmware UUID, a serial of
-// name.namespace and one NIC.
+// name.namespace, one NIC and the guest memory virt-api's webhook requires.
 func createVM(t *testing.T, c client.Client, namespace, name, uuid, mac string) *kubevirtv1.VirtualMachine {
 	t.Helper()
 	halted := kubevirtv1.RunStrategyHalted
+	memory := resource.MustParse("128Mi")
 	vm := &kubevirtv1.VirtualMachine{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
 		Spec: kubevirtv1.VirtualMachineSpec{
 			RunStrategy: &halted,
 			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
 				Domain: kubevirtv1.DomainSpec{
+					Memory:   &kubevirtv1.Memory{Guest: &memory},
 					Firmware: &kubevirtv1.Firmware{UUID: types.UID(uuid), Serial: name + "." + namespace},
 					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
 						Name: "default", MacAddress: mac,
@@ -89,7 +99,7 @@ func createVM(t *testing.T, c client.Client, namespace, name, uuid, mac string) 
 }
 
 // TestKubeVirtBackendWiring runs the command as a Deployment would, with a
-// kubeconfig, against a real API server: the system it serves is the VM.
+// kubeconfig, on KubeVirt's real control plane: the system it serves is the VM.
 func TestKubeVirtBackendWiring(t *testing.T) {
 	env := useAPIServer(t)
 	const uuid = "5b0c7f2e-8a43-4b0e-9d51-0d7a3c6f1e22"
@@ -171,7 +181,7 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 }
 
 // TestSharedKubeVirtWiring runs the command as the per-namespace
-// Deployment does, --vms-dir with two VMs, against a real API server: each
+// Deployment does, --vms-dir with two VMs, on KubeVirt's real control plane: each
 // host serves its VM alone, with its credentials alone, and a power action
 // on one host changes that VM only.
 func TestSharedKubeVirtWiring(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 )
 
 // TestSubscriptionsSurviveARestartPerVM runs the shared bmc-server of two
-// VMs against a real API server, with the state Secrets the controller
+// VMs on KubeVirt's real control plane, with the state Secrets the controller
 // makes: a subscription made at one VM's host is there again after the
 // process restarts, at that host only, and kept in that VM's Secret only.
 func TestSubscriptionsSurviveARestartPerVM(t *testing.T) {

@@ -1,10 +1,13 @@
-// Command lab runs virtmetal's whole flow on this machine and shows it: a
-// real API server (envtest), the real bmc-controller, bmc-server and MaaS
-// reconciler, a simulated virt-controller and a simulated MaaS. It creates a
-// VM, prints each step on its way to a Ready MaaS machine with timings, then
-// keeps the lab running with the BMCs' URLs and credentials until Ctrl-C.
+// Command lab runs virtmetal's whole flow on this machine and shows it:
+// KubeVirt's real control plane (kube-apiserver, etcd, virt-api,
+// virt-controller) with a stand-in for its node, the real bmc-controller,
+// bmc-server and MaaS reconciler, simulated guests and a simulated MaaS. It
+// creates a VM, prints each step on its way to a Ready MaaS machine with
+// timings, then keeps the lab running with the BMCs' URLs and credentials
+// until Ctrl-C. It needs root (the control plane runs in a network
+// namespace of its own) and the binaries of hack/setup-kubevirt.sh.
 //
-//	go run ./cmd/lab [--namespace demo] [--vm web1] [--ipmi] [--workload shared] [--exit-when-ready]
+//	sudo -E go run ./cmd/lab [--namespace demo] [--vm web1] [--ipmi] [--workload shared] [--exit-when-ready]
 package main
 
 import (
@@ -53,7 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	var created time.Time
 	events := make(chan lab.Event, 64)
-	fmt.Fprintln(stdout, "starting the lab: building bmc-server and bmc-controller, starting kube-apiserver and etcd...")
+	fmt.Fprintln(stdout, "starting the lab: building bmc-server and bmc-controller, starting kube-apiserver, etcd, virt-api and virt-controller...")
 	l, err := lab.Start(ctx, lab.Options{Workload: *workload, OnEvent: func(e lab.Event) {
 		if e.VM == vm {
 			events <- e

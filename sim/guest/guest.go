@@ -1,22 +1,17 @@
 // Package guest simulates what runs inside a KubeVirt VM, which cannot run
-// here: the guest's firmware and the hardware it reports. A VM instance that
-// reaches Running boots from its device of lowest bootOrder (BootDevice);
-// when that is a NIC it asks the network for a boot (Run tells each such
-// boot once, with the NIC MACs and SMBIOS the instance's spec gives); and
-// dmidecode inside it answers with that SMBIOS (Dmidecode). Nothing boots
-// for real: no DHCP, TFTP or kernel, no disk contents, no guest OS; and one
-// instance boots once (a reboot from inside the guest is not modelled; a
-// restart through KubeVirt is a new instance).
+// here: the guest's firmware and the hardware it reports. Each time a VM
+// instance's guest boots (where the node runs it: realkubevirt's node
+// stand-in tells each boot), it boots from its device of lowest bootOrder
+// (BootDevice); when that is a NIC it asks the network for a boot, with the
+// NIC MACs and SMBIOS the instance's spec gives (NetBootOf); and dmidecode
+// inside it answers with that SMBIOS (Dmidecode). Nothing boots for real:
+// no DHCP, TFTP or kernel, no disk contents, no guest OS.
 package guest
 
 import (
-	"context"
 	"strings"
-	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -77,33 +72,6 @@ func NetBootOf(vmi *kubevirtv1.VirtualMachineInstance) NetBoot {
 		b.Serial, b.UUID = fw.Serial, string(fw.UUID)
 	}
 	return b
-}
-
-// Run watches the VM instances c lists until ctx ends: each that is Running
-// and boots from the network (BootDevice) makes one network boot, told to
-// pxe in a goroutine of its own, as guests boot side by side.
-func Run(ctx context.Context, c client.Reader, pxe func(context.Context, NetBoot)) {
-	seen := map[types.UID]bool{} // instances already booted
-	for {
-		var vmis kubevirtv1.VirtualMachineInstanceList
-		if err := c.List(ctx, &vmis); err == nil {
-			for i := range vmis.Items {
-				vmi := &vmis.Items[i]
-				if vmi.Status.Phase != kubevirtv1.Running || vmi.DeletionTimestamp != nil || seen[vmi.UID] {
-					continue
-				}
-				seen[vmi.UID] = true
-				if BootDevice(&vmi.Spec) == machine.BootPxe {
-					go pxe(ctx, NetBootOf(vmi))
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // Dmidecode is a dmidecode for the guest's hardware, as a shell script:

@@ -38,13 +38,15 @@ const HoldStartAnnotation = "realkubevirt.virtmetal.io/hold-start"
 //   - keeps the Node's kubevirt.io/heartbeat fresh.
 //
 // No guest runs: a VMI is Running as soon as its pod is, unless its VM
-// holds HoldStartAnnotation; what it boots is sim/guest's BootDevice.
+// holds HoldStartAnnotation; what it boots is sim/guest's BootDevice, told
+// to NodeOptions.OnBoot.
 type Node struct {
 	Name string
 	// HandlerConfig authenticates as virt-handler on this node.
 	HandlerConfig *rest.Config
 
 	c       *Cluster
+	opts    NodeOptions
 	handler client.Client
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -56,9 +58,18 @@ type Node struct {
 	targets  map[types.NamespacedName][]machine.BootTarget
 }
 
+// NodeOptions are what a node's stand-in tells.
+type NodeOptions struct {
+	// OnBoot, when set, is told every boot of a guest on the node (a VMI
+	// reaching Running, a guest reboot), with the VMI as it booted and the
+	// device it booted from: where a simulated guest starts. It is called
+	// on the stand-in's loop, which it must not hold up.
+	OnBoot func(vmi *kubevirtv1.VirtualMachineInstance, device machine.BootTarget)
+}
+
 // StartNode registers a Node and starts its stand-in; Stop (or the
 // cluster's Stop) ends it.
-func (c *Cluster) StartNode(ctx context.Context, name string) (*Node, error) {
+func (c *Cluster) StartNode(ctx context.Context, name string, opts NodeOptions) (*Node, error) {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
 		"kubernetes.io/hostname":  name,
 		"kubernetes.io/arch":      "amd64",
@@ -103,7 +114,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string) (*Node, error) {
 		return nil, fmt.Errorf("virt-handler token bound to %s: %w", pod.Name, err)
 	}
 	n := &Node{
-		Name: name, c: c, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{}, boots: map[types.NamespacedName][]string{},
+		Name: name, c: c, opts: opts, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{}, boots: map[types.NamespacedName][]string{},
 		targets:       map[types.NamespacedName][]machine.BootTarget{},
 		HandlerConfig: &rest.Config{Host: c.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: c.servingCA.certPEM}, BearerToken: tr.Status.Token, QPS: 100, Burst: 200},
 	}
@@ -139,9 +150,14 @@ func (n *Node) ShutdownGuest(namespace, name string) {
 	n.mu.Unlock()
 }
 
-// RebootGuest acts as the guest of a Running VMI rebooting itself: the VMI
-// stays, and the guest boots again from the same domain (its spec's boot
-// order).
+// RebootGuest acts as the guest of a Running VMI rebooting itself. Under
+// the default rebootPolicy (Reboot) the VMI stays, and the guest boots
+// again from the same domain (its spec's boot order). Under rebootPolicy
+// Terminate, virt-launcher's domain has libvirt's on_reboot destroy: the
+// domain shuts off (reason Shutdown), which virt-handler reports as it
+// reports a guest power-off, the VMI Succeeded (KubeVirt 1.9.0's
+// calculateVmPhaseForStatusReason); virt-controller then starts a new VMI
+// only under runStrategy Always.
 func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
 	vmi := &kubevirtv1.VirtualMachineInstance{}
 	if err := n.c.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, vmi); err != nil {
@@ -149,6 +165,10 @@ func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
 	}
 	if vmi.Status.Phase != kubevirtv1.Running || vmi.Status.NodeName != n.Name {
 		return fmt.Errorf("VMI %s/%s is %s on %q, not Running on %s", namespace, name, vmi.Status.Phase, vmi.Status.NodeName, n.Name)
+	}
+	if p := vmi.Spec.Domain.RebootPolicy; p != nil && *p == kubevirtv1.RebootPolicyTerminate {
+		n.ShutdownGuest(namespace, name)
+		return nil
 	}
 	n.boot(types.NamespacedName{Namespace: namespace, Name: name}, vmi)
 	return nil
@@ -173,10 +193,14 @@ func (n *Node) BootTargets(namespace, name string) []machine.BootTarget {
 }
 
 func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
+	device := guest.BootDevice(&vmi.Spec)
 	n.mu.Lock()
 	n.boots[key] = append(n.boots[key], BootDevice(&vmi.Spec))
-	n.targets[key] = append(n.targets[key], guest.BootDevice(&vmi.Spec))
+	n.targets[key] = append(n.targets[key], device)
 	n.mu.Unlock()
+	if n.opts.OnBoot != nil {
+		n.opts.OnBoot(vmi.DeepCopy(), device)
+	}
 }
 
 // held says whether the VMI's VM holds its start.

@@ -2,8 +2,9 @@
 // control plane: kube-apiserver and etcd (the envtest binaries of
 // internal/kubetest), KubeVirt's virt-api and virt-controller (built by
 // hack/setup-kubevirt.sh) with what virt-operator would install for them.
-// It is step 2 of issue 22; no suite runs on it yet. Start takes about 15 s
-// on 2 cores (kube-apiserver 4 s, CRDs 3-5 s, virt-api 5-7 s).
+// machine/kubevirt, conformance, cmd/bmc-server and the lab run on it
+// (issue 22). Start takes about 15 s on 2 cores (kube-apiserver 4 s, CRDs
+// 3-5 s, virt-api 5-7 s).
 //
 // What runs, for real:
 //   - etcd and kube-apiserver, configured for the aggregation layer
@@ -59,7 +60,7 @@
 // KUBEBUILDER_ASSETS and VIRTMETAL_KUBEVIRT_BIN):
 //
 //	c, err := realkubevirt.Start(ctx, realkubevirt.Options{})
-//	node, err := c.StartNode(ctx, "node01") // optional
+//	node, err := c.StartNode(ctx, "node01", realkubevirt.NodeOptions{}) // optional
 //	... c.Client, c.ConfigFor(user), c.KubeConfigFor(user), node.ShutdownGuest ...
 //	c.Stop()
 package realkubevirt
@@ -76,6 +77,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -333,6 +335,104 @@ func (c *Cluster) startAPIServer(ctx context.Context, assets string) error {
 		_, err := c.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err
 	})
+}
+
+// HostIP is the host's address as the cluster's network namespace sees it
+// (the host end of the veth pair): a server of the test that kube-apiserver
+// must reach, an admission webhook's, listens there.
+func (c *Cluster) HostIP() string { return c.ns.HostIP }
+
+// RestartAPIServer stops kube-apiserver (SIGTERM, as a rolling upgrade of
+// the control plane does) and starts it again with the same flags, port
+// and certificates; etcd and virt-api keep running, and every config and
+// kubeconfig handed out stays valid: clients see a pause. virt-controller
+// exits when it cannot renew its leader Lease in time, as it does in a
+// cluster, where its Deployment starts it again: so does this, and it
+// returns once virt-controller leads again.
+func (c *Cluster) RestartAPIServer(ctx context.Context) error {
+	i := slices.IndexFunc(c.procs, func(p *proc) bool { return p.name == "kube-apiserver" })
+	if i < 0 {
+		return errors.New("kube-apiserver is not running")
+	}
+	p := c.procs[i]
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.procs = slices.Delete(c.procs, i, i+1)
+	_ = os.Rename(p.log, filepath.Join(c.Dir, fmt.Sprintf("kube-apiserver.%d.log", time.Now().UnixNano())))
+	apiServer, err := c.start(p.name, p.bin, p.args...)
+	if err != nil {
+		return err
+	}
+	if err := poll(ctx, time.Minute, func() (bool, error) {
+		select {
+		case <-apiServer.done:
+			return false, fmt.Errorf("kube-apiserver exited (%v); its log ends:\n%s", apiServer.err, c.LogTail("kube-apiserver", 30))
+		default:
+		}
+		_, err := c.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil, nil
+	}); err != nil {
+		return fmt.Errorf("waiting for kube-apiserver ready again: %w", err)
+	}
+	ready := time.Now()
+	restart := false
+	if err := poll(ctx, 30*time.Second, func() (bool, error) {
+		if c.exited("virt-controller") {
+			restart = true
+			return true, nil
+		}
+		return c.leading(ctx, ready) == nil, nil
+	}); err != nil || !restart {
+		if err != nil {
+			return fmt.Errorf("waiting for virt-controller to lead again or exit: %w", err)
+		}
+		return nil
+	}
+	return c.RestartVirtController(ctx)
+}
+
+// errPollTimeout is poll's answer when the timeout passed first.
+var errPollTimeout = errors.New("timed out")
+
+// poll calls done every 200 ms until it is true or fails, or the timeout
+// passes (errPollTimeout).
+func poll(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, err := done()
+		if err != nil || ok {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errPollTimeout
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// exited says whether the named process of the cluster has exited.
+func (c *Cluster) exited(name string) bool {
+	for _, p := range c.procs {
+		if p.name == name {
+			select {
+			case <-p.done:
+				return true
+			default:
+			}
+		}
+	}
+	return false
 }
 
 // ConfigFor returns a rest.Config that authenticates, by a client
@@ -756,25 +856,31 @@ func (c *Cluster) startVirtController(ctx context.Context, kvBin string, since t
 	); err != nil {
 		return err
 	}
-	return c.waitFor(ctx, time.Minute, "virt-controller leading (Lease kubevirt/virt-controller)", func() error {
-		l, err := c.Kube.CoordinationV1().Leases(Namespace).Get(ctx, "virt-controller", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
-			return errors.New("no holder")
-		}
-		if l.Spec.RenewTime == nil || l.Spec.RenewTime.Time.Before(since.Truncate(time.Second)) {
-			return fmt.Errorf("lease of %s not renewed since %v", *l.Spec.HolderIdentity, since)
-		}
-		return nil
-	})
+	return c.waitFor(ctx, time.Minute, "virt-controller leading (Lease kubevirt/virt-controller)", func() error { return c.leading(ctx, since) })
+}
+
+// leading says why virt-controller's Lease has no holder that renewed it
+// after since; nil when it has.
+func (c *Cluster) leading(ctx context.Context, since time.Time) error {
+	l, err := c.Kube.CoordinationV1().Leases(Namespace).Get(ctx, "virt-controller", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return errors.New("no holder")
+	}
+	if l.Spec.RenewTime == nil || l.Spec.RenewTime.Time.Before(since.Truncate(time.Second)) {
+		return fmt.Errorf("lease of %s not renewed since %v", *l.Spec.HolderIdentity, since)
+	}
+	return nil
 }
 
 // --- processes --------------------------------------------------------------------
 
 type proc struct {
 	name string
+	bin  string
+	args []string
 	cmd  *exec.Cmd
 	log  string
 	done chan struct{}
@@ -798,7 +904,7 @@ func (c *Cluster) start(name, bin string, args ...string) (*proc, error) {
 		logFile.Close()
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	p := &proc{name: name, bin: bin, args: args, cmd: cmd, log: logPath, done: make(chan struct{})}
 	go func() {
 		p.err = cmd.Wait()
 		logFile.Close()
@@ -811,28 +917,24 @@ func (c *Cluster) start(name, bin string, args ...string) (*proc, error) {
 // waitFor polls check until it succeeds, a process of the cluster exits or
 // the timeout passes.
 func (c *Cluster) waitFor(ctx context.Context, timeout time.Duration, what string, check func() error) error {
-	deadline := time.Now().Add(timeout)
 	var last error
-	for {
+	err := poll(ctx, timeout, func() (bool, error) {
 		if last = check(); last == nil {
-			return nil
+			return true, nil
 		}
 		for _, p := range c.procs {
 			select {
 			case <-p.done:
-				return fmt.Errorf("waiting for %s: %s exited (%v); its log ends:\n%s", what, p.name, p.err, c.LogTail(p.name, 30))
+				return false, fmt.Errorf("waiting for %s: %s exited (%v); its log ends:\n%s", what, p.name, p.err, c.LogTail(p.name, 30))
 			default:
 			}
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("waiting for %s: %v", what, last)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if errors.Is(err, errPollTimeout) {
+		return fmt.Errorf("waiting for %s: %v", what, last)
 	}
+	return err
 }
 
 // LogTail returns the last n lines of a process's log (etcd, kube-apiserver,

@@ -44,7 +44,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "realkubevirt.Start:", err)
 		os.Exit(1)
 	}
-	node, err = c.StartNode(ctx, "node01")
+	node, err = c.StartNode(ctx, "node01", realkubevirt.NodeOptions{})
 	cancel()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "StartNode:", err)
@@ -321,16 +321,31 @@ func TestVMValidatorRefusesRunningAndRunStrategy(t *testing.T) {
 
 // A guest that powers itself off: with runStrategy Always KubeVirt starts
 // a new VMI (issue 22's first finding), with RerunOnFailure the VM stays
-// stopped.
+// stopped. A guest that reboots under rebootPolicy Terminate (a beta
+// feature gate of KubeVirt 1.9.0, on unless disabled) ends its VMI the same
+// way, Succeeded: KubeVirt cannot tell it from a power-off, and a
+// RerunOnFailure VM stays stopped (as KubeVirt's own functional test
+// "should not-recreate VMI on guest reboot" has it).
 func TestGuestShutdown(t *testing.T) {
+	terminate := kubevirtv1.RebootPolicyTerminate
 	for _, tc := range []struct {
+		name     string
 		strategy kubevirtv1.VirtualMachineRunStrategy
+		policy   *kubevirtv1.RebootPolicy
+		reboot   bool // the guest reboots rather than powers off
 		restarts bool
-	}{{kubevirtv1.RunStrategyAlways, true}, {kubevirtv1.RunStrategyRerunOnFailure, false}} {
-		t.Run(string(tc.strategy), func(t *testing.T) {
+	}{
+		{"poweroff/Always", kubevirtv1.RunStrategyAlways, nil, false, true},
+		{"poweroff/RerunOnFailure", kubevirtv1.RunStrategyRerunOnFailure, nil, false, false},
+		{"reboot-terminate/Always", kubevirtv1.RunStrategyAlways, &terminate, true, true},
+		{"reboot-terminate/RerunOnFailure", kubevirtv1.RunStrategyRerunOnFailure, &terminate, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			ns := newNamespace(t)
-			if err := cluster.Client.Create(ctx, newVM(ns, "vm", tc.strategy)); err != nil {
+			vm := newVM(ns, "vm", tc.strategy)
+			vm.Spec.Template.Spec.Domain.RebootPolicy = tc.policy
+			if err := cluster.Client.Create(ctx, vm); err != nil {
 				t.Fatal(err)
 			}
 			key := client.ObjectKey{Namespace: ns, Name: "vm"}
@@ -340,7 +355,13 @@ func TestGuestShutdown(t *testing.T) {
 				return err == nil && vmi.Status.Phase == kubevirtv1.Running, err
 			})
 			first := vmi.UID
-			node.ShutdownGuest(ns, "vm")
+			if tc.reboot {
+				if err := node.RebootGuest(ctx, ns, "vm"); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				node.ShutdownGuest(ns, "vm")
+			}
 			if tc.restarts {
 				eventually(t, "a new VMI Running", func() (bool, error) {
 					err := cluster.Client.Get(ctx, key, vmi)
@@ -355,7 +376,7 @@ func TestGuestShutdown(t *testing.T) {
 			})
 			time.Sleep(2 * time.Second)
 			if err := cluster.Client.Get(ctx, key, vmi); err == nil && vmi.UID != first {
-				t.Errorf("a new VMI %s (phase %s) after the guest powered off, want none", vmi.UID, vmi.Status.Phase)
+				t.Errorf("a new VMI %s (phase %s) after the guest's VMI ended, want none", vmi.UID, vmi.Status.Phase)
 			}
 		})
 	}

@@ -1,9 +1,9 @@
 // Package kubevirttest is the KubeVirt cluster of the tests that drive VMs
 // through the kubevirt backend, and backends started for a test's
 // lifetime. A package's tests share one cluster: KubeVirt's real control
-// plane (StartReal: internal/kubetest/realkubevirt with its node stand-in)
-// or, where that cannot serve, a bare API server with sim/kubevirt's
-// simulated virt-controller (Start).
+// plane (StartReal: internal/kubetest/realkubevirt with its node
+// stand-in); faults of virt-api come from sim/kubevirt's proxy in front of
+// it (NewVirtAPI).
 package kubevirttest
 
 import (
@@ -24,7 +24,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -38,39 +37,12 @@ type Cluster struct {
 	Config *rest.Config
 	Client client.Client
 
-	// Env and Sim are the simulator's (Start), nil on the real control plane.
-	Env *kubetest.Env
-	Sim *virtsim.Simulator
-	// Real and Node are the real control plane and its node stand-in
-	// (StartReal), nil on the simulator.
+	// Real and Node are the real control plane and its node stand-in.
 	Real *realkubevirt.Cluster
 	Node *realkubevirt.Node
 
 	namespacePrefix string
 	namespaces      atomic.Int64
-	stopSim         context.CancelFunc
-}
-
-// Start starts an API server with the simulated virt-controller;
-// namespacePrefix names the namespaces that NewNamespace creates.
-func Start(namespacePrefix string, sim virtsim.Options) (*Cluster, error) {
-	ctrl.SetLogger(logr.Discard()) // the simulator's manager logs through the global logger
-	env, err := kubetest.Start(kubetest.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("envtest: %w", err)
-	}
-	s, err := virtsim.New(env.Config, sim)
-	if err != nil {
-		_ = env.Stop()
-		return nil, fmt.Errorf("virtsim: %w", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		if err := s.Start(ctx); err != nil {
-			fmt.Println("virtsim:", err)
-		}
-	}()
-	return &Cluster{Config: env.Config, Client: env.Client, Env: env, Sim: s, namespacePrefix: namespacePrefix, stopSim: cancel}, nil
 }
 
 // StartReal starts KubeVirt's real control plane with one node stand-in.
@@ -82,23 +54,17 @@ func StartReal(ctx context.Context, namespacePrefix string, opts realkubevirt.Op
 	if err != nil {
 		return nil, err
 	}
-	node, err := real.StartNode(ctx, "node01")
+	node, err := real.StartNode(ctx, "node01", realkubevirt.NodeOptions{})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("node stand-in: %w", err), real.Stop())
 	}
-	return &Cluster{Config: real.Config, Client: real.Client, Real: real, Node: node, namespacePrefix: namespacePrefix, stopSim: func() {}}, nil
+	return &Cluster{Config: real.Config, Client: real.Client, Real: real, Node: node, namespacePrefix: namespacePrefix}, nil
 }
 
-// Stop stops everything Start or StartReal started.
-func (c *Cluster) Stop() error {
-	c.stopSim()
-	if c.Real != nil {
-		return c.Real.Stop()
-	}
-	return c.Env.Stop()
-}
+// Stop stops everything StartReal started.
+func (c *Cluster) Stop() error { return c.Real.Stop() }
 
-// NewNamespace creates a fresh namespace (neither cluster deletes them).
+// NewNamespace creates a fresh namespace (the cluster never deletes them).
 func (c *Cluster) NewNamespace(t testing.TB) string {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", c.namespacePrefix, c.namespaces.Add(1))}}
@@ -109,15 +75,12 @@ func (c *Cluster) NewNamespace(t testing.TB) string {
 }
 
 // UpdateVMIStatus changes the status of the VM's VMI as virt-handler
-// would. On the real control plane it writes as the node's virt-handler:
-// virt-api reverts status written by anyone else.
+// would, writing as the node's virt-handler: virt-api reverts status
+// written by anyone else.
 func (c *Cluster) UpdateVMIStatus(ctx context.Context, namespace, name string, change func(*kubevirtv1.VirtualMachineInstanceStatus)) error {
-	writer := c.Client
-	if c.Node != nil {
-		var err error
-		if writer, err = client.New(c.Node.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
-			return err
-		}
+	writer, err := client.New(c.Node.HandlerConfig, client.Options{Scheme: c.Client.Scheme()})
+	if err != nil {
+		return err
 	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		vmi := &kubevirtv1.VirtualMachineInstance{}
@@ -132,51 +95,32 @@ func (c *Cluster) UpdateVMIStatus(ctx context.Context, namespace, name string, c
 
 // ConfigFor authenticates as the user, in the groups, and nothing more.
 func (c *Cluster) ConfigFor(user string, groups ...string) (*rest.Config, error) {
-	if c.Real != nil {
-		return c.Real.ConfigFor(user, groups...)
-	}
-	return c.Env.ConfigFor(user, groups...)
+	return c.Real.ConfigFor(user, groups...)
 }
 
 // Boots returns the device each guest of the VM booted from so far (one
 // per VMI that reached Running, and one per guest reboot), oldest first.
 func (c *Cluster) Boots(namespace, name string) []machine.BootTarget {
-	if c.Node != nil {
-		return c.Node.BootTargets(namespace, name)
-	}
-	return c.Sim.Boots(namespace, name)
+	return c.Node.BootTargets(namespace, name)
 }
 
 // ShutdownGuest acts as the guest of the VM's running VMI powering itself
 // off.
 func (c *Cluster) ShutdownGuest(ctx context.Context, namespace, name string) error {
-	if c.Node != nil {
-		c.Node.ShutdownGuest(namespace, name)
-		return nil
-	}
-	return c.Sim.ShutdownGuest(ctx, namespace, name)
+	c.Node.ShutdownGuest(namespace, name)
+	return nil
 }
 
 // HoldStartAnnotation is the annotation that, on a VM, keeps its VMI from
 // running (the VM caught Starting) until it is removed.
-func (c *Cluster) HoldStartAnnotation() string {
-	if c.Node != nil {
-		return realkubevirt.HoldStartAnnotation
-	}
-	return virtsim.HoldStartAnnotation
-}
+func (c *Cluster) HoldStartAnnotation() string { return realkubevirt.HoldStartAnnotation }
 
 // NewVirtAPI puts a proxy between a client and the cluster that records
 // the requests and can be told to fail virt-api's subresource calls
-// (VirtAPI.Answer); on the simulator it also stands in for virt-api. It
-// closes when the test ends; clients use its Config.
+// (VirtAPI.Answer). It closes when the test ends; clients use its Config.
 func (c *Cluster) NewVirtAPI(t testing.TB) *virtsim.VirtAPI {
 	t.Helper()
-	newProxy := virtsim.NewVirtAPI
-	if c.Real != nil {
-		newProxy = virtsim.NewFaultProxy
-	}
-	api, err := newProxy(c.Config)
+	api, err := virtsim.NewFaultProxy(c.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +161,7 @@ func StartBackend(t testing.TB, cfg *rest.Config, namespace, name string, opts k
 
 // BenchmarkResets has the machine alternate On and ForceOff, each until c,
 // reading from the API server, shows the VM's new runStrategy: the
-// KubeVirt backend's Reset figure, on the simulator and on the real control
-// plane alike.
+// KubeVirt backend's Reset figure.
 func BenchmarkResets(b *testing.B, m machine.Machine, c client.Reader, vm client.ObjectKey) {
 	ctx := context.Background()
 	steps := []struct {
