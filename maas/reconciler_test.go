@@ -692,3 +692,62 @@ func TestConcurrencyIsBounded(t *testing.T) {
 		t.Errorf("MaaS saw %d requests at once, want at most 2", n)
 	}
 }
+
+// TestFailingMachineStopsNoOther: MaaS fails one machine's step (its
+// credentials, or its commission); within the same cycle every other
+// machine still gets its credentials, then hostname and pool, then its
+// commission, the failure is that machine's alone, and the next cycle
+// finishes it.
+func TestFailingMachineStopsNoOther(t *testing.T) {
+	tests := []struct {
+		name  string
+		match maassim.Match
+		fault maassim.Fault
+	}{
+		{"credentials 503", maassim.Match{Method: "PUT", Path: "machines/m0/"}, maassim.FaultServerError},
+		{"credentials connection dropped", maassim.Match{Method: "PUT", Path: "machines/m0/"}, maassim.FaultDropConnection},
+		{"commission 409", maassim.Match{Method: "POST", Path: "machines/m0/", Op: "commission"}, maassim.FaultConflict},
+		{"commission malformed reply", maassim.Match{Method: "POST", Path: "machines/m0/", Op: "commission"}, maassim.FaultMalformedJSON},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vms := []maas.VMRef{{Namespace: "tenant-a", Name: "failing"}, {Namespace: "tenant-a", Name: "web1"}, {Namespace: "tenant-b", Name: "web2"}}
+			s := maassim.New(t)
+			cluster := newFakeCluster()
+			for i, vm := range vms {
+				s.WithMachine(ours(fmt.Sprintf("m%d", i), vm, maassim.StatusNew))
+				cluster.withVM(vm, "s3cret-"+vm.Name)
+			}
+			r := newReconciler(t, s, cluster)
+			s.FailMatching(tt.match, -1, tt.fault)
+			result := reconcile(t, r)
+			if len(result.Failures) != 1 || result.Failures[0].SystemID != "m0" {
+				t.Fatalf("failures %v, want m0's alone", result.Failures)
+			}
+			for _, id := range []string{"m1", "m2"} {
+				if m, _ := s.Machine(id); m.Status != maassim.StatusCommissioning {
+					t.Errorf("%s is %d after the cycle m0 failed in, want commissioning", id, m.Status)
+				}
+				var steps []string
+				for _, req := range s.Requests() {
+					if (req.Method == "POST" || req.Method == "PUT") && req.Path == "machines/"+id+"/" {
+						steps = append(steps, cmp.Or(req.Op, "update"))
+					}
+				}
+				if want := []string{"update", "update", "commission"}; !slices.Equal(steps, want) {
+					t.Errorf("%s's writes %v, want credentials, then hostname and pool, then commission", id, steps)
+				}
+			}
+			s.ClearFaults()
+			if result := reconcile(t, r); len(result.Failures) != 0 {
+				t.Fatalf("the cycle after: failures %v", result.Failures)
+			}
+			if m, _ := s.Machine("m0"); m.Status != maassim.StatusCommissioning || m.Hostname != maas.Hostname(vms[0]) || m.Pool != vms[0].Namespace {
+				t.Errorf("m0 after the fault cleared: status %d hostname %q pool %q", m.Status, m.Hostname, m.Pool)
+			}
+			if n := commissions(s, "m0"); n != 1 {
+				t.Errorf("m0 commissioned %d times, want once", n)
+			}
+		})
+	}
+}
