@@ -128,7 +128,7 @@ func grow(b *testing.B, s *maassim.Server, from, size int) {
 	}
 	var ns string
 	for i := from; i < size; i++ {
-		if i%perNamespace == 0 {
+		if i%perNamespace == 0 || ns == "" { // a size not a multiple of 100 starts one too
 			ns = newNamespace(b)
 			s.WithPool(ns)
 		}
