@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -44,6 +45,12 @@ const (
 	// Role are written once per batch rather than once per VM. The queue
 	// keeps one entry per namespace, at the earliest time asked.
 	sharedBatchDelay = time.Second
+	// sharedAdditionsSpacing: while VMs keep arriving in a namespace
+	// (enrolling an existing one on a busy API server takes minutes), its
+	// shared Secret and Role are rewritten at most this often for VMs
+	// added alone, rather than at every batch. A VM leaving, or changing
+	// its credentials or host, is written at once.
+	sharedAdditionsSpacing = 5 * time.Second
 )
 
 // sharedVM is a VM the shared bmc-server serves.
@@ -82,6 +89,9 @@ type SharedReconciler struct {
 	Events events.EventRecorder
 
 	health *sharedHealth // Setup shares it with the BMC reconciler
+
+	mu          sync.Mutex
+	secretWrote map[string]time.Time // by namespace: when its shared Secret was last written
 }
 
 // Reconcile implements reconcile.Reconciler for a namespace. A failure is
@@ -116,13 +126,14 @@ func (r *SharedReconciler) reconcile(ctx context.Context, cfg Config, namespace 
 	if len(vms) == 0 {
 		return ctrl.Result{}, r.remove(ctx, namespace)
 	}
-	if err := r.apply(ctx, cfg, namespace, vms); err != nil {
+	wait, err := r.apply(ctx, cfg, namespace, vms)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if unwatched {
-		return ctrl.Result{RequeueAfter: r.Resync}, nil
+	if unwatched && (wait == 0 || r.Resync < wait) {
+		wait = r.Resync
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: wait}, nil
 }
 
 // served returns the VMs the namespace's shared bmc-server serves, by name,
@@ -193,14 +204,16 @@ func namespaceOf(bmcs []v1beta1.VirtualMachineBMC) string {
 	return bmcs[0].Namespace
 }
 
-// apply makes the shared objects serve exactly vms.
-func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM) error {
+// apply makes the shared objects serve exactly vms, or, when that only
+// adds VMs to a Secret written less than sharedAdditionsSpacing ago, says
+// how long to wait before it does.
+func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM) (time.Duration, error) {
 	data := make(map[string][]byte, len(vms))
 	params := bmc.RBACParams{Namespace: namespace}
 	for _, vm := range vms {
 		entry, err := json.Marshal(vm.credentials)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		data[vm.name] = entry
 		params.VMs = append(params.VMs, vm.name)
@@ -216,23 +229,26 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 	params.Instancetypes = slices.Compact(params.Instancetypes)
 	params.ClusterInstancetypes = slices.Compact(params.ClusterInstancetypes)
 
+	if wait, err := r.additionsWait(ctx, namespace, data); wait > 0 || err != nil {
+		return wait, err
+	}
 	if err := r.ensureSecret(ctx, namespace, data); err != nil {
-		return err
+		return 0, err
 	}
 	objects, clusterObjects, err := rbacObjects(params)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := ownByNamespace(ctx, r.Client, namespace, clusterObjects); err != nil {
-		return err
+		return 0, err
 	}
 	if len(clusterObjects) == 0 {
 		if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(namespace, ""), namespace, ""); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if err := deleteLegacyClusterRBAC(ctx, r.Client, namespace, ""); err != nil {
-		return err
+		return 0, err
 	}
 	meta := metav1.ObjectMeta{Name: sharedName, Namespace: namespace, Labels: sharedLabels()}
 	objects = append(objects,
@@ -252,10 +268,56 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 	)
 	for _, obj := range slices.Concat(objects, clusterObjects) {
 		if _, err := (applier{r.Client, r.Scheme}).ensure(ctx, obj); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return 0, nil
+}
+
+// additionsWait is how long to wait before writing data into the
+// namespace's shared Secret: zero unless data only adds VMs to the Secret
+// the cache holds and that was written less than sharedAdditionsSpacing
+// ago. The shared objects stay as they are meanwhile, serving the VMs they
+// served; nothing is removed or changed late.
+func (r *SharedReconciler) additionsWait(ctx context.Context, namespace string, data map[string][]byte) (time.Duration, error) {
+	r.mu.Lock()
+	since := time.Since(r.secretWrote[namespace])
+	r.mu.Unlock()
+	if since >= sharedAdditionsSpacing {
+		return 0, nil
+	}
+	current := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, current); err != nil {
+		return 0, client.IgnoreNotFound(err)
+	}
+	if !onlyAdds(current.Data, data) {
+		return 0, nil
+	}
+	return sharedAdditionsSpacing - since, nil
+}
+
+// onlyAdds says whether want has every entry of current, unchanged, and
+// more.
+func onlyAdds(current, want map[string][]byte) bool {
+	if len(want) <= len(current) {
+		return false
+	}
+	for k, v := range current {
+		if w, ok := want[k]; !ok || !bytes.Equal(v, w) {
+			return false
+		}
+	}
+	return true
+}
+
+// wroteSecret records that the namespace's shared Secret was written now.
+func (r *SharedReconciler) wroteSecret(namespace string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.secretWrote == nil {
+		r.secretWrote = map[string]time.Time{}
+	}
+	r.secretWrote[namespace] = time.Now()
 }
 
 // sharedMemoryPerVM is what each VM adds to the shared bmc-server's
@@ -301,6 +363,7 @@ func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, d
 		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
 			return err
 		}
+		r.wroteSecret(namespace)
 		log.FromContext(ctx).V(1).Info("shared Secret created", "vms", len(data))
 		return nil
 	case err != nil:
@@ -312,6 +375,7 @@ func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, d
 	if err := r.Client.Update(ctx, want); err != nil {
 		return err
 	}
+	r.wroteSecret(namespace)
 	log.FromContext(ctx).V(1).Info("shared Secret updated", "vms", len(data))
 	return nil
 }

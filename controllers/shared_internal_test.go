@@ -32,3 +32,27 @@ func TestSharedResourcesGrowWithTheVMs(t *testing.T) {
 		t.Errorf("a BMC pod's own limit changed to %s: sharedResources must not write into the defaults", got.String())
 	}
 }
+
+// TestOnlyAdds: the shared Secret's write may wait only when it would add
+// VMs and change none; a VM removed or changed is written at once.
+func TestOnlyAdds(t *testing.T) {
+	current := map[string][]byte{"vm-a": []byte(`{"username":"a"}`), "vm-b": []byte(`{"username":"b"}`)}
+	tests := []struct {
+		name string
+		want map[string][]byte
+		adds bool
+	}{
+		{"one VM added", map[string][]byte{"vm-a": []byte(`{"username":"a"}`), "vm-b": []byte(`{"username":"b"}`), "vm-c": []byte(`{}`)}, true},
+		{"the same VMs", map[string][]byte{"vm-a": []byte(`{"username":"a"}`), "vm-b": []byte(`{"username":"b"}`)}, false},
+		{"one VM removed", map[string][]byte{"vm-a": []byte(`{"username":"a"}`)}, false},
+		{"one removed, one added", map[string][]byte{"vm-a": []byte(`{"username":"a"}`), "vm-c": []byte(`{}`)}, false},
+		{"one changed, one added", map[string][]byte{"vm-a": []byte(`{"username":"a"}`), "vm-b": []byte(`{"username":"new"}`), "vm-c": []byte(`{}`)}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := onlyAdds(current, tc.want); got != tc.adds {
+				t.Errorf("onlyAdds = %v, want %v", got, tc.adds)
+			}
+		})
+	}
+}

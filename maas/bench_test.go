@@ -4,21 +4,31 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"runtime"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 
+	"github.com/virtmetal/virtmetal/internal/benchsize"
 	"github.com/virtmetal/virtmetal/maas"
 	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
 
+// idleBenchMachinesEnv lists the fleet sizes of BenchmarkIdleCycle,
+// comma-separated, smallest first; hack/test.sh's one-shot run sets small
+// ones.
+const idleBenchMachinesEnv = "VIRTMETAL_IDLE_BENCH_MACHINES"
+
 // BenchmarkIdleCycle measures one reconciler cycle over converged machines
 // (Ready, named, pooled, credentials current, status reported) against a
-// real API server and the MaaS simulator, and counts the requests a cycle
-// sends to each. It grows the fleet from 100 to 1,000 VMs in one run, so the
-// two sizes compare side by side: the request counts must not grow.
+// real API server and the MaaS simulator, counts the requests a cycle
+// sends to each, and samples the heap while it runs. It grows the fleet
+// through the sizes (1,000 and 10,000 machines unless
+// VIRTMETAL_IDLE_BENCH_MACHINES says otherwise) in one run, so they compare
+// side by side: the request counts must not grow.
 //
 //   - loop: one Reconciler and one client for every cycle, as the
 //     Deployment runs;
@@ -26,7 +36,7 @@ import (
 func BenchmarkIdleCycle(b *testing.B) {
 	s := maassim.New(b)
 	fleet := 0
-	for _, size := range []int{100, 1000} {
+	for _, size := range benchsize.FromEnv(b, idleBenchMachinesEnv, 1000, 10000) {
 		grow(b, s, fleet, size)
 		fleet = size
 		b.Run(fmt.Sprintf("loop/machines=%d", size), func(b *testing.B) {
@@ -47,6 +57,11 @@ func benchmarkCycles(b *testing.B, s *maassim.Server, counter *requestCounter, m
 	ctx := context.Background()
 	s.ResetRequests()
 	counter.take()
+	// The heap before the cycles (the simulator's machines, the test's
+	// clients): what a cycle adds to it is the reconciler's.
+	runtime.GC()
+	base := heapBytes()
+	stopSampling, peak := sampleHeap()
 	for b.Loop() {
 		result, err := reconciler().Reconcile(ctx)
 		if err != nil {
@@ -57,13 +72,44 @@ func benchmarkCycles(b *testing.B, s *maassim.Server, counter *requestCounter, m
 		}
 	}
 	b.StopTimer()
+	stopSampling()
 	maasRequests := float64(len(s.Requests())) / float64(b.N)
 	kubeRequests := float64(len(counter.take())) / float64(b.N)
 	b.ReportMetric(maasRequests, "maas-requests/cycle")
 	b.ReportMetric(kubeRequests, "kube-requests/cycle")
+	b.ReportMetric(float64(b.Elapsed().Seconds())/float64(b.N), "s/cycle")
+	b.ReportMetric((float64(*peak)-float64(base))/(1<<20), "cycle-peak-heap-MB")
 	if maasRequests > 3 || kubeRequests > 3 {
 		b.Fatalf("an idle cycle costs %.1f MaaS and %.1f Kubernetes requests, want at most 3 each", maasRequests, kubeRequests)
 	}
+}
+
+// heapBytes is the heap's live and not yet swept objects now.
+func heapBytes() uint64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(sample)
+	return sample[0].Value.Uint64()
+}
+
+// sampleHeap records the largest heapBytes, every millisecond, until stop
+// is called; peak is final once stop has returned.
+func sampleHeap() (stop func(), peak *uint64) {
+	peak = new(uint64)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			*peak = max(*peak, heapBytes())
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }, peak
 }
 
 // grow enrolls VMs from up to size, gives each its converged machine in
@@ -82,7 +128,7 @@ func grow(b *testing.B, s *maassim.Server, from, size int) {
 	}
 	var ns string
 	for i := from; i < size; i++ {
-		if i%perNamespace == 0 {
+		if i%perNamespace == 0 || ns == "" { // a size not a multiple of 100 starts one too
 			ns = newNamespace(b)
 			s.WithPool(ns)
 		}

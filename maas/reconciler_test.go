@@ -600,13 +600,7 @@ func TestRunRecoversFromOutage(t *testing.T) {
 // given its credentials and commissioned, each in that order, and the
 // hanging machine finishes when MaaS answers.
 func TestSlowMachineDelaysNoOther(t *testing.T) {
-	vms := []maas.VMRef{{Namespace: "tenant-a", Name: "slow"}, {Namespace: "tenant-a", Name: "web1"}, {Namespace: "tenant-b", Name: "web2"}}
-	s := maassim.New(t)
-	cluster := newFakeCluster()
-	for i, vm := range vms {
-		s.WithMachine(ours(fmt.Sprintf("m%d", i), vm, maassim.StatusNew))
-		cluster.withVM(vm, "s3cret-"+vm.Name)
-	}
+	s, cluster, _ := newMachinesOfVMs(t, "slow")
 	release, waiting := s.Hold(maassim.Match{Method: "POST", Path: "machines/m0/", Op: "commission"})
 	t.Cleanup(release)
 	r := newReconciler(t, s, cluster)
@@ -635,17 +629,7 @@ func TestSlowMachineDelaysNoOther(t *testing.T) {
 	// Each machine's steps in order, and the cycle's changes in machine
 	// order whatever order the machines finished in.
 	for _, id := range []string{"m0", "m1", "m2"} {
-		var steps []string
-		for _, req := range s.Requests() {
-			if req.Method == "POST" || req.Method == "PUT" {
-				if req.Path == "machines/"+id+"/" {
-					steps = append(steps, cmp.Or(req.Op, "update"))
-				}
-			}
-		}
-		if want := []string{"update", "update", "commission"}; !slices.Equal(steps, want) {
-			t.Errorf("%s's writes %v, want credentials, then hostname and pool, then commission", id, steps)
-		}
+		checkStepsInOrder(t, s, id)
 	}
 	var order []string
 	for _, c := range result.Changes {
@@ -690,5 +674,80 @@ func TestConcurrencyIsBounded(t *testing.T) {
 	}
 	if n := s.MaxInFlight(); n > 2 {
 		t.Errorf("MaaS saw %d requests at once, want at most 2", n)
+	}
+}
+
+// TestFailingMachineStopsNoOther: MaaS fails one machine's step (its
+// credentials, or its commission); within the same cycle every other
+// machine still gets its credentials, then hostname and pool, then its
+// commission, the failure is that machine's alone, and the next cycle
+// finishes it.
+func TestFailingMachineStopsNoOther(t *testing.T) {
+	tests := []struct {
+		name  string
+		match maassim.Match
+		fault maassim.Fault
+	}{
+		{"credentials 503", maassim.Match{Method: "PUT", Path: "machines/m0/"}, maassim.FaultServerError},
+		{"credentials connection dropped", maassim.Match{Method: "PUT", Path: "machines/m0/"}, maassim.FaultDropConnection},
+		{"commission 409", maassim.Match{Method: "POST", Path: "machines/m0/", Op: "commission"}, maassim.FaultConflict},
+		{"commission malformed reply", maassim.Match{Method: "POST", Path: "machines/m0/", Op: "commission"}, maassim.FaultMalformedJSON},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, cluster, vms := newMachinesOfVMs(t, "failing")
+			r := newReconciler(t, s, cluster)
+			s.FailMatching(tt.match, -1, tt.fault)
+			result := reconcile(t, r)
+			if len(result.Failures) != 1 || result.Failures[0].SystemID != "m0" {
+				t.Fatalf("failures %v, want m0's alone", result.Failures)
+			}
+			for _, id := range []string{"m1", "m2"} {
+				if m, _ := s.Machine(id); m.Status != maassim.StatusCommissioning {
+					t.Errorf("%s is %d after the cycle m0 failed in, want commissioning", id, m.Status)
+				}
+				checkStepsInOrder(t, s, id)
+			}
+			s.ClearFaults()
+			if result := reconcile(t, r); len(result.Failures) != 0 {
+				t.Fatalf("the cycle after: failures %v", result.Failures)
+			}
+			if m, _ := s.Machine("m0"); m.Status != maassim.StatusCommissioning || m.Hostname != maas.Hostname(vms[0]) || m.Pool != vms[0].Namespace {
+				t.Errorf("m0 after the fault cleared: status %d hostname %q pool %q", m.Status, m.Hostname, m.Pool)
+			}
+			if n := commissions(s, "m0"); n != 1 {
+				t.Errorf("m0 commissioned %d times, want once", n)
+			}
+		})
+	}
+}
+
+// newMachinesOfVMs gives MaaS three New machines, m0 to m2, of the VMs
+// first (tenant-a), web1 (tenant-a) and web2 (tenant-b), each VM with a
+// password of its own.
+func newMachinesOfVMs(t *testing.T, first string) (*maassim.Server, *fakeCluster, []maas.VMRef) {
+	t.Helper()
+	vms := []maas.VMRef{{Namespace: "tenant-a", Name: first}, {Namespace: "tenant-a", Name: "web1"}, {Namespace: "tenant-b", Name: "web2"}}
+	s := maassim.New(t)
+	cluster := newFakeCluster()
+	for i, vm := range vms {
+		s.WithMachine(ours(fmt.Sprintf("m%d", i), vm, maassim.StatusNew))
+		cluster.withVM(vm, "s3cret-"+vm.Name)
+	}
+	return s, cluster, vms
+}
+
+// checkStepsInOrder: the machine's writes were its credentials, then its
+// hostname and pool, then its commission.
+func checkStepsInOrder(t *testing.T, s *maassim.Server, id string) {
+	t.Helper()
+	var steps []string
+	for _, req := range s.Requests() {
+		if (req.Method == "POST" || req.Method == "PUT") && req.Path == "machines/"+id+"/" {
+			steps = append(steps, cmp.Or(req.Op, "update"))
+		}
+	}
+	if want := []string{"update", "update", "commission"}; !slices.Equal(steps, want) {
+		t.Errorf("%s's writes %v, want credentials, then hostname and pool, then commission", id, steps)
 	}
 }

@@ -9,9 +9,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/virtmetal/virtmetal/internal/benchsize"
 )
 
 // sharedBenchVMsEnv lists the sizes (VMs served) of the shared
@@ -24,19 +25,7 @@ const sharedBenchVMsEnv = "VIRTMETAL_SHARED_BENCH_VMS"
 // says otherwise.
 func sharedBenchVMs(b *testing.B) []int {
 	b.Helper()
-	list := os.Getenv(sharedBenchVMsEnv)
-	if list == "" {
-		return []int{1, 10, 100, 500, 2000}
-	}
-	var sizes []int
-	for field := range strings.SplitSeq(list, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(field))
-		if err != nil || n < 1 {
-			b.Fatalf("%s=%q: want positive VM counts separated by commas", sharedBenchVMsEnv, list)
-		}
-		sizes = append(sizes, n)
-	}
-	return sizes
+	return benchsize.FromEnv(b, sharedBenchVMsEnv, 1, 10, 100, 500, 2000)
 }
 
 // bmcServerBinaryEnv names a bmc-server binary to measure instead of this
