@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/benchsize"
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
 )
@@ -16,9 +17,10 @@ import (
 // and waits until all are Ready in MaaS. One VM is the reference; 50 is the
 // goal (under 10 s of virtmetal's time per VM, all within 60 s on 2 cores).
 // Reported: the time until the last is Ready, and the median and slowest
-// VM's time from its creation to Ready.
+// VM's time from its creation to Ready. VIRTMETAL_LAB_BENCH_VMS lists the
+// sizes (default 1,50).
 func BenchmarkCreateToReady(b *testing.B) {
-	for _, n := range []int{1, 50} {
+	for _, n := range benchsize.FromEnv(b, "VIRTMETAL_LAB_BENCH_VMS", 1, 50) {
 		b.Run(fmt.Sprintf("vms=%d", n), func(b *testing.B) {
 			var all, median, slowest time.Duration
 			for i := range b.N {
