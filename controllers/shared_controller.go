@@ -382,6 +382,10 @@ func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, d
 
 // remove deletes the namespace's shared objects.
 func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
+	// A namespace that stops sharing leaves no write time behind.
+	r.mu.Lock()
+	delete(r.secretWrote, namespace)
+	r.mu.Unlock()
 	for _, obj := range slices.Concat([]client.Object{&corev1.Secret{}}, workloadKinds()) {
 		if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, obj); err != nil {
 			return err

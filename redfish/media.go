@@ -3,7 +3,6 @@ package redfish
 import (
 	"encoding/json"
 	"net/http"
-	"slices"
 	"strings"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -152,11 +151,8 @@ func (s *Server) insertMedia(c *call) (result, error) {
 		problems = append(problems, transferProtocolProblems(raw, image)...)
 	}
 	if raw, given := params["TransferMethod"]; given {
-		switch value, ok := jsonString(raw); {
-		case !ok:
-			problems = append(problems, message{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), "TransferMethod", action}})
-		case !slices.Contains(transferMethods, value):
-			problems = append(problems, message{key: msgActionParameterValueNotInList, args: []string{value, "TransferMethod", action}})
+		if _, problem := enumValue(raw, action, "TransferMethod", transferMethods); problem != nil {
+			problems = append(problems, *problem)
 		}
 	}
 	if len(problems) > 0 {
@@ -187,12 +183,9 @@ func (s *Server) insertMedia(c *call) (result, error) {
 // reverse, is not what the client asked for).
 func transferProtocolProblems(raw json.RawMessage, image string) []message {
 	const param, action = "TransferProtocolType", "InsertMedia"
-	value, ok := jsonString(raw)
-	switch {
-	case !ok:
-		return []message{{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), param, action}}}
-	case !slices.Contains(transferProtocols, value):
-		return []message{{key: msgActionParameterValueNotInList, args: []string{value, param, action}}}
+	value, problem := enumValue(raw, action, param, transferProtocols)
+	if problem != nil {
+		return []message{*problem}
 	}
 	scheme, _, _ := strings.Cut(image, "://")
 	if !strings.EqualFold(scheme, value) {

@@ -433,12 +433,22 @@ func actionParams(body []byte, action string, known, required []string) (map[str
 
 // enumParam reads a string action parameter that must be one of allowed.
 func enumParam(raw json.RawMessage, action, param string, allowed []string) (string, *apiError) {
+	value, problem := enumValue(raw, action, param, allowed)
+	if problem != nil {
+		return "", newError(http.StatusBadRequest, problem.key, problem.args...)
+	}
+	return value, nil
+}
+
+// enumValue reads an action's string parameter that must be one of
+// allowed, or says what is wrong with it.
+func enumValue(raw json.RawMessage, action, param string, allowed []string) (string, *message) {
 	value, ok := jsonString(raw)
 	if !ok {
-		return "", newError(http.StatusBadRequest, msgActionParameterValueTypeError, jsonText(raw), param, action)
+		return "", &message{key: msgActionParameterValueTypeError, args: []string{jsonText(raw), param, action}}
 	}
 	if !slices.Contains(allowed, value) {
-		return "", newError(http.StatusBadRequest, msgActionParameterValueNotInList, value, param, action)
+		return "", &message{key: msgActionParameterValueNotInList, args: []string{value, param, action}}
 	}
 	return value, nil
 }
