@@ -127,12 +127,15 @@ func (s *Server) getNetworkProtocol(c *call) (result, error) {
 	p := s.protocols
 	body := resource(typeNetworkProtocol, managerPath(id)+"/NetworkProtocol", "NetworkProtocol", "Manager Network Protocol")
 	body["Status"] = statusOK()
+	// One listener speaks Redfish, HTTPS or plain HTTP: HTTPS says which,
+	// and HTTP is listed only when it is that listener's. SSH and SSDP,
+	// which this BMC does not implement, are left out rather than shown
+	// off: off would promise a switch (and a port) that does not exist.
 	body["HTTPS"] = protocolSettings(!p.PlainHTTP, p.RedfishPort)
-	body["HTTP"] = protocolSettings(p.PlainHTTP, p.RedfishPort)
+	if p.PlainHTTP {
+		body["HTTP"] = protocolSettings(true, p.RedfishPort)
+	}
 	body["IPMI"] = protocolSettings(p.IPMIPort > 0 && p.IPMIMachine == id, p.IPMIPort)
-	// Services a BMC often has and this one has not.
-	body["SSH"] = protocolSettings(false, 0)
-	body["SSDP"] = protocolSettings(false, 0)
 	return result{body: body}, nil
 }
 

@@ -8,23 +8,25 @@ import (
 )
 
 // TestNetworkProtocol (read with the read-only role): HTTPS or HTTP as
-// configured, with the port when known; IPMI on only for the machine it serves; SSH and SSDP off.
+// configured, with the port when known (HTTP only when it is the listener's); IPMI on only for the
+// machine it serves; SSH and SSDP, which the BMC does not implement, absent.
 func TestNetworkProtocol(t *testing.T) {
 	tests := []struct {
 		name    string
 		cfg     redfish.NetworkProtocol
 		manager string
-		want    map[string]string // protocol: its settings as JSON
+		want    map[string]string // protocol: its settings as JSON, "" for absent
 	}{
 		{"HTTPS with IPMI", redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0"}, "vm-0", map[string]string{
-			"HTTPS": `{"Port":8443,"ProtocolEnabled":true}`, "HTTP": `{"ProtocolEnabled":false}`,
-			"IPMI": `{"Port":623,"ProtocolEnabled":true}`, "SSH": `{"ProtocolEnabled":false}`, "SSDP": `{"ProtocolEnabled":false}`,
+			"HTTPS": `{"Port":8443,"ProtocolEnabled":true}`, "HTTP": "",
+			"IPMI": `{"Port":623,"ProtocolEnabled":true}`, "SSH": "", "SSDP": "",
 		}},
 		{"IPMI serves another machine", redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0"}, "vm-1", map[string]string{
 			"HTTPS": `{"Port":8443,"ProtocolEnabled":true}`, "IPMI": `{"ProtocolEnabled":false}`,
 		}},
 		{"plain HTTP, port unknown, no IPMI", redfish.NetworkProtocol{PlainHTTP: true}, "vm-0", map[string]string{
 			"HTTPS": `{"ProtocolEnabled":false}`, "HTTP": `{"ProtocolEnabled":true}`, "IPMI": `{"ProtocolEnabled":false}`,
+			"SSH": "", "SSDP": "",
 		}},
 	}
 	for _, tt := range tests {
@@ -36,8 +38,12 @@ func TestNetworkProtocol(t *testing.T) {
 				t.Fatalf("GET %s: %d %s", path, res.status, res.raw)
 			}
 			for protocol, want := range tt.want {
-				got, _ := json.Marshal(res.json[protocol])
-				if string(got) != want {
+				v, present := res.json[protocol]
+				got, _ := json.Marshal(v)
+				switch {
+				case want == "" && present:
+					t.Errorf("%s = %s, want it absent", protocol, got)
+				case want != "" && string(got) != want:
 					t.Errorf("%s = %s, want %s", protocol, got, want)
 				}
 			}
