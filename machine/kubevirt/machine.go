@@ -3,6 +3,7 @@ package kubevirt
 import (
 	"context"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
@@ -294,12 +295,23 @@ func observedPower(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachine
 	switch vm.Status.PrintableStatus {
 	case kubevirtv1.VirtualMachineStatusRunning, kubevirtv1.VirtualMachineStatusMigrating:
 		return machine.PowerOn
-	case kubevirtv1.VirtualMachineStatusStopped:
-		return machine.PowerOff
 	case kubevirtv1.VirtualMachineStatusPaused:
 		return machine.Paused
 	case kubevirtv1.VirtualMachineStatusStopping, kubevirtv1.VirtualMachineStatusTerminating:
 		return machine.PoweringOff
+	}
+	// virt-controller writes the VM's status after it has seen the VMI's,
+	// and under load (its VM updates conflicting with others' and backing
+	// off) a guest runs, and PXE boots, many seconds before its VM stops
+	// saying Stopped or Starting. Reading PoweringOn then, MaaS takes the
+	// machine for off and sends On with a PXE boot once, which boots
+	// nothing: the running VMI is the truth.
+	if vmi != nil && vmi.IsRunning() {
+		return runningPower(vmi)
+	}
+	switch vm.Status.PrintableStatus {
+	case kubevirtv1.VirtualMachineStatusStopped:
+		return machine.PowerOff
 	case kubevirtv1.VirtualMachineStatusStarting, kubevirtv1.VirtualMachineStatusProvisioning,
 		kubevirtv1.VirtualMachineStatusWaitingForVolumeBinding, kubevirtv1.VirtualMachineStatusWaitingForReceiver,
 		kubevirtv1.VirtualMachineStatusCrashLoopBackOff, kubevirtv1.VirtualMachineStatusUnschedulable,
@@ -309,15 +321,19 @@ func observedPower(vm *kubevirtv1.VirtualMachine, vmi *kubevirtv1.VirtualMachine
 		return machine.PoweringOn
 	}
 	// No (or an unknown) printableStatus: go by the VMI.
-	if vmi == nil {
+	if vmi == nil || vmi.IsFinal() {
 		return machine.PowerOff
 	}
-	switch vmi.Status.Phase {
-	case kubevirtv1.Running:
-		return machine.PowerOn
-	case kubevirtv1.Succeeded, kubevirtv1.Failed:
-		return machine.PowerOff
-	default:
-		return machine.PoweringOn
+	return machine.PoweringOn
+}
+
+// runningPower is a running VMI's state, as virt-controller prints it: On
+// unless paused.
+func runningPower(vmi *kubevirtv1.VirtualMachineInstance) machine.PowerState {
+	for _, c := range vmi.Status.Conditions {
+		if c.Type == kubevirtv1.VirtualMachineInstancePaused && c.Status == corev1.ConditionTrue {
+			return machine.Paused
+		}
 	}
+	return machine.PowerOn
 }

@@ -28,7 +28,15 @@ func keepWhatIsRead(obj any) (any, error) {
 	case *kubevirtv1.VirtualMachineInstance:
 		o.ManagedFields = nil
 		o.Annotations, o.Labels, o.OwnerReferences, o.Finalizers = nil, nil, nil, nil
-		o.Status = kubevirtv1.VirtualMachineInstanceStatus{Phase: o.Status.Phase, Interfaces: o.Status.Interfaces}
+		// A running VMI's Paused condition tells PowerState Paused from On
+		// while the VM's printableStatus lags.
+		var paused []kubevirtv1.VirtualMachineInstanceCondition
+		for _, c := range o.Status.Conditions {
+			if c.Type == kubevirtv1.VirtualMachineInstancePaused {
+				paused = append(paused, c)
+			}
+		}
+		o.Status = kubevirtv1.VirtualMachineInstanceStatus{Phase: o.Status.Phase, Interfaces: o.Status.Interfaces, Conditions: paused}
 	}
 	return obj, nil
 }

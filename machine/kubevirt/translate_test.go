@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -14,7 +15,7 @@ import (
 )
 
 func TestPowerState(t *testing.T) {
-	manual := kubevirtv1.RunStrategyManual
+	manual, rerun := kubevirtv1.RunStrategyManual, poweredOn
 	tests := []struct {
 		name     string
 		strategy *kubevirtv1.VirtualMachineRunStrategy
@@ -44,6 +45,17 @@ func TestPowerState(t *testing.T) {
 		{"no status, VMI scheduling", &manual, "", &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Scheduling}}, machine.PoweringOn},
 		{"no status, VMI succeeded", &manual, "", &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Succeeded}}, machine.PowerOff},
 		{"no status, no VMI", &manual, "", nil, machine.PowerOff},
+		// virt-controller's status lags the VMI's under load.
+		{"starting, VMI already running", &always, kubevirtv1.VirtualMachineStatusStarting, runningVMI(false), machine.PowerOn},
+		{"starting after On, VMI already running", &rerun, kubevirtv1.VirtualMachineStatusStarting, runningVMI(false), machine.PowerOn},
+		{"stopped, VMI already running", &always, kubevirtv1.VirtualMachineStatusStopped, runningVMI(false), machine.PowerOn},
+		{"stopped, VMI already running, asked off", &halted, kubevirtv1.VirtualMachineStatusStopped, runningVMI(false), machine.PoweringOff},
+		{"stopped, VMI scheduling", &always, kubevirtv1.VirtualMachineStatusStopped,
+			&kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Scheduling}}, machine.PoweringOn},
+		{"starting, VMI already running and paused", &always, kubevirtv1.VirtualMachineStatusStarting, runningVMI(true), machine.Paused},
+		{"starting, VMI scheduled", &always, kubevirtv1.VirtualMachineStatusStarting,
+			&kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Scheduled}}, machine.PoweringOn},
+		{"no status, VMI running and paused", &manual, "", runningVMI(true), machine.Paused},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -280,4 +292,12 @@ func apiNotFound(gr schema.GroupResource) error { return apierrors.NewNotFound(g
 func apiTimeout() error                         { return apierrors.NewTimeoutError("slow", 1) }
 func apiForbidden(gr schema.GroupResource) error {
 	return apierrors.NewForbidden(gr, "vm", errors.New("no"))
+}
+
+func runningVMI(paused bool) *kubevirtv1.VirtualMachineInstance {
+	vmi := &kubevirtv1.VirtualMachineInstance{Status: kubevirtv1.VirtualMachineInstanceStatus{Phase: kubevirtv1.Running}}
+	if paused {
+		vmi.Status.Conditions = []kubevirtv1.VirtualMachineInstanceCondition{{Type: kubevirtv1.VirtualMachineInstancePaused, Status: corev1.ConditionTrue}}
+	}
+	return vmi
 }

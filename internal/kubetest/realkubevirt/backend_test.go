@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -180,6 +182,65 @@ func TestGuestPowerOffOnRealKubeVirt(t *testing.T) {
 	}
 	if next := waitPower(t, m, key, machine.PowerOn); next == first {
 		t.Errorf("On after the guest powered off kept VMI %s, want a new one", first)
+	}
+}
+
+// virt-controller writes a VM's status after it has seen the VMI's, and
+// under load that lags by many seconds (in the lab's 50 VMs, a VM read
+// Stopped well after its guest had PXE booted). A running guest reads On
+// meanwhile, not PoweringOn: MaaS takes PoweringOn for off and sends On
+// with a PXE boot once, which would boot nothing. virt-controller is
+// stopped here to hold the VM's status back.
+func TestPowerStateAheadOfVMStatus(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	key := client.ObjectKey{Namespace: ns, Name: "vm"}
+	vm := newVM(ns, "vm", kubevirtv1.RunStrategyAlways)
+	vm.Annotations = map[string]string{realkubevirt.HoldStartAnnotation: "test"}
+	if err := cluster.Client.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	m := bmcMachine(t, ns, "vm")
+	eventually(t, "the VM Starting, its VMI Scheduled", func() (bool, error) {
+		vm, vmi := &kubevirtv1.VirtualMachine{}, &kubevirtv1.VirtualMachineInstance{}
+		if err := cluster.Client.Get(ctx, key, vm); err != nil {
+			return false, err
+		}
+		if err := cluster.Client.Get(ctx, key, vmi); err != nil {
+			return false, err
+		}
+		return vm.Status.PrintableStatus == kubevirtv1.VirtualMachineStatusStarting && vmi.Status.Phase == kubevirtv1.Scheduled,
+			fmt.Errorf("printableStatus %q, VMI phase %q", vm.Status.PrintableStatus, vmi.Status.Phase)
+	})
+	if st, err := m.PowerState(ctx); err != nil || st != machine.PoweringOn {
+		t.Fatalf("PowerState while the VMI is Scheduled = %s, %v; want PoweringOn", st, err)
+	}
+
+	cluster.StopVirtController()
+	t.Cleanup(func() {
+		if err := cluster.StartVirtController(context.Background()); err != nil {
+			t.Errorf("starting virt-controller again: %v", err)
+		}
+	})
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+realkubevirt.HoldStartAnnotation+`":null}}}`))
+	if err := cluster.Client.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "vm"}}, patch); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the guest running", func() (bool, error) {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		err := cluster.Client.Get(ctx, key, vmi)
+		return err == nil && vmi.Status.Phase == kubevirtv1.Running, fmt.Errorf("VMI phase %q, %v", vmi.Status.Phase, err)
+	})
+	eventually(t, "PowerState On", func() (bool, error) {
+		st, err := m.PowerState(ctx)
+		return err == nil && st == machine.PowerOn, fmt.Errorf("PowerState %s, %v", st, err)
+	})
+	got := &kubevirtv1.VirtualMachine{}
+	if err := cluster.Client.Get(ctx, key, got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.PrintableStatus != kubevirtv1.VirtualMachineStatusStarting {
+		t.Fatalf("the VM's printableStatus is %q: virt-controller was to hold it at Starting", got.Status.PrintableStatus)
 	}
 }
 

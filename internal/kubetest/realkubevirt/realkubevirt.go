@@ -810,10 +810,13 @@ func (c *Cluster) UnregisterVirtAPI(ctx context.Context) error {
 // again and waits until it leads again (it finds its own identity, the host
 // name, in the Lease and takes it back at once).
 func (c *Cluster) RestartVirtController(ctx context.Context) error {
-	kvBin, err := BinDir()
-	if err != nil {
-		return err
-	}
+	c.StopVirtController()
+	return c.StartVirtController(ctx)
+}
+
+// StopVirtController kills virt-controller, as a crash does: nothing
+// writes VMs' status or creates VMIs until StartVirtController.
+func (c *Cluster) StopVirtController() {
 	for i, p := range c.procs {
 		if p.name != "virt-controller" {
 			continue
@@ -822,7 +825,16 @@ func (c *Cluster) RestartVirtController(ctx context.Context) error {
 		<-p.done
 		c.procs = append(c.procs[:i], c.procs[i+1:]...)
 		_ = os.Rename(p.log, filepath.Join(c.Dir, fmt.Sprintf("virt-controller.%d.log", time.Now().UnixNano())))
-		break
+		return
+	}
+}
+
+// StartVirtController starts virt-controller after StopVirtController and
+// waits until it leads.
+func (c *Cluster) StartVirtController(ctx context.Context) error {
+	kvBin, err := BinDir()
+	if err != nil {
+		return err
 	}
 	return c.startVirtController(ctx, kvBin, time.Now())
 }
