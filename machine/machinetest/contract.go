@@ -348,6 +348,10 @@ func testMedia(t *testing.T, s Subject) {
 		vm, err := s.Machine.VirtualMedia(ctx)
 		return err == nil && !vm.Inserted && vm.Image == "" && vm.State == ""
 	})
+	// A CD drive is write-protected, with media or without.
+	if vm := media(t, s); !vm.WriteProtected {
+		t.Fatalf("the empty drive: %+v, want it write-protected", vm)
+	}
 	if err := s.Machine.EjectMedia(ctx); err != nil {
 		t.Fatalf("EjectMedia of an empty drive: %v", err)
 	}

@@ -201,6 +201,10 @@ const defaultBootTarget = machine.BootHdd
 // defaultFirmware is a new machine's, and what ResetFirmware restores.
 var defaultFirmware = machine.Firmware{Mode: machine.BootModeUEFI}
 
+// emptyCD is the virtual CD drive with no media: a CD drive is
+// write-protected whatever it holds, as the KubeVirt backend reports too.
+var emptyCD = machine.VirtualMedia{WriteProtected: true}
+
 func newMachine(i int, delay time.Duration, now func() time.Time, changes *machine.Broadcast) *Machine {
 	name := fmt.Sprintf("vm-%d", i)
 	// Identity is derived from the index so it survives a restart of the
@@ -217,6 +221,7 @@ func newMachine(i int, delay time.Duration, now func() time.Time, changes *machi
 		generation: 1,
 		changes:    changes,
 		boot:       machine.BootOverride{Target: machine.BootNone, Enabled: machine.BootDisabled, Mode: defaultFirmware.Mode},
+		media:      emptyCD,
 		firmware:   machine.FirmwareState{Next: defaultFirmware, Current: defaultFirmware},
 		inv: machine.Inventory{
 			Name:         name,
@@ -543,7 +548,7 @@ func (m *Machine) EjectMedia(context.Context) error {
 	if m.fault != nil {
 		return m.fault
 	}
-	m.media = machine.VirtualMedia{}
+	m.media = emptyCD
 	m.changed()
 	return nil
 }

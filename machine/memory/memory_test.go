@@ -204,8 +204,8 @@ func TestMediaImport(t *testing.T) {
 	if err := m.EjectMedia(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if vm := read(); vm != (machine.VirtualMedia{}) {
-		t.Errorf("after eject: %+v, want an empty drive", vm)
+	if vm := read(); vm != (machine.VirtualMedia{WriteProtected: true}) {
+		t.Errorf("after eject: %+v, want an empty, write-protected drive", vm)
 	}
 }
 
