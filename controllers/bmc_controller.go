@@ -50,6 +50,7 @@ const legacyClusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
 // +kubebuilder:rbac:groups=subresources.kubevirt.io,resources=virtualmachines/start;virtualmachines/stop;virtualmachines/restart,verbs=update
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=create;get;delete
 // +kubebuilder:rbac:groups=instancetype.kubevirt.io,resources=virtualmachineinstancetypes;virtualmachineclusterinstancetypes,verbs=get
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get
 
 // BMCReconciler gives each VirtualMachineBMC its workload: credentials,
 // RBAC, the bmc-server Deployment, Service and Ingress; it keeps them as

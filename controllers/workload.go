@@ -20,6 +20,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 )
 
 // Ports of bmc-server inside its pod: unprivileged, so the container needs
@@ -141,6 +142,7 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		ServiceAccount:      workloadName(b.Spec.VMName),
 		Instancetype:        instancetype,
 		ClusterInstancetype: clusterInstancetype,
+		Claims:              kubevirt.ReferencedClaims(vm),
 	})
 	if err != nil {
 		return w, err
