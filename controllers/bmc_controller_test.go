@@ -70,7 +70,7 @@ func TestWorkload(t *testing.T) {
 		}
 		c := d.Spec.Template.Spec.Containers[0]
 		checkBMCDeployment(t, d, "bmc-web1", []deploymentCheck{
-			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials --fqdn web1.workload." + testDomain + " --metrics-listen :9100"},
+			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials --fqdn web1.workload."+testDomain+" --metrics-listen :9100"},
 			{"credentials mounted from the Secret", d.Spec.Template.Spec.Volumes[0].Secret != nil && d.Spec.Template.Spec.Volumes[0].Secret.SecretName == "web1-bmc" && c.VolumeMounts[0].ReadOnly},
 		})
 	})
