@@ -9,7 +9,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,6 +50,7 @@ const legacyClusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
 // +kubebuilder:rbac:groups=subresources.kubevirt.io,resources=virtualmachines/start;virtualmachines/stop;virtualmachines/restart,verbs=update
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=create;get;delete
 // +kubebuilder:rbac:groups=instancetype.kubevirt.io,resources=virtualmachineinstancetypes;virtualmachineclusterinstancetypes,verbs=get
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get
 
 // BMCReconciler gives each VirtualMachineBMC its workload: credentials,
 // RBAC, the bmc-server Deployment, Service and Ingress; it keeps them as
@@ -167,13 +167,14 @@ func (r *BMCReconciler) reconcileCredentials(ctx context.Context, s *bmcScope) (
 }
 
 func (r *BMCReconciler) renderWorkload(ctx context.Context, s *bmcScope) (bool, error) {
-	w, err := r.Workload(WorkloadInput{BMC: s.bmc, VM: s.vm, Config: s.config})
+	takenBy, err := r.olderClaimOfHost(ctx, s.bmc, s.config)
+	if err != nil {
+		return false, s.status.fail(conditionIngressReady, reasonReadFailed, err)
+	}
+	w, err := r.Workload(WorkloadInput{BMC: s.bmc, VM: s.vm, Config: s.config, HostTakenBy: takenBy})
 	if err != nil {
 		r.warn(s.bmc, s.vm, reasonWorkloadFailed, "Render", "%v", err)
 		return false, s.status.fail(conditionDeploymentAvailable, reasonWorkloadFailed, err)
-	}
-	if err := r.keepHostOfOlderClaim(ctx, s.bmc, s.config, &w); err != nil {
-		return false, s.status.fail(conditionIngressReady, reasonReadFailed, err)
 	}
 	s.workload = w
 	return false, nil
@@ -245,23 +246,23 @@ func (r *BMCReconciler) warn(b *v1beta1.VirtualMachineBMC, related runtime.Objec
 	r.Events.Eventf(b, related, corev1.EventTypeWarning, string(why), action, format, args...)
 }
 
-// keepHostOfOlderClaim leaves the Ingress out of w when an older
-// VirtualMachineBMC of the namespace has its host: one host, one BMC.
-func (r *BMCReconciler) keepHostOfOlderClaim(ctx context.Context, b *v1beta1.VirtualMachineBMC, cfg Config, w *Workload) error {
-	if w.RedfishURL == "" {
-		return nil // no Ingress
+// olderClaimOfHost names the older VirtualMachineBMC of the namespace
+// that keeps the host b asks for (one host, one BMC), or "" when b holds
+// it, serves no Redfish, or asks for a host it may not have (the render
+// says why).
+func (r *BMCReconciler) olderClaimOfHost(ctx context.Context, b *v1beta1.VirtualMachineBMC, cfg Config) (string, error) {
+	if !redfishEnabled(b) {
+		return "", nil
 	}
 	host, err := ingressHost(b, cfg.Domain)
 	if err != nil {
-		return err
+		return "", nil
 	}
 	holder, err := hostHolder(ctx, r.Client, b, host, cfg.Domain)
 	if err != nil || holder.Name == b.Name {
-		return err
+		return "", err
 	}
-	w.Objects = slices.DeleteFunc(w.Objects, func(o client.Object) bool { _, ok := o.(*networkingv1.Ingress); return ok })
-	w.RedfishURL, w.IngressProblem = "", hostTaken(host, holder)
-	return nil
+	return holder.Name, nil
 }
 
 // ensureCredentials makes the credentials Secret exist and rotates it when

@@ -70,7 +70,7 @@ func TestWorkload(t *testing.T) {
 		}
 		c := d.Spec.Template.Spec.Containers[0]
 		checkBMCDeployment(t, d, "bmc-web1", []deploymentCheck{
-			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials --metrics-listen :9100"},
+			{"bmc-server on this VM", strings.Join(c.Args, " ") == "--backend kubevirt --namespace workload --vm web1 --listen :8443 --credentials-dir /etc/virtmetal/credentials --fqdn web1.workload."+testDomain+" --metrics-listen :9100"},
 			{"credentials mounted from the Secret", d.Spec.Template.Spec.Volumes[0].Secret != nil && d.Spec.Template.Spec.Volumes[0].Secret.SecretName == "web1-bmc" && c.VolumeMounts[0].ReadOnly},
 		})
 	})
@@ -330,9 +330,35 @@ func TestIngressHostStaysInItsNamespace(t *testing.T) {
 	})
 }
 
+// fqdnIs checks the --fqdn a BMC's bmc-server Deployment is given: the
+// host its Manager says it is reached at; "" wants none.
+func fqdnIs(key types.NamespacedName, want string) func() error {
+	return func() error {
+		d := &appsv1.Deployment{}
+		if err := get(key, d); err != nil {
+			return err
+		}
+		args := d.Spec.Template.Spec.Containers[0].Args
+		var got, wanted []string
+		for i, arg := range args[:len(args)-1] {
+			if arg == "--fqdn" {
+				got = append(got, args[i+1])
+			}
+		}
+		if want != "" {
+			wanted = []string{want}
+		}
+		if !slices.Equal(got, wanted) {
+			return fmt.Errorf("args %q, want --fqdn %q", args, want)
+		}
+		return nil
+	}
+}
+
 // TestOneHostOneBMC: a BMC asking for a host another BMC of the namespace
 // has gets no Ingress and says why; the older keeps it, and the younger
-// gets its own host back once it asks for that.
+// gets its own host back once it asks for that. Each bmc-server names the
+// host its Ingress routes to it, and the one whose claim lost names none.
 func TestOneHostOneBMC(t *testing.T) {
 	first := enrolledVM(t, "host-claims", "web1")
 	second := client.ObjectKeyFromObject(createVM(t, newVM(first.Namespace, "web2")))
@@ -362,6 +388,8 @@ func TestOneHostOneBMC(t *testing.T) {
 		}
 		return nil
 	})
+	poll.Until(t, "web1 named at its host", fqdnIs(workloadKey(first), taken))
+	poll.Until(t, "web2, whose claim lost, named at none", fqdnIs(workloadKey(second), ""))
 	update(t, second, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = ""
 	})
@@ -375,6 +403,7 @@ func TestOneHostOneBMC(t *testing.T) {
 		}
 		return nil
 	})
+	poll.Until(t, "web2 named at its own host", fqdnIs(workloadKey(second), "web2.host-claims."+testDomain))
 }
 
 func TestVirtualMachineBMCIsNamedAfterItsVM(t *testing.T) {

@@ -64,6 +64,6 @@ func hostHolder(ctx context.Context, c client.Reader, b *v1beta1.VirtualMachineB
 }
 
 // hostTaken says that holder, not the BMC asking, keeps host.
-func hostTaken(host string, holder *v1beta1.VirtualMachineBMC) error {
-	return fmt.Errorf("%w: host %s is VirtualMachineBMC %s's, which asked for it first", errHostTaken, host, holder.Name)
+func hostTaken(host, holder string) error {
+	return fmt.Errorf("%w: host %s is VirtualMachineBMC %s's, which asked for it first", errHostTaken, host, holder)
 }

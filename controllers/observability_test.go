@@ -96,3 +96,82 @@ func TestRoleFollowsTheInstancetype(t *testing.T) {
 		return gone(clusterName, &rbacv1.ClusterRole{})
 	})
 }
+
+// onClaims gives vm a disk on each volume: a persistentVolumeClaim volume
+// per claim, and a dataVolume volume per DataVolume.
+func onClaims(vm *kubevirtv1.VirtualMachine, claims, dataVolumes []string) {
+	spec := &vm.Spec.Template.Spec
+	spec.Domain.Devices.Disks, spec.Volumes = nil, nil
+	add := func(source kubevirtv1.VolumeSource) {
+		name := fmt.Sprintf("disk%d", len(spec.Volumes))
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: name})
+		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: name, VolumeSource: source})
+	}
+	for _, c := range claims {
+		add(kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+			PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: c}}})
+	}
+	for _, dv := range dataVolumes {
+		add(kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: dv}})
+	}
+}
+
+// claimsGranted checks the claims a Role lets its bmc-server get: want,
+// by name, get only; none, no rule at all (an empty resourceNames would
+// grant every claim).
+func claimsGranted(key types.NamespacedName, want ...string) func() error {
+	return func() error {
+		role := &rbacv1.Role{}
+		if err := get(key, role); err != nil {
+			return err
+		}
+		var got []string
+		for _, r := range role.Rules {
+			if slices.Contains(r.Resources, "persistentvolumeclaims") {
+				if !slices.Equal(r.Verbs, []string{"get"}) || len(r.ResourceNames) == 0 {
+					return fmt.Errorf("claim rule %+v, want get by name", r)
+				}
+				got = append(got, r.ResourceNames...)
+			}
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("claims granted %v, want %v", got, want)
+		}
+		return nil
+	}
+}
+
+// TestRoleFollowsTheClaims: the BMC's Role grants get on the claims its
+// VM's disks name and do not make, by name, in step with the VM's volumes,
+// in both workloads (the shared Role grants those of the VMs it serves).
+func TestRoleFollowsTheClaims(t *testing.T) {
+	sharedManager(t)
+	for _, workload := range []string{"pod-per-vm", "shared"} {
+		t.Run(workload, func(t *testing.T) {
+			if workload == "shared" {
+				setWorkload(t, workload)
+			}
+			ns := namespace(t, "claims-"+workload, true)
+			vm := newVM(ns, "web1")
+			onClaims(vm, []string{"data-1"}, []string{"golden"})
+			createVM(t, vm)
+			other := newVM(ns, "web2")
+			onClaims(other, []string{"web2-data"}, nil)
+			createVM(t, other)
+			key := client.ObjectKeyFromObject(vm)
+			role := workloadKey(key)
+			want := func(web1 ...string) []string { return web1 }
+			if workload == "shared" {
+				role = sharedKey(ns)
+				want = func(web1 ...string) []string { return slices.Sorted(slices.Values(append(web1, "web2-data"))) }
+			}
+			poll.Until(t, "the VM's claims granted", claimsGranted(role, want("data-1", "golden")...))
+			update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
+				onClaims(obj.(*kubevirtv1.VirtualMachine), []string{"data-2"}, []string{"golden"})
+			})
+			poll.Until(t, "the changed claim granted, the removed one no longer", claimsGranted(role, want("data-2", "golden")...))
+			update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) { onClaims(obj.(*kubevirtv1.VirtualMachine), nil, nil) })
+			poll.Until(t, "no claim left", claimsGranted(role, want()...))
+		})
+	}
+}

@@ -30,6 +30,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 )
 
 const (
@@ -58,6 +59,7 @@ type sharedVM struct {
 	name                              string
 	credentials                       bmcspec.SharedVM // its entry of the Secret sharedName
 	instancetype, clusterInstancetype string
+	claims                            []string // whose size its bmc-server reads
 }
 
 func sharedLabels() map[string]string {
@@ -191,6 +193,7 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 			credentials:         bmcspec.SharedVM{Username: user, Password: password, Hosts: []string{host}},
 			instancetype:        instancetype,
 			clusterInstancetype: clusterInstancetype,
+			claims:              kubevirt.ReferencedClaims(vm),
 		})
 	}
 	slices.SortFunc(vms, func(a, b sharedVM) int { return cmp.Compare(a.name, b.name) })
@@ -223,11 +226,12 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 		if vm.clusterInstancetype != "" {
 			params.ClusterInstancetypes = append(params.ClusterInstancetypes, vm.clusterInstancetype)
 		}
+		params.Claims = append(params.Claims, vm.claims...)
 	}
-	slices.Sort(params.Instancetypes)
-	slices.Sort(params.ClusterInstancetypes)
-	params.Instancetypes = slices.Compact(params.Instancetypes)
-	params.ClusterInstancetypes = slices.Compact(params.ClusterInstancetypes)
+	for _, names := range []*[]string{&params.Instancetypes, &params.ClusterInstancetypes, &params.Claims} {
+		slices.Sort(*names)
+		*names = slices.Compact(*names)
+	}
 
 	if wait, err := r.additionsWait(ctx, namespace, data); wait > 0 || err != nil {
 		return wait, err

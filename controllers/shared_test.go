@@ -558,6 +558,8 @@ func TestSharedRefusals(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Its one host is also the FQDN the shared bmc-server names
+			// web1's Manager by; web2, whose claim lost, has no entry.
 			if hosts := entries["web1"].Hosts; !slices.Equal(hosts, []string{"web1." + ns + "." + testDomain}) {
 				t.Errorf("web1's hosts %v", hosts)
 			}

@@ -20,6 +20,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
+	"github.com/virtmetal/virtmetal/machine/kubevirt"
 )
 
 // Ports of bmc-server inside its pod: unprivileged, so the container needs
@@ -48,6 +49,10 @@ type WorkloadInput struct {
 	BMC    *v1beta1.VirtualMachineBMC
 	VM     *kubevirtv1.VirtualMachine
 	Config Config
+	// HostTakenBy names the older VirtualMachineBMC of the namespace that
+	// keeps the host BMC asks for; "" when BMC holds it. A BMC whose claim
+	// lost gets no Ingress, and its bmc-server names no host.
+	HostTakenBy string
 }
 
 // Workload is a VirtualMachineBMC's objects.
@@ -137,6 +142,7 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		ServiceAccount:      workloadName(b.Spec.VMName),
 		Instancetype:        instancetype,
 		ClusterInstancetype: clusterInstancetype,
+		Claims:              kubevirt.ReferencedClaims(vm),
 	})
 	if err != nil {
 		return w, err
@@ -144,6 +150,15 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 
 	redfish, ipmi := redfishEnabled(b), ipmiEnabled(b, cfg)
 	args := []string{"--credentials-dir", credentialsMountPath}
+	var ingress *networkingv1.Ingress
+	if redfish {
+		if ingress, w.RedfishURL, w.IngressProblem = bmcIngress(in, meta(workloadName(b.Spec.VMName))); ingress != nil {
+			// The Manager names the host the Ingress routes to this BMC:
+			// only the BMC that holds it, so never a name that reaches
+			// another VM.
+			args = append(args, "--fqdn", ingress.Spec.Rules[0].Host)
+		}
+	}
 	// The Redfish port also serves the probes, so it is always there;
 	// only the Service and Ingress follow spec.redfish.enabled.
 	containerPorts := []corev1.ContainerPort{redfishContainerPortSpec()}
@@ -184,14 +199,8 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 
 	w.Objects = append(w.Objects, stateSecret(meta(bmc.StateSecretName(b.Spec.VMName))))
 
-	if redfish {
-		ingress, url, err := bmcIngress(b, cfg, meta(workloadName(b.Spec.VMName)))
-		if err != nil {
-			w.IngressProblem = err
-		} else {
-			w.Objects = append(w.Objects, ingress)
-			w.RedfishURL = url
-		}
+	if ingress != nil {
+		w.Objects = append(w.Objects, ingress)
 	}
 
 	for _, obj := range w.Objects {
@@ -212,7 +221,7 @@ func Shared(in WorkloadInput) (Workload, error) {
 	b := in.BMC
 	w := Workload{Shared: true}
 	meta := metav1.ObjectMeta{Name: workloadName(b.Spec.VMName), Namespace: b.Namespace, Labels: childLabels(b.Spec.VMName)}
-	ingress, url, err := bmcIngress(b, in.Config, meta)
+	ingress, url, err := bmcIngress(in, meta)
 	if err != nil {
 		w.IngressProblem = err
 		return w, nil
@@ -364,10 +373,17 @@ func bmcDeployment(meta metav1.ObjectMeta, p bmcPod) *appsv1.Deployment {
 	}
 }
 
-func bmcIngress(b *v1beta1.VirtualMachineBMC, cfg Config, meta metav1.ObjectMeta) (*networkingv1.Ingress, string, error) {
+// bmcIngress is the Ingress of in.BMC's host, and its Redfish URL; or an
+// error saying why it has none: a host outside the namespace's zone, or one
+// an older BMC holds.
+func bmcIngress(in WorkloadInput, meta metav1.ObjectMeta) (*networkingv1.Ingress, string, error) {
+	b, cfg := in.BMC, in.Config
 	host, err := ingressHost(b, cfg.Domain)
 	if err != nil {
 		return nil, "", err
+	}
+	if in.HostTakenBy != "" {
+		return nil, "", hostTaken(host, in.HostTakenBy)
 	}
 	meta.Annotations = map[string]string{
 		// bmc-server speaks only HTTPS; ingress-nginx needs telling.

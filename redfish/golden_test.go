@@ -120,7 +120,7 @@ func TestGoldenBodies(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t, func(c *redfish.Config, _ *stubBackend) {
 				c.FirmwareVersion = "v0.0.0-golden"
-				c.NetworkProtocol = redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0"}
+				c.NetworkProtocol = redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0", FQDN: "vm-0.team-a.bmc.example.org"}
 			})
 			if tt.setup != nil {
 				tt.setup(f)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"strings"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -94,9 +95,13 @@ func (s *Server) getManager(c *call) (result, error) {
 // NetworkProtocol is what the BMC knows of its own network services. It
 // serves no EthernetInterfaces of its own: the BMC is a process behind a
 // Kubernetes Service (or a port-forward), with no NIC, MAC or address that
-// a client could use, and it does not know the name or the port it is
-// reached by, so HostName and FQDN are left out too.
+// a client could use. The name it is reached by is known only when its
+// deployer says (FQDN); otherwise HostName and FQDN are left out.
 type NetworkProtocol struct {
+	// FQDN is the DNS name clients reach the service at (bmc-controller's
+	// Ingress host), served as FQDN and, its first label, as HostName;
+	// empty leaves both out rather than guess.
+	FQDN string
 	// RedfishPort is the port the Redfish service listens on; 0 when not
 	// known (a listener the caller made). A Service may publish another.
 	RedfishPort int
@@ -127,6 +132,10 @@ func (s *Server) getNetworkProtocol(c *call) (result, error) {
 	p := s.protocols
 	body := resource(typeNetworkProtocol, managerPath(id)+"/NetworkProtocol", "NetworkProtocol", "Manager Network Protocol")
 	body["Status"] = statusOK()
+	if p.FQDN != "" {
+		body["FQDN"] = p.FQDN
+		body["HostName"], _, _ = strings.Cut(p.FQDN, ".")
+	}
 	// One listener speaks Redfish, HTTPS or plain HTTP: HTTPS says which,
 	// and HTTP is listed only when it is that listener's. SSH and SSDP,
 	// which this BMC does not implement, are left out rather than shown

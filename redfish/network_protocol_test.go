@@ -9,17 +9,22 @@ import (
 
 // TestNetworkProtocol (read with the read-only role): HTTPS or HTTP as
 // configured, with the port when known (HTTP only when it is the listener's); IPMI on only for the
-// machine it serves; SSH and SSDP, which the BMC does not implement, absent.
+// machine it serves; SSH and SSDP, which the BMC does not implement, absent; FQDN and HostName (its
+// first label) only when the name is known.
 func TestNetworkProtocol(t *testing.T) {
 	tests := []struct {
 		name    string
 		cfg     redfish.NetworkProtocol
 		manager string
-		want    map[string]string // protocol: its settings as JSON, "" for absent
+		want    map[string]string // property: its value as JSON; "" for absent
 	}{
 		{"HTTPS with IPMI", redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0"}, "vm-0", map[string]string{
 			"HTTPS": `{"Port":8443,"ProtocolEnabled":true}`, "HTTP": "",
 			"IPMI": `{"Port":623,"ProtocolEnabled":true}`, "SSH": "", "SSDP": "",
+			"FQDN": "", "HostName": "",
+		}},
+		{"known name", redfish.NetworkProtocol{RedfishPort: 8443, FQDN: "web1.team-a.bmc.example.org"}, "vm-1", map[string]string{
+			"FQDN": `"web1.team-a.bmc.example.org"`, "HostName": `"web1"`, "HTTPS": `{"Port":8443,"ProtocolEnabled":true}`,
 		}},
 		{"IPMI serves another machine", redfish.NetworkProtocol{RedfishPort: 8443, IPMIPort: 623, IPMIMachine: "vm-0"}, "vm-1", map[string]string{
 			"HTTPS": `{"Port":8443,"ProtocolEnabled":true}`, "IPMI": `{"ProtocolEnabled":false}`,
@@ -37,14 +42,14 @@ func TestNetworkProtocol(t *testing.T) {
 			if res.status != 200 {
 				t.Fatalf("GET %s: %d %s", path, res.status, res.raw)
 			}
-			for protocol, want := range tt.want {
-				v, present := res.json[protocol]
-				got, _ := json.Marshal(v)
+			for property, want := range tt.want {
+				value, present := res.json[property]
+				got, _ := json.Marshal(value)
 				switch {
 				case want == "" && present:
-					t.Errorf("%s = %s, want it absent", protocol, got)
+					t.Errorf("%s = %s, want it left out", property, got)
 				case want != "" && string(got) != want:
-					t.Errorf("%s = %s, want %s", protocol, got, want)
+					t.Errorf("%s = %s, want %s", property, got, want)
 				}
 			}
 			manager := f.do(asAdmin("GET", "/redfish/v1/Managers/"+tt.manager, ""))

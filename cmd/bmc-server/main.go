@@ -1,7 +1,7 @@
 // Command bmc-server serves a Redfish BMC, and optionally an IPMI one, for
 // a set of machines.
 //
-//	bmc-server --backend memory --listen 127.0.0.1:8443 --machines 2
+//	bmc-server --backend memory --listen 127.0.0.1:8443 --machines 2 [--fqdn bmc1.example.org]
 //	bmc-server --backend kubevirt --namespace NS --vm NAME --listen :8443 [--ipmi-listen :623]
 //	bmc-server --backend kubevirt --namespace NS --vms-dir /etc/virtmetal/vms --listen :8443
 //
@@ -56,6 +56,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/virtmetal/virtmetal/internal/bmcserver"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 var klogOnce sync.Once
@@ -109,6 +110,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.Namespace, "namespace", "", "the VirtualMachine's namespace (kubevirt backend)")
 	fs.StringVar(&o.VM, "vm", "", "the VirtualMachine's name (kubevirt backend)")
 	fs.StringVar(&o.VMsDir, "vms-dir", "", `directory of one file per VM of --namespace, {"username","password","hosts"}: serve each VM at its hosts (kubevirt backend)`)
+	fs.StringVar(&o.FQDN, "fqdn", "", "the DNS name clients reach this BMC at, served as its Manager's FQDN and HostName (default: unknown, left out)")
 	fs.StringVar(&o.CredentialsDir, "credentials-dir", "", "directory with files username and password")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "PEM certificate file (default: generated self-signed)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")
@@ -140,6 +142,10 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--vms-dir and --vm exclude each other: the directory names the VMs")
 	case o.VMsDir != "" && o.CredentialsDir != "":
 		return o, errors.New("--vms-dir and --credentials-dir exclude each other: each VM's file holds its credentials")
+	case o.VMsDir != "" && o.FQDN != "":
+		return o, errors.New("--vms-dir and --fqdn exclude each other: each VM's file names its host")
+	case o.FQDN != "" && !bmcspec.IsDNSName(o.FQDN):
+		return o, fmt.Errorf("--fqdn %q is not a lower-case DNS name", o.FQDN)
 	case o.VMsDir != "" && o.IPMIListen != "":
 		return o, errors.New("--ipmi-listen cannot serve --vms-dir: IPMI has no Host header to tell the VMs apart; serve IPMI with one bmc-server per VM (--vm)")
 	case o.Backend == "kubevirt" && o.VMsDir == "" && (o.Namespace == "" || o.VM == ""):

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -46,6 +47,9 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--credentials-dir", "c"}, "--vms-dir and --credentials-dir exclude each other"},
 		{[]string{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--ipmi-listen", ":623"}, "IPMI has no Host header"},
 		{[]string{"--backend", "kubevirt", "--namespace", "ns"}, "needs --namespace and --vm (or --vms-dir)"},
+		{[]string{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--fqdn", "web1.ns.bmc.example.org"}, "--vms-dir and --fqdn exclude each other"},
+		{[]string{"--fqdn", "Web1.example.org"}, "not a lower-case DNS name"},
+		{[]string{"--fqdn", "web1..example.org"}, "not a lower-case DNS name"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -56,7 +60,7 @@ func TestParseFlags(t *testing.T) {
 		})
 	}
 	for _, args := range [][]string{
-		{"--backend", "kubevirt", "--namespace", "ns", "--vm", "web1", "--credentials-dir", "c", "--ipmi-listen", ":623"},
+		{"--backend", "kubevirt", "--namespace", "ns", "--vm", "web1", "--credentials-dir", "c", "--ipmi-listen", ":623", "--fqdn", "web1.ns.bmc.example.org"},
 		{"--backend", "kubevirt", "--namespace", "ns", "--vms-dir", "d", "--credentials-grace", "1m", "--tls-cert", "c", "--tls-key", "k"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
@@ -122,15 +126,17 @@ func (b *lockedBuffer) String() string {
 }
 
 // TestRunServesAndShutsDown starts the command on a loopback port, calls it
-// over HTTPS and plain HTTP, and stops it as SIGTERM would.
+// over HTTPS and plain HTTP, and stops it as SIGTERM would. --fqdn is the
+// Manager's FQDN; without it FQDN and HostName are left out.
 func TestRunServesAndShutsDown(t *testing.T) {
 	tests := []struct {
 		name   string
 		args   []string
 		scheme string
+		fqdn   string // what the Manager's NetworkProtocol says; "" none
 	}{
-		{"self-signed TLS", []string{"--listen", "127.0.0.1:0", "--machines", "3"}, "https"},
-		{"plain HTTP", []string{"--listen", "127.0.0.1:0", "--insecure-http"}, "http"},
+		{"self-signed TLS", []string{"--listen", "127.0.0.1:0", "--machines", "3", "--fqdn", "rack1.bmc.example.org"}, "https", "rack1.bmc.example.org"},
+		{"plain HTTP", []string{"--listen", "127.0.0.1:0", "--insecure-http"}, "http", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -174,6 +180,24 @@ func TestRunServesAndShutsDown(t *testing.T) {
 			}
 			if got := get("", ""); got != http.StatusUnauthorized {
 				t.Errorf("without credentials: %d, want 401", got)
+			}
+			req, _ := http.NewRequest("GET", base+"/redfish/v1/Managers/vm-0/NetworkProtocol", nil)
+			req.SetBasicAuth("maas", "s3cret")
+			res, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var protocols map[string]any
+			err = json.NewDecoder(res.Body).Decode(&protocols)
+			res.Body.Close()
+			wantHostName, _, _ := strings.Cut(tt.fqdn, ".")
+			switch fqdn, hostName := protocols["FQDN"], protocols["HostName"]; {
+			case err != nil:
+				t.Fatalf("NetworkProtocol: %v", err)
+			case tt.fqdn == "" && (fqdn != nil || hostName != nil):
+				t.Errorf("FQDN %v, HostName %v without --fqdn; want neither", fqdn, hostName)
+			case tt.fqdn != "" && (fqdn != tt.fqdn || hostName != wantHostName):
+				t.Errorf("FQDN %v, HostName %v; want %s and %s", fqdn, hostName, tt.fqdn, wantHostName)
 			}
 			// The Deployment's probes carry no credentials.
 			for _, probe := range []string{"/healthz", "/readyz"} {

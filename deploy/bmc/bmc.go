@@ -41,6 +41,10 @@ type RBACParams struct {
 	// the kind in its spec.instancetype), which Inventory reads.
 	Instancetype        string
 	ClusterInstancetype string
+	// Claims are the PersistentVolumeClaims of the namespace whose size
+	// the bmc-server reads (machine/kubevirt.ReferencedClaims of the VM,
+	// or of all of them with VMs).
+	Claims []string
 
 	// VMs, instead of VMName, are the VMs of a shared bmc-server; its
 	// objects are labelled virtmetal.io/shared rather than with one VM.
@@ -53,9 +57,9 @@ type RBACParams struct {
 
 // rendering is what the template reads: RBACParams as lists either way.
 type rendering struct {
-	Namespace, ServiceAccount, VMName, ClusterName          string
-	Shared                                                  bool
-	VMs, Media, States, Instancetypes, ClusterInstancetypes []string
+	Namespace, ServiceAccount, VMName, ClusterName                  string
+	Shared                                                          bool
+	VMs, Media, States, Claims, Instancetypes, ClusterInstancetypes []string
 }
 
 // StateSecretName is the Secret a VM's bmc-server keeps its protocols'
@@ -105,6 +109,11 @@ func RenderRBAC(p RBACParams) ([]byte, error) {
 			return nil, fmt.Errorf("invalid instancetype name %q: %v", name, errs)
 		}
 	}
+	for _, name := range r.Claims {
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+			return nil, fmt.Errorf("invalid claim name %q: %v", name, errs)
+		}
+	}
 	var out bytes.Buffer
 	if err := rbac.Execute(&out, r); err != nil {
 		return nil, err
@@ -113,7 +122,7 @@ func RenderRBAC(p RBACParams) ([]byte, error) {
 }
 
 func (p RBACParams) rendering() (rendering, error) {
-	r := rendering{Namespace: p.Namespace, ServiceAccount: p.ServiceAccount, VMName: p.VMName}
+	r := rendering{Namespace: p.Namespace, ServiceAccount: p.ServiceAccount, VMName: p.VMName, Claims: p.Claims}
 	switch {
 	case p.VMName != "" && len(p.VMs) > 0:
 		return r, errors.New("VMName and VMs exclude each other")

@@ -25,6 +25,8 @@ func TestRBACObjects(t *testing.T) {
 			[]string{"ServiceAccount", "Role", "RoleBinding"}, "bmc-node-1", "virtualmachineinstancetypes"},
 		{"cluster instancetype", bmc.RBACParams{Namespace: "lab", VMName: "node-1", ClusterInstancetype: "u1.large"},
 			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}, "bmc-node-1", "virtualmachineclusterinstancetypes"},
+		{"claims", bmc.RBACParams{Namespace: "lab", VMName: "node-1", Claims: []string{"data", "golden"}},
+			[]string{"ServiceAccount", "Role", "RoleBinding"}, "bmc-node-1", "persistentvolumeclaims"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -62,6 +64,14 @@ func TestRBACObjects(t *testing.T) {
 				if slices.Contains(resources, "secrets") && (!slices.Equal(names, []string{bmc.StateSecretName(tc.params.VMName)}) || !slices.Equal(verbs, []string{"get", "patch"})) {
 					t.Errorf("Secret rule grants %v on %v, want get and patch of the state Secret only", verbs, names)
 				}
+				if slices.Contains(resources, "persistentvolumeclaims") && (!slices.Equal(names, tc.params.Claims) || !slices.Equal(verbs, []string{"get"})) {
+					t.Errorf("claim rule grants %v on %v, want get of %v only", verbs, names, tc.params.Claims)
+				}
+			}
+			// No claims, no claim rule: its resourceNames would be empty,
+			// which grants every claim of the namespace.
+			if tc.params.Claims == nil && grants(rules, "", "persistentvolumeclaims", "get", "data") {
+				t.Error("a Role without claims grants get on a claim")
 			}
 			slices.Sort(forcing)
 			if want := []string{"virtualmachines/restart", "virtualmachines/start", "virtualmachines/stop"}; !slices.Equal(forcing, want) {
@@ -93,6 +103,8 @@ func TestSharedRBAC(t *testing.T) {
 			[]string{"ServiceAccount", "Role", "RoleBinding"}},
 		{"cluster instancetypes", bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}, ClusterInstancetypes: []string{"u1.large"}},
 			[]string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}},
+		{"claims", bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}, Claims: []string{"node-1-data", "shared-image"}},
+			[]string{"ServiceAccount", "Role", "RoleBinding"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,6 +146,11 @@ func TestSharedRBAC(t *testing.T) {
 						if !slices.Equal(verbs, []string{"get", "patch"}) {
 							t.Errorf("state Secret rule grants %v, want get and patch only", verbs)
 						}
+					case "persistentvolumeclaims":
+						want = tc.params.Claims
+						if !slices.Equal(verbs, []string{"get"}) {
+							t.Errorf("claim rule grants %v, want get only", verbs)
+						}
 					case "virtualmachineinstancetypes":
 						want = tc.params.Instancetypes
 					case "virtualmachineclusterinstancetypes":
@@ -151,14 +168,15 @@ func TestSharedRBAC(t *testing.T) {
 // TestSharedRoleWritesOnlyItsVMs: the shared bmc-server's Role lets its
 // namespace-wide informers list and watch every VM and VMI of the
 // namespace, and grants everything else, reads by name and every write,
-// on the VMs it serves alone.
+// on the VMs it serves alone; the claims its VMs' disks name it may only
+// get, by name.
 func TestSharedRoleWritesOnlyItsVMs(t *testing.T) {
-	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}})
+	objs, err := bmc.RBACObjects(bmc.RBACParams{Namespace: "lab", VMs: []string{"node-1", "node-2"}, Claims: []string{"node-1-data"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
-	const kubevirt, subresources = "kubevirt.io", "subresources.kubevirt.io"
+	const kubevirt, subresources, core = "kubevirt.io", "subresources.kubevirt.io", ""
 	tests := []struct {
 		group, resource, verb, name string // name "" for the namespace
 		granted                     bool
@@ -184,6 +202,11 @@ func TestSharedRoleWritesOnlyItsVMs(t *testing.T) {
 		{subresources, "virtualmachines/start", "update", "other", false},
 		{subresources, "virtualmachines/stop", "update", "other", false},
 		{subresources, "virtualmachines/restart", "update", "other", false},
+		{core, "persistentvolumeclaims", "get", "node-1-data", true},
+		{core, "persistentvolumeclaims", "get", "other", false},
+		{core, "persistentvolumeclaims", "list", "", false},
+		{core, "persistentvolumeclaims", "watch", "", false},
+		{core, "persistentvolumeclaims", "update", "node-1-data", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.verb+" "+tc.resource+" "+cmp.Or(tc.name, "(namespace)"), func(t *testing.T) {
@@ -227,6 +250,8 @@ func TestRBACRejectsBadNames(t *testing.T) {
 		{Namespace: "lab", VMName: "vm", VMs: []string{"other"}},
 		{Namespace: "lab", VMs: []string{"vm", "Bad Name"}},
 		{Namespace: "lab", VMs: []string{"vm"}, ClusterInstancetypes: []string{"bad\nkind: x"}},
+		{Namespace: "lab", VMName: "vm", Claims: []string{"data, secrets"}},
+		{Namespace: "lab", VMName: "vm", Claims: []string{"data]\n- apiGroups: [\"\"]"}},
 	} {
 		if _, err := bmc.RenderRBAC(p); err == nil {
 			t.Errorf("RenderRBAC(%+v) accepted it", p)

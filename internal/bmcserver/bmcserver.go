@@ -35,6 +35,7 @@ type Config struct {
 	CredentialsGrace time.Duration // --credentials-grace
 
 	Listen                  string         // --listen
+	FQDN                    string         // --fqdn: the host name clients reach the BMC at
 	TLSCert, TLSKey         string         // --tls-cert, --tls-key
 	InsecureHTTP            bool           // --insecure-http
 	TrustedProxies          []netip.Prefix // --trusted-proxies

@@ -112,7 +112,7 @@ func serveUntilDone(ctx context.Context, srv *http.Server, listener net.Listener
 // IPMI's port for the machine it serves, the backend's first (startIPMI's
 // choice; backend is nil where IPMI cannot be served).
 func networkProtocol(ctx context.Context, cfg Config, backend machine.Backend) redfish.NetworkProtocol {
-	p := redfish.NetworkProtocol{RedfishPort: listenPort(cfg.Listen), PlainHTTP: cfg.InsecureHTTP}
+	p := redfish.NetworkProtocol{RedfishPort: listenPort(cfg.Listen), PlainHTTP: cfg.InsecureHTTP, FQDN: cfg.FQDN}
 	if cfg.IPMIListen == "" || backend == nil {
 		return p
 	}

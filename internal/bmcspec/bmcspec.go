@@ -5,6 +5,8 @@
 // (the controller, the MaaS reconciler) agree without importing each other.
 package bmcspec
 
+import "regexp"
+
 // Host is the DNS name of a VM's BMC, "<vm>.<namespace>.<domain>": the
 // controller's Ingress serves it, the shared bmc-server routes by it, MaaS
 // stores it as the power address, and the commissioning script builds it
@@ -24,4 +26,15 @@ type SharedVM struct {
 	Username string   `json:"username"`
 	Password string   `json:"password"`
 	Hosts    []string `json:"hosts"`
+}
+
+// dns1123Subdomain is a Kubernetes object name, as VM names and host names
+// are; the pattern is Kubernetes', restated so this package imports none of
+// its modules.
+var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+// IsDNSName says whether s is a lower-case DNS name (a DNS-1123 subdomain):
+// a VM's name, or a host its BMC is reached at.
+func IsDNSName(s string) bool {
+	return len(s) <= 253 && dns1123Subdomain.MatchString(s)
 }

@@ -21,7 +21,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -46,7 +45,7 @@ type Config struct {
 	// to Reload ends.
 	StartBackend func(ctx context.Context, vm string) (machine.Backend, error)
 	// NetworkProtocol is what each VM's Manager says of the shared
-	// listener's protocols.
+	// listener's protocols; its FQDN is each VM's own host (fqdn).
 	NetworkProtocol redfish.NetworkProtocol
 	// Limiter is shared by every VM's service, so a source that fails to
 	// log in on one host is slowed on all of them; nil means one with the
@@ -215,6 +214,21 @@ func (r *Router) Reload(ctx context.Context) (int, error) {
 			}
 			r.log.Info("credentials rotated", "vm", name, "username", spec.Username, "previousAcceptedFor", r.cfg.Grace)
 		}
+		if fqdn(spec) != fqdn(vm.spec) {
+			// The service's Manager names the host it is reached at:
+			// a new name is a new service, as a changed --fqdn restarts a
+			// VM's own bmc-server. Its sessions end; its subscriptions are
+			// in the VM's state Secret.
+			restarted, err := r.start(ctx, name, spec)
+			if err != nil {
+				r.problem(seen, "file/"+name, err, "cannot serve a VM at its new hosts; serving it at the old ones", "vm", name)
+				continue
+			}
+			vm.stop()
+			r.vms[name] = restarted
+			r.log.Info("hosts changed, the VM's service restarted", "vm", name, "hosts", spec.Hosts)
+			continue
+		}
 		if !slices.Equal(spec.Hosts, vm.spec.Hosts) {
 			r.log.Info("hosts changed", "vm", name, "hosts", spec.Hosts)
 		}
@@ -244,6 +258,8 @@ func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) 
 	if r.cfg.Intercept != nil {
 		backend = machine.InterceptBackend(backend, r.cfg.Intercept)
 	}
+	protocols := r.cfg.NetworkProtocol
+	protocols.FQDN = fqdn(spec)
 	server, err := redfish.NewServer(redfish.Config{
 		AuditLog:        audit,
 		Backend:         backend,
@@ -252,7 +268,7 @@ func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) 
 		Limiter:         r.cfg.Limiter,
 		TrustedProxies:  r.cfg.TrustedProxies,
 		Observer:        r.cfg.Observer,
-		NetworkProtocol: r.cfg.NetworkProtocol,
+		NetworkProtocol: protocols,
 
 		EventDestinationsDenied:        r.cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: r.cfg.EventDestinationsAllowLoopback,
@@ -298,6 +314,16 @@ func (r *Router) StopEventStreams() {
 	for _, vm := range r.vms {
 		vm.server.StopEventStreams()
 	}
+}
+
+// fqdn is the name a VM's Manager says it is reached at: its host, when
+// it has one (the controller writes its Ingress host, and only for the VM
+// that holds it); with several, none is the name, and it says none.
+func fqdn(spec bmcspec.SharedVM) string {
+	if len(spec.Hosts) != 1 {
+		return ""
+	}
+	return spec.Hosts[0]
 }
 
 func accounts(spec bmcspec.SharedVM) []redfish.Account {
@@ -346,15 +372,6 @@ func (r *Router) forgetResolved(seen map[string]bool) {
 	}
 }
 
-// dns1123Subdomain is a Kubernetes object name, as VM names and host names
-// are; the pattern is Kubernetes', restated so this package needs none of
-// its modules.
-var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-
-func isDNS1123Subdomain(s string) bool {
-	return len(s) <= 253 && dns1123Subdomain.MatchString(s)
-}
-
 // readDir reads the VM files of dir through its entries, so that a
 // Secret volume's NAME -> ..data/NAME links are followed. Dot-files (the
 // volume's ..data and timestamped directories among them) and entries
@@ -379,7 +396,7 @@ func readDir(dir string) (specs map[string]bmcspec.SharedVM, bad map[string]erro
 			continue
 		case !info.Mode().IsRegular():
 			continue
-		case !isDNS1123Subdomain(name):
+		case !bmcspec.IsDNSName(name):
 			bad[name] = fmt.Errorf("%q is not a VM name (a DNS-1123 subdomain)", name)
 			continue
 		}
@@ -415,7 +432,7 @@ func parseSpec(data []byte) (bmcspec.SharedVM, error) {
 	hosts := make([]string, len(s.Hosts))
 	for i, h := range s.Hosts {
 		hosts[i] = canonicalHost(h)
-		if !isDNS1123Subdomain(hosts[i]) {
+		if !bmcspec.IsDNSName(hosts[i]) {
 			return bmcspec.SharedVM{}, fmt.Errorf("host %q is not a DNS name", h)
 		}
 	}

@@ -387,18 +387,48 @@ func TestCredentialRotation(t *testing.T) {
 	}
 }
 
-// TestHostsChange: a VM's changed hosts are routed at the next reload.
+// networkProtocol is the VM's Manager's NetworkProtocol, read at host.
+func (f *fixture) networkProtocol(t *testing.T, host, vm, user, pass string) map[string]any {
+	t.Helper()
+	a := f.do(t, request{host: host, path: "/redfish/v1/Managers/" + vm + "/NetworkProtocol", user: user, pass: pass})
+	if a.status != 200 {
+		t.Fatalf("NetworkProtocol of %s at %s: %d %v", vm, host, a.status, a.body)
+	}
+	return a.body
+}
+
+// TestHostsChange: a VM's changed hosts are routed at the next reload, and
+// its Manager's FQDN and HostName follow: they name the VM's one host, and
+// nothing when it has several.
 func TestHostsChange(t *testing.T) {
+	const moved = "web1.team-b.bmc.example.com"
 	f := newFixture(t, nil)
-	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host)})
-	f.reload(t, t.Context(), 1)
-	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", "web1.team-b.bmc.example.com")})
-	f.reload(t, t.Context(), 1)
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host, "web2-alt.example.com")})
+	f.reload(t, t.Context(), 2)
+	if p := f.networkProtocol(t, web1Host, "web1", "maas1", "pw1"); p["FQDN"] != web1Host || p["HostName"] != "web1" {
+		t.Errorf("web1's FQDN %v, HostName %v; want %s, web1", p["FQDN"], p["HostName"], web1Host)
+	}
+	if p := f.networkProtocol(t, web2Host, "web2", "maas2", "pw2"); p["FQDN"] != nil || p["HostName"] != nil {
+		t.Errorf("web2, at two hosts, says FQDN %v, HostName %v; want neither", p["FQDN"], p["HostName"])
+	}
+	web1, web2 := f.fakes.backend("web1"), f.fakes.backend("web2")
+
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", moved), "web2": vmFile("maas2", "pw2", web2Host, "web2-other.example.com")})
+	f.reload(t, t.Context(), 2)
 	if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 404 {
 		t.Errorf("old host: %d, want 404", got)
 	}
-	if got := f.do(t, request{host: "web1.team-b.bmc.example.com", user: "maas1", pass: "pw1"}).status; got != 200 {
+	if got := f.do(t, request{host: moved, user: "maas1", pass: "pw1"}).status; got != 200 {
 		t.Errorf("new host: %d, want 200", got)
+	}
+	if p := f.networkProtocol(t, moved, "web1", "maas1", "pw1"); p["FQDN"] != moved || p["HostName"] != "web1" {
+		t.Errorf("web1's FQDN %v, HostName %v after the move; want %s, web1", p["FQDN"], p["HostName"], moved)
+	}
+	if web1.ctx.Err() == nil {
+		t.Error("web1's previous service still runs after its name changed")
+	}
+	if f.fakes.backend("web2") != web2 {
+		t.Error("web2's hosts changed but not its name: its service restarted all the same")
 	}
 }
 

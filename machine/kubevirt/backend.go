@@ -126,7 +126,8 @@ type Backend struct {
 	// take turns (callSubresource).
 	subresourceMu sync.Mutex
 
-	instancetypes instancetypeMemo
+	instancetypes memo[instancetypev1beta1.VirtualMachineInstancetypeSpec]
+	claimSizes    memo[int64] // by claim name
 }
 
 var (
@@ -593,20 +594,46 @@ func isMachineError(err error) bool {
 	return false
 }
 
-// instancetypeMemo remembers instancetypes briefly: Inventory reads them on
-// every call, and they rarely change (KubeVirt pins a running VM's
-// instancetype by revision anyway).
-type instancetypeMemo struct {
+// memo remembers what Inventory reads besides the VM for memoTTL:
+// Inventory runs on every read of the machine's resources, and what it
+// reads (an instancetype, which KubeVirt pins by revision for a running VM
+// anyway; a claim's size) rarely changes.
+type memo[T any] struct {
 	mu      sync.Mutex
-	entries map[string]instancetypeEntry
+	entries map[string]memoEntry[T]
 }
 
-type instancetypeEntry struct {
-	spec    instancetypev1beta1.VirtualMachineInstancetypeSpec
+type memoEntry[T any] struct {
+	value   T
 	fetched time.Time
 }
 
-const instancetypeMemoTTL = time.Minute
+const memoTTL = time.Minute
+
+// get is key's value if it was fetched less than memoTTL ago.
+func (m *memo[T]) get(key string) (T, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[key]
+	if !ok || time.Since(e.fetched) >= memoTTL {
+		var zero T
+		return zero, false
+	}
+	return e.value, true
+}
+
+// put remembers key's value and returns when it expires: answers rendered
+// from it must be by then (stateVersion.refreshBy).
+func (m *memo[T]) put(key string, value T) time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries == nil {
+		m.entries = map[string]memoEntry[T]{}
+	}
+	fetched := time.Now()
+	m.entries[key] = memoEntry[T]{value: value, fetched: fetched}
+	return fetched.Add(memoTTL)
+}
 
 func (b *Backend) instancetype(ctx context.Context, matcher *kubevirtv1.InstancetypeMatcher) (*instancetypev1beta1.VirtualMachineInstancetypeSpec, error) {
 	if matcher == nil || matcher.Name == "" {
@@ -614,11 +641,8 @@ func (b *Backend) instancetype(ctx context.Context, matcher *kubevirtv1.Instance
 	}
 	cluster := matcher.Kind == "" || matcher.Kind == "VirtualMachineClusterInstancetype" || matcher.Kind == "virtualmachineclusterinstancetype"
 	key := matcher.Kind + "/" + matcher.Name
-	b.instancetypes.mu.Lock()
-	e, ok := b.instancetypes.entries[key]
-	b.instancetypes.mu.Unlock()
-	if ok && time.Since(e.fetched) < instancetypeMemoTTL {
-		return &e.spec, nil
+	if spec, ok := b.instancetypes.get(key); ok {
+		return &spec, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
@@ -636,15 +660,42 @@ func (b *Backend) instancetype(ctx context.Context, matcher *kubevirtv1.Instance
 		}
 		spec = it.Spec
 	}
-	b.instancetypes.mu.Lock()
-	if b.instancetypes.entries == nil {
-		b.instancetypes.entries = map[string]instancetypeEntry{}
-	}
-	fetched := time.Now()
-	b.instancetypes.entries[key] = instancetypeEntry{spec: spec, fetched: fetched}
-	b.instancetypes.mu.Unlock()
-	b.state.refreshBy(fetched.Add(instancetypeMemoTTL))
+	b.state.refreshBy(b.instancetypes.put(key, spec))
 	return &spec, nil
+}
+
+// claimSize is the size of the VM's namespace's PersistentVolumeClaim
+// claim, 0 when unknown: a claim that does not exist (yet), or that the
+// BMC may not read (a Role not yet updated for a volume just added), is a
+// disk of unknown size, not a failed Inventory.
+func (b *Backend) claimSize(ctx context.Context, claim string) int64 {
+	if size, ok := b.claimSizes.get(claim); ok {
+		return size
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := b.api.core.Get().Namespace(b.namespace).Resource("persistentvolumeclaims").Name(claim).Do(ctx).Into(pvc)
+	if err != nil && !apierrors.IsNotFound(err) {
+		b.log.Error(err, "cannot read the size of a claim the VM's disk names", "claim", claim)
+	}
+	size := int64(0)
+	if err == nil {
+		size = claimCapacity(pvc)
+	}
+	b.state.refreshBy(b.claimSizes.put(claim, size))
+	return size
+}
+
+// claimCapacity is a claim's size as the guest sees it: status.capacity
+// once bound, which is the volume's real size (a provisioner rounds the
+// request up, an expansion grows it); before that, the request, the least
+// the claim will get, since an unbound claim has no capacity yet.
+func claimCapacity(pvc *corev1.PersistentVolumeClaim) int64 {
+	if q, ok := pvc.Status.Capacity[corev1.ResourceStorage]; ok && pvc.Status.Phase == corev1.ClaimBound {
+		return q.Value()
+	}
+	return storageRequest(pvc.Spec.Resources.Requests)
 }
 
 // instancetypeError keeps a missing instancetype from reading as a missing

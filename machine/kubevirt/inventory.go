@@ -2,11 +2,14 @@ package kubevirt
 
 import (
 	"context"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
 
@@ -32,7 +35,7 @@ func (m *Machine) Inventory(ctx context.Context) (machine.Inventory, error) {
 		CPU:          cpuOf(spec, it),
 		MemoryMiB:    memoryMiB(spec, it),
 		NICs:         nics(spec, vmi),
-		Disks:        disks(vm),
+		Disks:        disks(vm, func(claim string) int64 { return m.b.claimSize(ctx, claim) }),
 	}
 	if fw := spec.Domain.Firmware; fw != nil {
 		inv.UUID = strings.ToLower(string(fw.UUID))
@@ -157,27 +160,24 @@ func normalizeMAC(mac string) string {
 
 // disks lists disks and CD-ROMs with the capacity the spec states (a
 // DataVolume template's request, for a dataVolume volume or a claim the
-// template makes, or an emptyDisk's capacity), else 0, and their bus.
-func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
+// template makes, or an emptyDisk's capacity), else, for a disk on a claim
+// the VM names but does not make, what claimSize says of it, else 0; and
+// their bus.
+func disks(vm *kubevirtv1.VirtualMachine, claimSize func(claim string) int64) []machine.Disk {
 	spec := &vm.Spec.Template.Spec
 	capacity := map[string]int64{}
-	templates := map[string]int64{}
-	for _, t := range vm.Spec.DataVolumeTemplates {
-		switch {
-		case t.Spec.Storage != nil:
-			templates[t.Name] = storageRequest(t.Spec.Storage.Resources.Requests)
-		case t.Spec.PVC != nil:
-			templates[t.Name] = storageRequest(t.Spec.PVC.Resources.Requests)
-		}
-	}
+	templates := templateSizes(vm)
+	claims := referencedClaims(vm)
 	for _, v := range spec.Volumes {
 		switch {
-		case v.DataVolume != nil:
-			capacity[v.Name] = templates[v.DataVolume.Name]
-		case v.PersistentVolumeClaim != nil:
-			capacity[v.Name] = templates[v.PersistentVolumeClaim.ClaimName]
 		case v.EmptyDisk != nil:
 			capacity[v.Name] = v.EmptyDisk.Capacity.Value()
+		case claimOf(v) != "":
+			size, ok := templates[claimOf(v)]
+			if _, referenced := claims[v.Name]; !ok && referenced {
+				size = claimSize(claimOf(v))
+			}
+			capacity[v.Name] = size
 		}
 	}
 	var out []machine.Disk
@@ -195,6 +195,68 @@ func disks(vm *kubevirtv1.VirtualMachine) []machine.Disk {
 		out = append(out, disk)
 	}
 	return out
+}
+
+// templateSizes are the requests of the VM's DataVolume templates, by the
+// name of the DataVolume and its claim.
+func templateSizes(vm *kubevirtv1.VirtualMachine) map[string]int64 {
+	sizes := map[string]int64{}
+	for _, t := range vm.Spec.DataVolumeTemplates {
+		switch {
+		case t.Spec.Storage != nil:
+			sizes[t.Name] = storageRequest(t.Spec.Storage.Resources.Requests)
+		case t.Spec.PVC != nil:
+			sizes[t.Name] = storageRequest(t.Spec.PVC.Resources.Requests)
+		}
+	}
+	return sizes
+}
+
+// claimOf is the PersistentVolumeClaim a volume is: a persistentVolumeClaim
+// volume's claim, or a dataVolume volume's DataVolume's, which CDI names
+// after the DataVolume; "" for other volumes.
+func claimOf(v kubevirtv1.Volume) string {
+	switch {
+	case v.PersistentVolumeClaim != nil:
+		return v.PersistentVolumeClaim.ClaimName
+	case v.DataVolume != nil:
+		return v.DataVolume.Name
+	}
+	return ""
+}
+
+// referencedClaims maps the VM's volumes that its disks (not CD-ROMs: the
+// media DataVolume is one) read from a claim its DataVolume templates do not
+// make, to that claim. A name that cannot be a claim's is left out: no
+// such claim exists, and the Role could not name it.
+func referencedClaims(vm *kubevirtv1.VirtualMachine) map[string]string {
+	if vm.Spec.Template == nil {
+		return nil
+	}
+	spec := &vm.Spec.Template.Spec
+	templates := templateSizes(vm)
+	onDisk := map[string]bool{}
+	for _, d := range spec.Domain.Devices.Disks {
+		onDisk[d.Name] = d.CDRom == nil
+	}
+	claims := map[string]string{}
+	for _, v := range spec.Volumes {
+		claim := claimOf(v)
+		if _, made := templates[claim]; claim == "" || made || !onDisk[v.Name] || len(validation.IsDNS1123Subdomain(claim)) > 0 {
+			continue
+		}
+		claims[v.Name] = claim
+	}
+	return claims
+}
+
+// ReferencedClaims are the PersistentVolumeClaims of the VM's namespace
+// whose size Inventory reads: those its disks name and its DataVolume
+// templates do not make. A BMC's Role grants get on exactly these names,
+// so it reads no other claim (bmc-controller renders them, and again when
+// the VM's volumes change).
+func ReferencedClaims(vm *kubevirtv1.VirtualMachine) []string {
+	return slices.Compact(slices.Sorted(maps.Values(referencedClaims(vm))))
 }
 
 func storageRequest(requests corev1.ResourceList) int64 {

@@ -61,7 +61,11 @@ func TestDisks(t *testing.T) {
 				{Name: "scratch", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusSATA}}},
 				{Name: "claim"},
 				{Name: "template-claim"},
+				{Name: "imported", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
+				{Name: "missing"},
+				{Name: "bad"},
 				{Name: "cd", DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}}},
+				{Name: "media", DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}}},
 			}}},
 			Volumes: []kubevirtv1.Volume{
 				{Name: "root", VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "root-dv"}}},
@@ -71,6 +75,16 @@ func TestDisks(t *testing.T) {
 					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "existing"}}}},
 				{Name: "template-claim", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
 					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data-dv"}}}},
+				// A DataVolume the VM does not make: its claim has its name.
+				{Name: "imported", VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "golden-image"}}},
+				{Name: "missing", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "not-yet"}}}},
+				{Name: "cd", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "installer-iso"}}}},
+				{Name: "media", VolumeSource: kubevirtv1.VolumeSource{DataVolume: &kubevirtv1.DataVolumeSource{Name: "vm-virtmetal-media"}}},
+				// Not a name a claim can have: never read, never in a Role.
+				{Name: "bad", VolumeSource: kubevirtv1.VolumeSource{PersistentVolumeClaim: &kubevirtv1.PersistentVolumeClaimVolumeSource{
+					PersistentVolumeClaimVolumeSource: corev1.PersistentVolumeClaimVolumeSource{ClaimName: "Not_A/Name"}}}},
 			},
 		}},
 	}}
@@ -78,14 +92,59 @@ func TestDisks(t *testing.T) {
 		{Name: "root", Kind: machine.DiskKindDisk, Bus: machine.DiskBusVirtio, CapacityBytes: 20 << 30},
 		{Name: "data", Kind: machine.DiskKindDisk, Bus: machine.DiskBusSCSI, CapacityBytes: 5 << 30},
 		{Name: "scratch", Kind: machine.DiskKindDisk, Bus: machine.DiskBusSATA, CapacityBytes: 1 << 30},
-		// A claim made outside the VM: its size is not in the VM's spec.
-		{Name: "claim", Kind: machine.DiskKindDisk},
+		// Claims made outside the VM: their size is the claim's.
+		{Name: "claim", Kind: machine.DiskKindDisk, CapacityBytes: 30 << 30},
 		// The claim a DataVolume template makes has the template's size.
 		{Name: "template-claim", Kind: machine.DiskKindDisk, CapacityBytes: 5 << 30},
+		{Name: "imported", Kind: machine.DiskKindDisk, Bus: machine.DiskBusVirtio, CapacityBytes: 10 << 30},
+		// A claim that does not exist (yet): a disk of unknown size.
+		{Name: "missing", Kind: machine.DiskKindDisk},
+		{Name: "bad", Kind: machine.DiskKindDisk},
+		// CD-ROMs' claims are not read: they are media, not Drives.
 		{Name: "cd", Kind: machine.DiskKindCdrom, Bus: machine.DiskBusSATA},
+		{Name: "media", Kind: machine.DiskKindCdrom, Bus: machine.DiskBusSATA},
 	}
-	if got := disks(vm); !slices.Equal(got, want) {
+	sizes := map[string]int64{"existing": 30 << 30, "golden-image": 10 << 30, "installer-iso": 1 << 30, "vm-virtmetal-media": 1 << 30, "data-dv": 7 << 30}
+	var read []string
+	got := disks(vm, func(claim string) int64 { read = append(read, claim); return sizes[claim] })
+	if !slices.Equal(got, want) {
 		t.Errorf("disks =\n%+v\nwant\n%+v", got, want)
+	}
+	wantRead := []string{"existing", "golden-image", "not-yet"}
+	if slices.Sort(read); !slices.Equal(read, wantRead) {
+		t.Errorf("claims read %v, want %v", read, wantRead)
+	}
+	if got := ReferencedClaims(vm); !slices.Equal(got, wantRead) {
+		t.Errorf("ReferencedClaims = %v, want %v (what disks reads)", got, wantRead)
+	}
+}
+
+// TestClaimCapacity: a bound claim's capacity, else its request.
+func TestClaimCapacity(t *testing.T) {
+	storage := func(n string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(n)}
+	}
+	tests := []struct {
+		name string
+		pvc  corev1.PersistentVolumeClaim
+		want int64
+	}{
+		{"bound: the volume's size, over the request", corev1.PersistentVolumeClaim{
+			Spec:   corev1.PersistentVolumeClaimSpec{Resources: corev1.VolumeResourceRequirements{Requests: storage("10G")}},
+			Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimBound, Capacity: storage("10Gi")},
+		}, 10 << 30},
+		{"pending: the request", corev1.PersistentVolumeClaim{
+			Spec:   corev1.PersistentVolumeClaimSpec{Resources: corev1.VolumeResourceRequirements{Requests: storage("4Gi")}},
+			Status: corev1.PersistentVolumeClaimStatus{Phase: corev1.ClaimPending},
+		}, 4 << 30},
+		{"nothing stated", corev1.PersistentVolumeClaim{}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := claimCapacity(&tt.pvc); got != tt.want {
+				t.Errorf("claimCapacity = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }
 

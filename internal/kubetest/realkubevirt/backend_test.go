@@ -41,6 +41,14 @@ func bmcMachine(t testing.TB, namespace, vm string) machine.Machine {
 			t.Fatalf("creating %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
+	return machineAs(t, namespace, vm)
+}
+
+// machineAs runs the kubevirt backend for the VM as its bmc-server's
+// ServiceAccount, "bmc-<vm>", with whatever RBAC that account was given.
+func machineAs(t testing.TB, namespace, vm string) machine.Machine {
+	t.Helper()
+	ctx := context.Background()
 	cfg, err := cluster.ConfigFor(kubetest.ServiceAccountUser(namespace, "bmc-"+vm), "system:serviceaccounts", "system:serviceaccounts:"+namespace)
 	if err != nil {
 		t.Fatal(err)
