@@ -3,6 +3,7 @@ package conformance_test
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -94,9 +95,10 @@ func post(client *http.Client, url, body string) error {
 	if err != nil {
 		return err
 	}
-	res.Body.Close()
+	defer res.Body.Close()
 	if res.StatusCode/100 != 2 {
-		return fmt.Errorf("POST %s %s: %d", url, body, res.StatusCode)
+		answer, _ := io.ReadAll(res.Body)
+		return fmt.Errorf("POST %s %s: %d %s", url, body, res.StatusCode, answer)
 	}
 	return nil
 }
