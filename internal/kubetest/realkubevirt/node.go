@@ -193,13 +193,43 @@ func (n *Node) BootTargets(namespace, name string) []machine.BootTarget {
 }
 
 func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
-	device := guest.BootDevice(&vmi.Spec)
 	n.mu.Lock()
-	n.boots[key] = append(n.boots[key], BootDevice(&vmi.Spec))
-	n.targets[key] = append(n.targets[key], device)
+	n.record(key, vmi)
 	n.mu.Unlock()
+	n.tell(vmi)
+}
+
+// startGuest writes the VMI Running, as virt-handler does once its domain
+// runs, and records the guest's boot. n.mu is held across the write, so a
+// test that has seen the VMI Running (in any cache) and then asks Boots
+// finds this boot. A conflicting write is left to the next round.
+func (n *Node) startGuest(ctx context.Context, key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) error {
+	n.mu.Lock()
+	err := n.handler.Update(ctx, vmi)
+	if err == nil {
+		n.record(key, vmi)
+	}
+	n.mu.Unlock()
+	switch {
+	case apierrors.IsConflict(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("VMI %s Running: %w", key, err)
+	}
+	n.tell(vmi)
+	return nil
+}
+
+// record notes a boot of the VMI; n.mu is held.
+func (n *Node) record(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
+	n.boots[key] = append(n.boots[key], BootDevice(&vmi.Spec))
+	n.targets[key] = append(n.targets[key], guest.BootDevice(&vmi.Spec))
+}
+
+// tell passes a boot to NodeOptions.OnBoot.
+func (n *Node) tell(vmi *kubevirtv1.VirtualMachineInstance) {
 	if n.opts.OnBoot != nil {
-		n.opts.OnBoot(vmi.DeepCopy(), device)
+		n.opts.OnBoot(vmi.DeepCopy(), guest.BootDevice(&vmi.Spec))
 	}
 }
 
@@ -319,12 +349,8 @@ func (n *Node) round(ctx context.Context) error {
 			vmi.Status.Conditions = append(vmi.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
 				Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),
 			})
-			err := n.handler.Update(ctx, vmi)
-			if err != nil && !apierrors.IsConflict(err) {
-				return fmt.Errorf("VMI %s Running: %w", key, err)
-			}
-			if err == nil {
-				n.boot(key, vmi)
+			if err := n.startGuest(ctx, key, vmi); err != nil {
+				return err
 			}
 		}
 	}
