@@ -398,12 +398,7 @@ func TestSharedIngressClassOfItsOwn(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var before v1beta1.VirtualMachineBMC
-			update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
-				b := obj.(*v1beta1.VirtualMachineBMC)
-				b.Spec.DeepCopyInto(&before.Spec)
-				tc.edit(b)
-			})
+			restore := editSpec(t, vms[1], tc.edit)
 			poll.Until(t, "an Ingress of its own", func() error {
 				in := &networkingv1.Ingress{}
 				if err := get(workloadKey(vms[1]), in); err != nil {
@@ -418,10 +413,25 @@ func TestSharedIngressClassOfItsOwn(t *testing.T) {
 			if entries, err := aggregate(ns); err != nil || len(entries) != 2 {
 				t.Errorf("shared Secret %v (%v), want both VMs served", entries, err)
 			}
-			update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
+			restore()
 			poll.Until(t, "a rule of the shared Ingress again", func() error { return serves(ns, "web1", "web2") })
 			poll.Until(t, "its own Ingress gone", func() error { return servedShared(vms[1]) })
 		})
+	}
+}
+
+// editSpec edits the VirtualMachineBMC's spec and returns what puts the
+// spec back as it was.
+func editSpec(t *testing.T, key types.NamespacedName, edit func(b *v1beta1.VirtualMachineBMC)) (restore func()) {
+	t.Helper()
+	var before v1beta1.VirtualMachineBMC
+	update(t, key, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		b := obj.(*v1beta1.VirtualMachineBMC)
+		b.Spec.DeepCopyInto(&before.Spec)
+		edit(b)
+	})
+	return func() {
+		update(t, key, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
 	}
 }
 
@@ -613,14 +623,9 @@ func TestSharedRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var before v1beta1.VirtualMachineBMC
-			update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
-				b := obj.(*v1beta1.VirtualMachineBMC)
-				b.Spec.DeepCopyInto(&before.Spec)
-				tc.edit(b)
-			})
+			restore := editSpec(t, vms[1], tc.edit)
 			t.Cleanup(func() {
-				update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
+				restore()
 				poll.Until(t, "served again", func() error { return serves(ns, "web1", "web2") })
 			})
 			poll.Until(t, "web2 not served", func() error { return serves(ns, "web1") })
