@@ -8,7 +8,9 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,9 +45,76 @@ const enrolBenchVMsEnv = "VIRTMETAL_ENROL_BENCH_VMS"
 // many, so 10,000 VMs are 100 namespaces, each with its shared bmc-server.
 const benchVMsPerNamespace = 100
 
+// enrolBenchWorkersEnv sets the reconciles in parallel per controller
+// (default 8, bmc-controller's --max-concurrent-reconciles), to tell how
+// the enrolment's time follows them.
+const enrolBenchWorkersEnv = "VIRTMETAL_ENROL_BENCH_WORKERS"
+
+func benchWorkers(b *testing.B) int {
+	b.Helper()
+	v := os.Getenv(enrolBenchWorkersEnv)
+	if v == "" {
+		return 8
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		b.Fatalf("%s=%q: want a number of workers", enrolBenchWorkersEnv, v)
+	}
+	return n
+}
+
 // idleWindow is how long the benchmark watches the controller once every
 // VM is enrolled: an idle controller writes nothing and costs little CPU.
 const idleWindow = 10 * time.Second
+
+// idleProfileEnv names a directory to write a CPU profile of each idle
+// window into (idle-<mode>-vms=N.pprof), which then lasts a minute, so
+// that the profile has samples enough to say where an idle controller's
+// CPU goes.
+const idleProfileEnv = "VIRTMETAL_ENROL_BENCH_IDLE_PROFILE"
+
+// controllerNames are the controllers Setup registers.
+var controllerNames = []string{"enrolment", "virtualmachinebmc", "shared"}
+
+// queueTimes is, per controller, its reconciles, the seconds its workers
+// spent in them and the seconds its requests waited in its queue.
+type queueTimes map[string][3]float64
+
+func readQueueTimes(b *testing.B) queueTimes {
+	b.Helper()
+	t := queueTimes{}
+	for _, c := range controllerNames {
+		var v [3]float64
+		for i, m := range []struct{ name, label string }{
+			{"controller_runtime_reconcile_total", "controller"},
+			{"workqueue_work_duration_seconds", "name"},
+			{"workqueue_queue_duration_seconds", "name"},
+		} {
+			n, err := controllerMetric(m.name, m.label, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			v[i] = n
+		}
+		t[c] = v
+	}
+	return t
+}
+
+// since says, per controller, what it did from before to now: reconciles,
+// workers busy on average over elapsed, mean wait in the queue.
+func (before queueTimes) since(now queueTimes, elapsed time.Duration) string {
+	var parts []string
+	for _, c := range controllerNames {
+		n := now[c][0] - before[c][0]
+		if n == 0 {
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s: %.0f reconciles, %.1f workers busy, %.2f s queued each",
+			c, n, (now[c][1]-before[c][1])/elapsed.Seconds(), (now[c][2]-before[c][2])/n))
+	}
+	return strings.Join(parts, "; ")
+}
 
 // countingTransport counts the requests a client sends, the writes among
 // them by verb and resource, and those the API server refused as
@@ -58,6 +127,9 @@ type countingTransport struct {
 
 type requestCounts struct {
 	requests, writes, conflicts atomic.Int64
+	// waited is the time spent in requests, summed over requests in
+	// flight together: over the elapsed time, how many were in flight.
+	waited atomic.Int64
 
 	mu      sync.Mutex
 	byWrite map[string]int // "POST secrets", "PATCH virtualmachinebmcs/status", ...
@@ -67,6 +139,7 @@ func (c *requestCounts) reset() {
 	c.requests.Store(0)
 	c.writes.Store(0)
 	c.conflicts.Store(0)
+	c.waited.Store(0)
 	c.mu.Lock()
 	c.byWrite = nil
 	c.mu.Unlock()
@@ -96,7 +169,9 @@ func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		t.c.byWrite[r.Method+" "+resourceOf(r.URL.Path)]++
 		t.c.mu.Unlock()
 	}
+	start := time.Now()
 	resp, err := t.next.RoundTrip(r)
+	t.c.waited.Add(int64(time.Since(start)))
 	if err == nil && resp.StatusCode == http.StatusConflict {
 		t.c.conflicts.Add(1)
 	}
@@ -171,9 +246,10 @@ func benchmarkEnrolment(b *testing.B, mode controllers.WorkloadMode, vms int) {
 		config.NamespaceSelector = labels.SelectorFromSet(optIn)
 		config.Workload = mode
 		reconcilesBefore := reconciles(b, "")
+		queuesBefore := readQueueTimes(b)
 		b.StartTimer()
 		start := time.Now()
-		stop, err := startManager(cfg, config, 8)
+		stop, err := startManager(cfg, config, benchWorkers(b))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -191,26 +267,86 @@ func benchmarkEnrolment(b *testing.B, mode controllers.WorkloadMode, vms int) {
 		b.ReportMetric(float64(mem.HeapInuse)/(1<<20), "heap-MB")
 		b.ReportMetric(rssMB(), "rss-MB")
 		b.Logf("writes per VM: %s", counts.breakdown(vms))
+		b.Logf("requests in flight on average %.1f, %.0f ms each; %s",
+			float64(counts.waited.Load())/float64(elapsed), float64(counts.waited.Load())/float64(counts.requests.Load())/1e6,
+			queuesBefore.since(readQueueTimes(b), elapsed))
 
-		// Idle: the last events of the enrolment are still queued for a
-		// moment (the shared reconciler's batch delay): let them pass.
-		time.Sleep(2 * time.Second)
+		// Idle: the reconciles the enrolment's last events queued are
+		// still to run (at 10,000 VMs, minutes of them): the controller is
+		// idle once its queues are empty and stay so.
+		reconcilesBefore = reconciles(b, "")
+		b.ReportMetric(waitSettled(b).Seconds(), "s-until-settled")
+		b.ReportMetric(float64(reconciles(b, "")-reconcilesBefore)/float64(vms), "settling-reconciles/VM")
+		b.Logf("writes per VM until settled: %s", counts.breakdown(vms))
 		counts.reset()
+		window, stopProfile := idleProfile(b, mode, vms)
 		cpuBefore := cpuTime(b)
 		idleStart := time.Now()
-		time.Sleep(idleWindow)
+		time.Sleep(window)
 		cpu := cpuTime(b) - cpuBefore
+		stopProfile()
 		b.ReportMetric(float64(counts.writes.Load()), "idle-writes")
 		b.ReportMetric(float64(counts.requests.Load()), "idle-requests")
 		b.ReportMetric(100*cpu.Seconds()/time.Since(idleStart).Seconds(), "idle-CPU-%")
 		if n := counts.writes.Load(); n > 0 {
-			b.Errorf("the idle controller wrote %d times in %s: %s", n, idleWindow, counts.breakdown(1))
+			b.Errorf("the idle controller wrote %d times in %s: %s", n, window, counts.breakdown(1))
 		}
 		stop()
 		for _, ns := range namespaces {
 			clearNamespace(b, ns)
 		}
 		b.StartTimer()
+	}
+}
+
+// waitSettled waits until no controller has a request queued or a worker
+// busy, twice in a row a second apart (a batch delay is a second), and
+// says how long that took.
+func waitSettled(b *testing.B) time.Duration {
+	b.Helper()
+	start := time.Now()
+	for quiet := 0; quiet < 2; time.Sleep(time.Second) {
+		busy := 0.0
+		for _, c := range controllerNames {
+			queued, err := controllerMetric("workqueue_depth", "name", c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			running, err := controllerMetric("controller_runtime_active_workers", "controller", c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			busy += queued + running
+		}
+		if busy > 0 {
+			quiet = 0
+		} else {
+			quiet++
+		}
+	}
+	return time.Since(start)
+}
+
+// idleProfile starts the idle window's CPU profile when idleProfileEnv
+// asks for one, and says how long the window is.
+func idleProfile(b *testing.B, mode controllers.WorkloadMode, vms int) (time.Duration, func()) {
+	b.Helper()
+	dir := os.Getenv(idleProfileEnv)
+	if dir == "" {
+		return idleWindow, func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("idle-%s-vms=%d.pprof", mode, vms)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return time.Minute, func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
 	}
 }
 
@@ -300,10 +436,10 @@ func waitConsistent(b *testing.B, namespaces []string, vms int, shared bool) {
 	kinds := []schema.GroupVersionKind{
 		v1beta1.GroupVersion.WithKind("VirtualMachineBMCList"),
 		corev1.SchemeGroupVersion.WithKind("SecretList"),
-		networkingv1.SchemeGroupVersion.WithKind("IngressList"),
 	}
 	if !shared {
 		kinds = append(kinds,
+			networkingv1.SchemeGroupVersion.WithKind("IngressList"),
 			corev1.SchemeGroupVersion.WithKind("ServiceAccountList"),
 			rbacv1.SchemeGroupVersion.WithKind("RoleList"),
 			rbacv1.SchemeGroupVersion.WithKind("RoleBindingList"),
@@ -409,6 +545,22 @@ func sharedServesAll(ctx context.Context, b *testing.B, namespaces map[string]bo
 	}
 	if inRoles < vms {
 		return fmt.Sprintf("shared Roles name %d of %d VMs", inRoles, vms)
+	}
+	// A VM's host is a rule of an Ingress of its own or, since the shared
+	// Ingress, of its namespace's: count the rules either way, so that the
+	// benchmark runs on both versions.
+	var ingresses networkingv1.IngressList
+	if err := admin.List(ctx, &ingresses, client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
+		return overloaded(b, err)
+	}
+	routed := 0
+	for _, in := range ingresses.Items {
+		if namespaces[in.Namespace] {
+			routed += len(in.Spec.Rules)
+		}
+	}
+	if routed < vms {
+		return fmt.Sprintf("Ingresses route %d of %d VMs", routed, vms)
 	}
 	return ""
 }

@@ -771,6 +771,8 @@ func controllerMetric(name, label, value string) (float64, error) {
 				sum += m.GetCounter().GetValue()
 			case m.GetGauge() != nil:
 				sum += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				sum += m.GetHistogram().GetSampleSum()
 			}
 		}
 	}

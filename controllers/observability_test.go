@@ -19,17 +19,29 @@ import (
 	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
-// TestEventsSayWhatHappened: one Event tells the VM's owner what enrolment
-// created; a Secret created again later is told on the VirtualMachineBMC.
+// TestEventsSayWhatHappened: enrolment that replaced a value of the VM
+// tells its owner in one Event, with what it created; enrolment that
+// replaced nothing posts none (its objects say it all); a Secret created
+// again later is told on the VirtualMachineBMC.
 func TestEventsSayWhatHappened(t *testing.T) {
-	vm := enrolledVM(t, "events", "web1")
-	poll.Until(t, "the Enrolled Event", func() error {
-		return eventWith(vm.Namespace, "Enrolled", "created VirtualMachineBMC web1 and credentials Secret web1-bmc")
+	sharedManager(t)
+	ns := namespace(t, "events", true)
+	taken := newVM(ns, "web2")
+	taken.Spec.Template.Spec.Domain.Firmware = &kubevirtv1.Firmware{Serial: "someone-else"}
+	createVM(t, taken)
+	vm := client.ObjectKeyFromObject(createVM(t, newVM(ns, "web1")))
+	poll.Until(t, "workload", func() error { return workloadExists(vm) })
+	poll.Until(t, "the Enrolled Event of the VM whose serial was replaced", func() error {
+		return eventWith(ns, "Enrolled", `created VirtualMachineBMC web2 and credentials Secret web2-bmc; set SMBIOS serial, UUID and MACs: spec.template.spec.domain.firmware.serial "someone-else" replaced`)
 	})
 	deleteObj(t, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{})
 	poll.Until(t, "the CredentialsCreated Event", func() error {
 		return eventWith(vm.Namespace, "CredentialsCreated", "created credentials Secret web1-bmc")
 	})
+	// Posted before the CredentialsCreated Event, had it been.
+	if err := eventWith(ns, "Enrolled", "created VirtualMachineBMC web1"); err == nil {
+		t.Error("an Enrolled Event for web1, whose enrolment replaced nothing")
+	}
 }
 
 // eventWith finds an Event of namespace with that reason whose note begins

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,6 +61,10 @@ type sharedVM struct {
 	credentials                       bmcspec.SharedVM // its entry of the Secret sharedName
 	instancetype, clusterInstancetype string
 	claims                            []string // whose size its bmc-server reads
+	// ingress is its Ingress as bmcIngress renders it, whose rule and
+	// certificate the Ingress sharedName carries; nil when it has an
+	// Ingress of its own (inSharedIngress).
+	ingress *networkingv1.Ingress
 }
 
 func sharedLabels() map[string]string {
@@ -188,13 +193,19 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 			continue
 		}
 		instancetype, clusterInstancetype := instancetypes(vm)
-		vms = append(vms, sharedVM{
+		served := sharedVM{
 			name:                b.Spec.VMName,
 			credentials:         bmcspec.SharedVM{Username: user, Password: password, Hosts: []string{host}},
 			instancetype:        instancetype,
 			clusterInstancetype: clusterInstancetype,
 			claims:              kubevirt.ReferencedClaims(vm),
-		})
+		}
+		if inSharedIngress(b) {
+			if served.ingress, _, err = bmcIngress(WorkloadInput{BMC: b, VM: vm, Config: cfg}, metav1.ObjectMeta{Name: sharedName, Namespace: b.Namespace}); err != nil {
+				return nil, false, err
+			}
+		}
+		vms = append(vms, served)
 	}
 	slices.SortFunc(vms, func(a, b sharedVM) int { return cmp.Compare(a.name, b.name) })
 	return vms, unwatched, nil
@@ -270,12 +281,38 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 		}),
 		bmcService(meta, []corev1.ServicePort{redfishServicePortSpec()}),
 	)
+	if ingress := sharedIngress(meta, vms); ingress != nil {
+		objects = append(objects, ingress)
+	} else if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, &networkingv1.Ingress{}); err != nil {
+		return 0, err
+	}
 	for _, obj := range slices.Concat(objects, clusterObjects) {
 		if _, err := (applier{r.Client, r.Scheme}).ensure(ctx, obj); err != nil {
 			return 0, err
 		}
 	}
 	return 0, nil
+}
+
+// sharedIngress is the namespace's Ingress to the shared Service: a rule
+// and a certificate entry for each VM of vms that has no Ingress of its
+// own, with the class and issuer all of those share (the controller's);
+// nil when there is none. A VM's own Ingress would cost a write a VM at
+// enrolment; this one is written with the shared Secret, in batches.
+func sharedIngress(meta metav1.ObjectMeta, vms []sharedVM) *networkingv1.Ingress {
+	var ingress *networkingv1.Ingress
+	for _, vm := range vms {
+		switch {
+		case vm.ingress == nil:
+		case ingress == nil:
+			ingress = vm.ingress.DeepCopy()
+			ingress.Labels = meta.Labels
+		default:
+			ingress.Spec.Rules = append(ingress.Spec.Rules, vm.ingress.Spec.Rules...)
+			ingress.Spec.TLS = append(ingress.Spec.TLS, vm.ingress.Spec.TLS...)
+		}
+	}
+	return ingress
 }
 
 // additionsWait is how long to wait before writing data into the

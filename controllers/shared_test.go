@@ -110,13 +110,43 @@ func serves(namespace string, vms ...string) error {
 	if got := role.Rules[0].ResourceNames; !slices.Equal(got, vms) {
 		return fmt.Errorf("shared Role names %v, want %v", got, vms)
 	}
+	// The tests' VMs have no Ingress class or certificate of their own:
+	// each served VM's host is a rule of the shared Ingress.
+	var hosts []string
+	for _, vm := range vms {
+		hosts = append(hosts, entries[vm].Hosts...)
+	}
+	return sharedIngressRoutes(namespace, hosts...)
+}
+
+// sharedIngressRoutes is nil once the namespace's shared Ingress leads
+// exactly hosts, in VM order, to the shared Service, each with its
+// certificate entry.
+func sharedIngressRoutes(namespace string, hosts ...string) error {
+	in := &networkingv1.Ingress{}
+	if err := get(sharedKey(namespace), in); err != nil {
+		return err
+	}
+	var got, certs []string
+	for _, rule := range in.Spec.Rules {
+		got = append(got, rule.Host)
+		if backend := rule.HTTP.Paths[0].Backend.Service; backend.Name != sharedName || backend.Port.Name != "redfish" {
+			return fmt.Errorf("Ingress rule %s: backend %+v", rule.Host, backend)
+		}
+	}
+	for _, tls := range in.Spec.TLS {
+		certs = append(certs, tls.Hosts...)
+	}
+	if !slices.Equal(got, hosts) || !slices.Equal(certs, hosts) {
+		return fmt.Errorf("shared Ingress routes %v with certificates for %v, want %v", got, certs, hosts)
+	}
 	return nil
 }
 
 // sharedExist is nil once all of the namespace's shared objects exist.
 func sharedExist(namespace string) error {
 	for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
-		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}} {
 		if err := get(sharedKey(namespace), obj); err != nil {
 			return fmt.Errorf("%T: %w", obj, err)
 		}
@@ -127,7 +157,7 @@ func sharedExist(namespace string) error {
 // sharedGone is nil once none of the namespace's shared objects exist.
 func sharedGone(namespace string) error {
 	for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
-		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}} {
 		if err := gone(sharedKey(namespace), obj); err != nil {
 			return err
 		}
@@ -135,21 +165,14 @@ func sharedGone(namespace string) error {
 	return nil
 }
 
-// servedShared is nil once vm has only its Secret and an Ingress to the
-// shared Service: no bmc-server objects of its own.
+// servedShared is nil once vm has only its Secrets: no bmc-server objects
+// and no Ingress of its own (its host is a rule of the shared Ingress).
 func servedShared(vm types.NamespacedName) error {
 	key := workloadKey(vm)
-	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}} {
 		if err := gone(key, obj); err != nil {
 			return err
 		}
-	}
-	in := &networkingv1.Ingress{}
-	if err := get(key, in); err != nil {
-		return err
-	}
-	if backend := in.Spec.Rules[0].HTTP.Paths[0].Backend.Service; backend.Name != sharedName || backend.Port.Name != "redfish" {
-		return fmt.Errorf("Ingress backend %+v", backend)
 	}
 	return get(types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name + "-bmc"}, &corev1.Secret{})
 }
@@ -238,7 +261,7 @@ func TestSharedWorkload(t *testing.T) {
 
 	t.Run("labels", func(t *testing.T) {
 		for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
-			&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}} {
+			&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}} {
 			if err := get(sharedKey("shared-b"), obj); err != nil {
 				t.Fatal(err)
 			}
@@ -342,6 +365,73 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 	}
 	if err := servedShared(vms[0]); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSharedIngressClassOfItsOwn: a served VM that asks for an Ingress
+// class or certificate of its own has an Ingress of its own, to the shared
+// Service, and is no rule of the shared Ingress; back to the defaults, it
+// is again, and its own Ingress goes.
+func TestSharedIngressClassOfItsOwn(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	vms := sharedVMs(t, "shared-class", "web1", "web2")
+	ns := vms[0].Namespace
+	host := func(vm string) string { return vm + "." + ns + "." + testDomain }
+	tests := []struct {
+		name string
+		edit func(b *v1beta1.VirtualMachineBMC)
+		want func(in *networkingv1.Ingress) error
+	}{
+		{"a class", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.ClassName = "other" }, func(in *networkingv1.Ingress) error {
+			if in.Spec.IngressClassName == nil || *in.Spec.IngressClassName != "other" {
+				return fmt.Errorf("class %v, want other", in.Spec.IngressClassName)
+			}
+			return nil
+		}},
+		{"a certificate Secret", func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.TLS.SecretName = "mine" }, func(in *networkingv1.Ingress) error {
+			if in.Spec.TLS[0].SecretName != "mine" {
+				return fmt.Errorf("TLS %+v, want Secret mine", in.Spec.TLS)
+			}
+			return nil
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			restore := editSpec(t, vms[1], tc.edit)
+			poll.Until(t, "an Ingress of its own", func() error {
+				in := &networkingv1.Ingress{}
+				if err := get(workloadKey(vms[1]), in); err != nil {
+					return err
+				}
+				if rule := in.Spec.Rules[0]; rule.Host != host("web2") || rule.HTTP.Paths[0].Backend.Service.Name != sharedName {
+					return fmt.Errorf("rule %+v", rule)
+				}
+				return tc.want(in)
+			})
+			poll.Until(t, "no rule of the shared Ingress", func() error { return sharedIngressRoutes(ns, host("web1")) })
+			if entries, err := aggregate(ns); err != nil || len(entries) != 2 {
+				t.Errorf("shared Secret %v (%v), want both VMs served", entries, err)
+			}
+			restore()
+			poll.Until(t, "a rule of the shared Ingress again", func() error { return serves(ns, "web1", "web2") })
+			poll.Until(t, "its own Ingress gone", func() error { return servedShared(vms[1]) })
+		})
+	}
+}
+
+// editSpec edits the VirtualMachineBMC's spec and returns what puts the
+// spec back as it was.
+func editSpec(t *testing.T, key types.NamespacedName, edit func(b *v1beta1.VirtualMachineBMC)) (restore func()) {
+	t.Helper()
+	var before v1beta1.VirtualMachineBMC
+	update(t, key, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
+		b := obj.(*v1beta1.VirtualMachineBMC)
+		b.Spec.DeepCopyInto(&before.Spec)
+		edit(b)
+	})
+	return func() {
+		update(t, key, &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
 	}
 }
 
@@ -533,14 +623,9 @@ func TestSharedRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var before v1beta1.VirtualMachineBMC
-			update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
-				b := obj.(*v1beta1.VirtualMachineBMC)
-				b.Spec.DeepCopyInto(&before.Spec)
-				tc.edit(b)
-			})
+			restore := editSpec(t, vms[1], tc.edit)
 			t.Cleanup(func() {
-				update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) { before.Spec.DeepCopyInto(&obj.(*v1beta1.VirtualMachineBMC).Spec) })
+				restore()
 				poll.Until(t, "served again", func() error { return serves(ns, "web1", "web2") })
 			})
 			poll.Until(t, "web2 not served", func() error { return serves(ns, "web1") })
@@ -612,6 +697,19 @@ func TestSharedDriftIsRepaired(t *testing.T) {
 			},
 			check: func() error { return serves(ns, "web1") },
 		},
+		{
+			name: "a host added to the Ingress",
+			edit: func(t *testing.T) {
+				update(t, key, &networkingv1.Ingress{}, func(obj client.Object) {
+					in := obj.(*networkingv1.Ingress)
+					intruder := *in.Spec.Rules[0].DeepCopy()
+					intruder.Host = "victim.other." + testDomain
+					in.Spec.Rules = append(in.Spec.Rules, intruder)
+				})
+			},
+			check: func() error { return serves(ns, "web1") },
+		},
+		{"Ingress deleted", func(t *testing.T) { deleteObj(t, key, &networkingv1.Ingress{}) }, func() error { return serves(ns, "web1") }},
 		{"Secret deleted", func(t *testing.T) { deleteObj(t, key, &corev1.Secret{}) }, func() error { return serves(ns, "web1") }},
 		{"Service deleted", func(t *testing.T) { deleteObj(t, key, &corev1.Service{}) }, func() error { return get(key, &corev1.Service{}) }},
 		{"RoleBinding deleted", func(t *testing.T) { deleteObj(t, key, &rbacv1.RoleBinding{}) }, func() error { return get(key, &rbacv1.RoleBinding{}) }},

@@ -226,13 +226,27 @@ func Shared(in WorkloadInput) (Workload, error) {
 		w.IngressProblem = err
 		return w, nil
 	}
-	ingress.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name = sharedName
 	state := stateSecret(metav1.ObjectMeta{Name: bmc.StateSecretName(b.Spec.VMName), Namespace: b.Namespace, Labels: childLabels(b.Spec.VMName)})
-	w.Objects, w.RedfishURL = []client.Object{ingress, state}, url
+	w.Objects, w.RedfishURL = []client.Object{state}, url
+	if !inSharedIngress(b) {
+		// A class or certificate of its own: an Ingress of its own.
+		ingress.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name = sharedName
+		w.Objects = append(w.Objects, ingress)
+	}
 	for _, obj := range w.Objects {
 		setOwner(obj, bmcKind, b, controlledBy)
 	}
 	return w, nil
+}
+
+// inSharedIngress says whether the host of b, served by the shared
+// bmc-server, is a rule of the namespace's Ingress sharedName (which
+// SharedReconciler writes in batches, as its Secret) rather than of an
+// Ingress of its own: so it is unless its spec asks for an IngressClass or
+// a certificate (Secret or issuer) other than the controller's, which are
+// the Ingress's, not a rule's.
+func inSharedIngress(b *v1beta1.VirtualMachineBMC) bool {
+	return b.Spec.Ingress.ClassName == "" && b.Spec.Ingress.TLS == (v1beta1.IngressTLS{})
 }
 
 // stateSecret is where the VM's bmc-server keeps its event subscriptions.
