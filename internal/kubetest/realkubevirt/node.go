@@ -2,6 +2,7 @@ package realkubevirt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -56,6 +57,9 @@ type Node struct {
 	shutdown map[types.NamespacedName]bool     // VMIs whose guest powered off
 	boots    map[types.NamespacedName][]string // what each VMI name booted, in order
 	targets  map[types.NamespacedName][]machine.BootTarget
+	// starting holds the VMIs whose Running write is in flight; each
+	// channel closes once the write returned and its boot is recorded.
+	starting map[types.NamespacedName]chan struct{}
 }
 
 // NodeOptions are what a node's stand-in tells.
@@ -115,7 +119,7 @@ func (c *Cluster) StartNode(ctx context.Context, name string, opts NodeOptions) 
 	}
 	n := &Node{
 		Name: name, c: c, opts: opts, done: make(chan struct{}), shutdown: map[types.NamespacedName]bool{}, boots: map[types.NamespacedName][]string{},
-		targets:       map[types.NamespacedName][]machine.BootTarget{},
+		targets: map[types.NamespacedName][]machine.BootTarget{}, starting: map[types.NamespacedName]chan struct{}{},
 		HandlerConfig: &rest.Config{Host: c.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: c.servingCA.certPEM}, BearerToken: tr.Status.Token, QPS: 100, Burst: 200},
 	}
 	if n.handler, err = client.New(n.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
@@ -178,18 +182,36 @@ func (n *Node) RebootGuest(ctx context.Context, namespace, name string) error {
 // first: "disk/NAME" or "interface/NAME" (the device with the lowest
 // bootOrder, else the first disk, as libvirt does), "" if nothing.
 func (n *Node) Boots(namespace, name string) []string {
-	n.mu.Lock()
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	n.lockSettled(key)
 	defer n.mu.Unlock()
-	return append([]string(nil), n.boots[types.NamespacedName{Namespace: namespace, Name: name}]...)
+	return append([]string(nil), n.boots[key]...)
 }
 
 // BootTargets says what kind of device each boot of the VMIs of that name
 // booted from, oldest first, as sim/guest's BootDevice tells it: the
 // machine contract's view of Boots.
 func (n *Node) BootTargets(namespace, name string) []machine.BootTarget {
-	n.mu.Lock()
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	n.lockSettled(key)
 	defer n.mu.Unlock()
-	return append([]machine.BootTarget(nil), n.targets[types.NamespacedName{Namespace: namespace, Name: name}]...)
+	return append([]machine.BootTarget(nil), n.targets[key]...)
+}
+
+// lockSettled locks n.mu once no Running write of the VMI key is in
+// flight: a test that has seen the VMI Running (in any cache) then finds
+// its boot.
+func (n *Node) lockSettled(key types.NamespacedName) {
+	n.mu.Lock()
+	for {
+		done, ok := n.starting[key]
+		if !ok {
+			return
+		}
+		n.mu.Unlock()
+		<-done
+		n.mu.Lock()
+	}
 }
 
 func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
@@ -200,15 +222,20 @@ func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInst
 }
 
 // startGuest writes the VMI Running, as virt-handler does once its domain
-// runs, and records the guest's boot. n.mu is held across the write, so a
-// test that has seen the VMI Running (in any cache) and then asks Boots
-// finds this boot. A conflicting write is left to the next round.
+// runs, and records the guest's boot; Boots waits while the write is in
+// flight (lockSettled). A conflicting write is left to the next round.
 func (n *Node) startGuest(ctx context.Context, key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) error {
+	done := make(chan struct{})
 	n.mu.Lock()
+	n.starting[key] = done
+	n.mu.Unlock()
 	err := n.handler.Update(ctx, vmi)
+	n.mu.Lock()
 	if err == nil {
 		n.record(key, vmi)
 	}
+	delete(n.starting, key)
+	close(done)
 	n.mu.Unlock()
 	switch {
 	case apierrors.IsConflict(err):
@@ -290,7 +317,7 @@ func (n *Node) round(ctx context.Context) error {
 	if err := c.Client.List(ctx, pods, client.MatchingLabels{"kubevirt.io": "virt-launcher"}); err != nil {
 		return err
 	}
-	for i := range pods.Items {
+	err := eachAtOnce(len(pods.Items), func(i int) error {
 		pod := &pods.Items[i]
 		switch {
 		case pod.DeletionTimestamp != nil:
@@ -308,19 +335,21 @@ func (n *Node) round(ctx context.Context) error {
 				return fmt.Errorf("binding %s/%s: %w", pod.Namespace, pod.Name, err)
 			}
 		case pod.Spec.NodeName == n.Name && pod.Status.Phase == corev1.PodPending:
-			if err := c.markRunning(ctx, pod); err != nil {
-				return err
-			}
+			return c.markRunning(ctx, pod)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
 	if err := n.handler.List(ctx, vmis); err != nil {
 		return err
 	}
-	for i := range vmis.Items {
+	return eachAtOnce(len(vmis.Items), func(i int) error {
 		vmi := &vmis.Items[i]
 		if vmi.Status.NodeName != n.Name || vmi.IsFinal() {
-			continue
+			return nil
 		}
 		key := types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}
 		n.mu.Lock()
@@ -340,21 +369,45 @@ func (n *Node) round(ctx context.Context) error {
 			}
 		case vmi.Status.Phase == kubevirtv1.Scheduled:
 			if held, err := n.held(ctx, vmi); err != nil || held {
-				if err != nil {
-					return err
-				}
-				continue
+				return err
 			}
 			setPhase(vmi, kubevirtv1.Running)
 			vmi.Status.Conditions = append(vmi.Status.Conditions, kubevirtv1.VirtualMachineInstanceCondition{
 				Type: kubevirtv1.VirtualMachineInstanceReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now(),
 			})
-			if err := n.startGuest(ctx, key, vmi); err != nil {
-				return err
-			}
+			return n.startGuest(ctx, key, vmi)
 		}
+		return nil
+	})
+}
+
+// standInWorkers is how many pods, and then VMIs, a round works on at once,
+// as a kubelet and virt-handler handle each independently: one slow or
+// failing object holds up no other.
+const standInWorkers = 8
+
+// eachAtOnce calls work for 0..n-1, standInWorkers at a time, and joins
+// their errors.
+func eachAtOnce(n int, work func(i int) error) error {
+	slots := make(chan struct{}, standInWorkers)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for i := range n {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := work(i); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // markRunning writes a pod's status as the kubelet does once its
