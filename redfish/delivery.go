@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -131,9 +132,10 @@ func interfaceAddresses() []netip.Addr {
 // deliveryClients POST events: one client that verifies the destination's
 // certificate, one that does not (VerifyCertificate false). Neither uses
 // a proxy from the environment, which would dial on the guard's behalf,
-// nor follows redirects.
+// nor follows redirects. Each is made at its first delivery: most services
+// have no push subscription, and a shared bmc-server has thousands.
 type deliveryClients struct {
-	verifying, trusting *http.Client
+	verifying, trusting func() *http.Client
 	retryAttempts       int
 	retryInterval       time.Duration
 }
@@ -154,7 +156,11 @@ func newDeliveryClients(guard *destinationGuard, roots *x509.CertPool, attempts 
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	return deliveryClients{verifying: client(true), trusting: client(false), retryAttempts: attempts, retryInterval: interval}
+	return deliveryClients{
+		verifying:     sync.OnceValue(func() *http.Client { return client(true) }),
+		trusting:      sync.OnceValue(func() *http.Client { return client(false) }),
+		retryAttempts: attempts, retryInterval: interval,
+	}
 }
 
 // startDelivery runs a push subscription's deliveries, of the events after
@@ -311,7 +317,7 @@ func (s *Server) postEvent(ctx context.Context, sub *subscription, payload []byt
 	if !sub.settings.Load().verifyCertificate {
 		client = s.delivery.trusting
 	}
-	resp, err := client.Do(req)
+	resp, err := client().Do(req)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package redfish
 import (
 	"bytes"
 	"encoding/xml"
+	"sync"
 )
 
 // link is a reference to another resource.
@@ -133,10 +134,15 @@ type (
 	}
 )
 
-// metadataDocument builds $metadata from servedTypes: one reference per
-// DMTF CSDL file, including the unversioned and the served versioned
+// metadataDocument is $metadata, built once per process: it depends on
+// servedTypes alone, and a bmc-server serving thousands of VMs would
+// otherwise hold a copy of its 20 KB per VM.
+var metadataDocument = sync.OnceValues(buildMetadataDocument)
+
+// buildMetadataDocument builds $metadata from servedTypes: one reference
+// per DMTF CSDL file, including the unversioned and the served versioned
 // namespace.
-func metadataDocument() ([]byte, error) {
+func buildMetadataDocument() ([]byte, error) {
 	doc := edmx{
 		Namespace: "http://docs.oasis-open.org/odata/ns/edmx",
 		Version:   "4.0",
@@ -165,5 +171,5 @@ func metadataDocument() ([]byte, error) {
 		return nil, err
 	}
 	buf.WriteString("\n")
-	return buf.Bytes(), nil
+	return bytes.Clone(buf.Bytes()), nil // no spare capacity kept
 }

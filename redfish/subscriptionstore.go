@@ -53,12 +53,12 @@ type subscriptionStore struct {
 	// would destroy what a newer bmc-server wrote.
 	refused bool
 	saved   []byte
-	// dirty wakes the keeper to retry a save that failed.
-	dirty chan struct{}
+	// failed says the last save failed; retrying, that retrySaves runs.
+	failed, retrying bool
 }
 
 func newSubscriptionStore(backend machine.Backend, log logr.Logger) *subscriptionStore {
-	st := &subscriptionStore{log: log, dirty: make(chan struct{}, 1)}
+	st := &subscriptionStore{log: log}
 	st.state, _ = backend.(machine.StateStore)
 	st.loaded = st.state == nil
 	return st
@@ -89,7 +89,6 @@ func (s *Server) subscriptionsLoaded(ctx context.Context) *apiError {
 		st.saved = data
 	}
 	st.loaded = true
-	go s.keepSubscriptions()
 	return nil
 }
 
@@ -142,12 +141,13 @@ func (s *Server) restoreSubscriptions(data []byte) {
 }
 
 // saveSubscriptions keeps the table as it is now; a failure is retried by
-// the keeper, and the answer to the request that changed the table does
+// retrySaves, and the answer to the request that changed the table does
 // not wait for that: the change is live either way.
 func (s *Server) saveSubscriptions(ctx context.Context) {
 	st := s.subscriptionStore
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.failed = false
 	if !st.loaded || st.state == nil || st.refused {
 		return
 	}
@@ -161,40 +161,44 @@ func (s *Server) saveSubscriptions(ctx context.Context) {
 	}
 	if err := st.state.SaveState(ctx, subscriptionsStateKey, data); err != nil {
 		st.log.Error(err, "event subscriptions not kept yet; retrying")
-		select {
-		case st.dirty <- struct{}{}:
-		default:
+		st.failed = true
+		if !st.retrying {
+			st.retrying = true
+			go s.retrySaves()
 		}
 		return
 	}
 	st.saved = data
 }
 
-// keepSubscriptions retries failed saves, backing off, until the service
-// stops.
-func (s *Server) keepSubscriptions() {
+// retrySaves saves again, backing off, until a save succeeds or the service
+// stops. It runs only while saves fail: a shared bmc-server has a service
+// per VM, and an idle goroutine each would cost a stack per VM.
+func (s *Server) retrySaves() {
 	const first, most = time.Second, time.Minute
-	wait := first
-	for {
-		select {
-		case <-s.subscriptionStore.dirty:
-		case <-s.streams.stopped:
-			return
-		}
+	st := s.subscriptionStore
+	for wait := first; ; wait = min(2*wait, most) {
 		timer := time.NewTimer(wait)
 		select {
 		case <-timer.C:
 		case <-s.streams.stopped:
 			timer.Stop()
+			st.mu.Lock()
+			st.retrying = false
+			st.mu.Unlock()
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		s.saveSubscriptions(ctx)
 		cancel()
-		if len(s.subscriptionStore.dirty) > 0 {
-			wait = min(2*wait, most)
-		} else {
-			wait = first
+		st.mu.Lock()
+		done := !st.failed
+		if done {
+			st.retrying = false
+		}
+		st.mu.Unlock()
+		if done {
+			return
 		}
 	}
 }

@@ -207,6 +207,14 @@ func TestSubscriptionStoreFailures(t *testing.T) {
 			data, err := backend.LoadState(t.Context(), "redfish-subscriptions")
 			return err == nil && strings.Contains(string(data), `late`)
 		})
+		// The retries ended with that save; a later failure starts them again.
+		backend.SetStateFault(unreachable)
+		p.must(t, http.StatusCreated, http.MethodPost, subscriptionsURI, `{"Destination":"`+r.ts.URL+`","Protocol":"Redfish","Context":"later"}`)
+		backend.SetStateFault(nil)
+		poll.True(t, "the second subscription saved once the store is back again", func() bool {
+			data, err := backend.LoadState(t.Context(), "redfish-subscriptions")
+			return err == nil && strings.Contains(string(data), `later`)
+		})
 	})
 
 	t.Run("unknown format kept", func(t *testing.T) {

@@ -303,31 +303,62 @@ func PowerAndBoot(e Entry) bool {
 // dropped from the forwarding (the log keeps them) and onError is told, as
 // it is of every failed send.
 func (l *Log) Forward(ctx context.Context, queue int, want func(Entry) bool, send func(context.Context, Entry) error, onError func(Entry, error)) {
-	// Pointers: a queue of entries would hold queue whole entries from the
-	// start, per log, and a shared bmc-server has a log per VM.
-	pending := make(chan *Entry, queue)
+	f := &forwarder{max: queue, send: send, onError: onError}
 	l.OnRecord(func(e Entry) {
 		if !want(e) || ctx.Err() != nil {
 			return
 		}
-		select {
-		case pending <- &e:
-		default:
-			onError(e, ErrForwardQueueFull)
-		}
+		f.enqueue(ctx, e)
 	})
-	go func() {
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e := <-pending:
-				if err := send(ctx, *e); err != nil {
-					onError(*e, err)
-				}
-			}
+}
+
+// forwarder is Forward's queue. Its goroutine runs only while entries
+// wait: a shared bmc-server has a log per VM, and an idle goroutine per log
+// would cost a stack each.
+type forwarder struct {
+	max     int
+	send    func(context.Context, Entry) error
+	onError func(Entry, error)
+
+	mu sync.Mutex
+	// waiting holds pointers: a shared bmc-server has a log per VM.
+	waiting []*Entry
+	sending bool // drain runs
+}
+
+func (f *forwarder) enqueue(ctx context.Context, e Entry) {
+	f.mu.Lock()
+	if len(f.waiting) >= f.max {
+		f.mu.Unlock()
+		f.onError(e, ErrForwardQueueFull)
+		return
+	}
+	f.waiting = append(f.waiting, &e)
+	start := !f.sending
+	f.sending = true
+	f.mu.Unlock()
+	if start {
+		go f.drain(ctx)
+	}
+}
+
+// drain sends the waiting entries in order and returns when none is left
+// or ctx ends.
+func (f *forwarder) drain(ctx context.Context) {
+	for {
+		f.mu.Lock()
+		if len(f.waiting) == 0 || ctx.Err() != nil {
+			f.waiting, f.sending = nil, false
+			f.mu.Unlock()
+			return
 		}
-	}()
+		e := f.waiting[0]
+		f.waiting = f.waiting[1:]
+		f.mu.Unlock()
+		if err := f.send(ctx, *e); err != nil {
+			f.onError(*e, err)
+		}
+	}
 }
 
 // ErrForwardQueueFull is Forward's error for an entry dropped because the

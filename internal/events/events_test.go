@@ -258,6 +258,51 @@ func TestWatcherSurvivesFailingReads(t *testing.T) {
 	}
 }
 
+// TestWatcherWaitsUntilReady: a backend that says it is not ready
+// (machine.Readiness; a KubeVirt backend whose cache has not synced would
+// read through to the API server) is not read; once ready, its first read
+// is the state changes are told from.
+func TestWatcherWaitsUntilReady(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := &readiness{Backend: memory.New(memory.Options{})}
+	b.notReady.Store(true)
+	f := events.NewFeed(events.Options{})
+	reads, firstRead := readsOf(b)
+	w := events.NewWatcher(struct {
+		machine.Backend
+		machine.Readiness
+	}{reads, b}, f, events.WatcherOptions{Interval: 10 * time.Millisecond, ReadEvery: 10 * time.Millisecond})
+	s, _ := f.Subscribe(0)
+	defer s.Close()
+	go func() { _ = w.Run(ctx) }()
+	select {
+	case <-firstRead:
+		t.Fatal("a backend that is not ready was read")
+	case <-time.After(200 * time.Millisecond):
+	}
+	b.notReady.Store(false)
+	waitForRead(t, firstRead)
+	vm0, _ := b.Machine(ctx, "vm-0")
+	must(t, vm0.Reset(ctx, machine.ResetOn))
+	if got := kinds(t, s, 1); got[0] != "vm-0 PowerChanged On" {
+		t.Errorf("got %v", got)
+	}
+}
+
+// readiness is a backend that says whether it is ready when told.
+type readiness struct {
+	machine.Backend
+	notReady atomic.Bool
+}
+
+func (r *readiness) Ready() error {
+	if r.notReady.Load() {
+		return machine.Errorf(machine.ErrUnavailable, "cache not synced")
+	}
+	return nil
+}
+
 // TestWatcherReportsRemovedMachine: a machine the backend no longer finds
 // (its VM deleted) is one MachineRemoved.
 func TestWatcherReportsRemovedMachine(t *testing.T) {

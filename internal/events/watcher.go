@@ -28,6 +28,7 @@ type Watcher struct {
 	backend   machine.Backend
 	versioned machine.Versioned
 	notifier  machine.ChangeNotifier // nil: the poll alone finds changes
+	readiness machine.Readiness      // nil: always ready
 	feed      *Feed
 	interval  time.Duration
 	readEvery time.Duration
@@ -59,8 +60,9 @@ type snapshot struct {
 func NewWatcher(b machine.Backend, f *Feed, opts WatcherOptions) *Watcher {
 	v, _ := b.(machine.Versioned)
 	n, _ := b.(machine.ChangeNotifier)
+	r, _ := b.(machine.Readiness)
 	return &Watcher{
-		backend: b, versioned: v, notifier: n, feed: f,
+		backend: b, versioned: v, notifier: n, readiness: r, feed: f,
 		interval:  cmp.Or(opts.Interval, 100*time.Millisecond),
 		readEvery: cmp.Or(opts.ReadEvery, 2*time.Second),
 		machines:  map[string]*watched{},
@@ -69,7 +71,8 @@ func NewWatcher(b machine.Backend, f *Feed, opts WatcherOptions) *Watcher {
 
 // Run reads every machine once (what it sees first is no event), then
 // reports its changes until ctx ends: at once when the backend tells
-// (machine.ChangeNotifier), else at the next poll. It returns ctx's error.
+// (machine.ChangeNotifier), else at the next poll, and only while the
+// backend is ready (machine.Readiness). It returns ctx's error.
 func (w *Watcher) Run(ctx context.Context) error {
 	ticker := time.NewTicker(w.interval)
 	defer ticker.Stop()
@@ -78,10 +81,16 @@ func (w *Watcher) Run(ctx context.Context) error {
 		if w.notifier != nil {
 			changed = w.notifier.Changed()
 		}
-		ids, err := w.backend.Machines(ctx)
-		if err == nil {
-			for _, id := range ids {
-				w.poll(ctx, id)
+		// A backend that is not ready would answer from its API rather
+		// than its cache: polls wait, so a shared bmc-server starting
+		// thousands of VMs does not read each of them through to the
+		// API server every ReadEvery until its cache has synced.
+		if w.readiness == nil || w.readiness.Ready() == nil {
+			ids, err := w.backend.Machines(ctx)
+			if err == nil {
+				for _, id := range ids {
+					w.poll(ctx, id)
+				}
 			}
 		}
 		select {

@@ -57,8 +57,10 @@ type Options struct {
 	ProbeInterval time.Duration
 	// Informers, when set, are the namespace-wide cache (NewInformers) the
 	// backend reads its VM and VMI from, run by the caller and shared with
-	// the other backends of the namespace. Nil gives the backend informers
-	// of its own, selected on its VM's name, which Start runs.
+	// the other backends of the namespace, whose API clients it then sends
+	// its requests through too (New's rest.Config goes unused). Nil gives
+	// the backend informers and clients of its own, its informers selected
+	// on its VM's name, which Start runs.
 	Informers *Informers
 	// MediaSize is the size of the DataVolume an inserted image is imported
 	// into. Zero means 8Gi.
@@ -189,7 +191,10 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if opts.Informers != nil && opts.Informers.namespace != namespace {
 		return nil, fmt.Errorf("kubevirt backend: the informers are of namespace %s, not %s", opts.Informers.namespace, namespace)
 	}
-	scheme := backendScheme()
+	if opts.Informers != nil {
+		b.informers, b.api = opts.Informers, *opts.Informers.api
+		return b, nil
+	}
 	// Every request answers whether the API server is reachable.
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, to: b} })
@@ -197,15 +202,12 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	if b.api, err = newAPIGroups(cfg, httpClient, scheme); err != nil {
+	if b.api, err = newAPIGroups(cfg, httpClient, backendScheme()); err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	b.informers = opts.Informers
-	if b.informers == nil {
-		b.informers = newOwnInformers(b.api.kubevirt, namespace, vmName,
-			InformersOptions{RequestTimeout: b.timeout, ProbeInterval: opts.ProbeInterval})
-		b.ownsInformers = true
-	}
+	b.informers = newOwnInformers(b.api.kubevirt, namespace, vmName,
+		InformersOptions{RequestTimeout: b.timeout, ProbeInterval: opts.ProbeInterval})
+	b.ownsInformers = true
 	return b, nil
 }
 
@@ -220,8 +222,12 @@ func (b *Backend) Start(ctx context.Context) error {
 	if b.ownsInformers {
 		loops.Go(func() { b.informers.Run(ctx) })
 	}
-	loops.Go(func() { b.WaitForCacheSync(ctx) })
-	b.consumeOnceLoop(ctx) // on this goroutine: one stack fewer per VM served
+	// On this goroutine, one stack fewer per VM served; and the loop's
+	// first read comes from the cache, not the API server, which a shared
+	// bmc-server starting thousands of VMs would otherwise read each from.
+	if b.WaitForCacheSync(ctx) {
+		b.consumeOnceLoop(ctx)
+	}
 	loops.Wait()
 	return nil
 }

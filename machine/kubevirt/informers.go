@@ -30,7 +30,12 @@ type Informers struct {
 	namespace string
 	vms, vmis toolscache.SharedIndexInformer
 	// client and selector are those of the watches, for the probe.
-	client   rest.Interface
+	client rest.Interface
+	// api, made by NewInformers, is what every Backend sharing them sends
+	// its requests through: one set of clients per namespace, and each
+	// request's outcome tells every subscriber whether the API server
+	// answers, as the watches' do.
+	api      *apiGroups
 	selector fields.Selector
 	timeout  time.Duration
 	probe    time.Duration
@@ -70,6 +75,7 @@ func NewInformers(cfg *rest.Config, namespace string, opts InformersOptions) (*I
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt informers: %w", err)
 	}
+	inf.api = &api
 	inf.init(api.kubevirt, namespace, fields.Everything(), opts)
 	return inf, nil
 }
