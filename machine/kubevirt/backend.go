@@ -98,10 +98,9 @@ type Backend struct {
 	mediaMu sync.Mutex
 	// mediaDone is the last import VirtualMedia saw Succeeded, or nil.
 	mediaDone atomic.Pointer[importDone]
-	// cdiMu guards the remembered answer of cdiInstalledRecently.
-	cdiMu           sync.Mutex
-	cdiKnown        bool
-	cdiTrustedUntil time.Time
+	// cdi is cdiInstalledRecently's remembered answer, shared with the
+	// backends of shared Informers.
+	cdi *cdiAnswer
 
 	// informers cache the VM and its VMI; Start runs them if they are
 	// the backend's own.
@@ -192,9 +191,10 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 		return nil, fmt.Errorf("kubevirt backend: the informers are of namespace %s, not %s", opts.Informers.namespace, namespace)
 	}
 	if opts.Informers != nil {
-		b.informers, b.api = opts.Informers, *opts.Informers.api
+		b.informers, b.api, b.cdi = opts.Informers, *opts.Informers.api, opts.Informers.cdi
 		return b, nil
 	}
+	b.cdi = &cdiAnswer{}
 	// Every request answers whether the API server is reachable.
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, to: b} })
@@ -527,22 +527,45 @@ func (b *Backend) callSubresource(ctx context.Context, subresource string, optio
 // later shows within this time; InsertMedia always asks afresh.
 const cdiRecheck = time.Minute
 
+// cdiAnswer is whether the API server serves CDI, remembered for
+// cdiRecheck. It is a fact of the cluster: shared Informers keep one for
+// all their backends, so a bmc-server serving thousands of VMs asks once,
+// not once per VM.
+type cdiAnswer struct {
+	mu           sync.Mutex
+	installed    bool
+	answered     bool // installed holds an answer
+	trustedUntil time.Time
+	asking       bool // a lookup is under way
+}
+
 // cdiInstalledRecently is cdiInstalled, remembered for cdiRecheck. The
 // lock guards the remembered answer only, never the lookup: a discovery
-// request to a slow API server must not queue every other request.
+// request to a slow API server must not queue every other request. While
+// one lookup is under way the others take the last answer (before any,
+// media is offered, as lookUpCDIWithin does when it cannot tell).
 func (b *Backend) cdiInstalledRecently(ctx context.Context) bool {
-	b.cdiMu.Lock()
-	known, trusted := b.cdiKnown, time.Now().Before(b.cdiTrustedUntil)
-	b.cdiMu.Unlock()
-	if trusted {
-		return known
+	a := b.cdi
+	a.mu.Lock()
+	if a.asking || time.Now().Before(a.trustedUntil) {
+		installed, until := a.installed || !a.answered, a.trustedUntil
+		a.mu.Unlock()
+		if !until.IsZero() {
+			b.state.refreshBy(until)
+		}
+		return installed
 	}
+	a.asking = true
+	a.mu.Unlock()
 	installed, definite := b.lookUpCDIWithin(ctx)
+	a.mu.Lock()
+	a.asking = false
 	if definite {
-		b.cdiMu.Lock()
-		until := time.Now().Add(cdiRecheck)
-		b.cdiKnown, b.cdiTrustedUntil = installed, until
-		b.cdiMu.Unlock()
+		a.installed, a.answered, a.trustedUntil = installed, true, time.Now().Add(cdiRecheck)
+	}
+	until := a.trustedUntil
+	a.mu.Unlock()
+	if definite {
 		b.state.refreshBy(until)
 	}
 	return installed

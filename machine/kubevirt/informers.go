@@ -30,15 +30,22 @@ type Informers struct {
 	namespace string
 	vms, vmis toolscache.SharedIndexInformer
 	// client and selector are those of the watches, for the probe.
-	client rest.Interface
+	client   rest.Interface
+	selector fields.Selector
+	timeout  time.Duration
+	probe    time.Duration
+
 	// api, made by NewInformers, is what every Backend sharing them sends
 	// its requests through: one set of clients per namespace, and each
 	// request's outcome tells every subscriber whether the API server
 	// answers, as the watches' do.
-	api      *apiGroups
-	selector fields.Selector
-	timeout  time.Duration
-	probe    time.Duration
+	api *apiGroups
+	// cdi is the answer those Backends share to whether CDI is installed.
+	cdi *cdiAnswer
+	// stateLoads bounds those Backends' reads of their state Secrets in
+	// flight: a bmc-server starting thousands of VMs would send them all
+	// at once, and the memory the answers take together stays in its RSS.
+	stateLoads chan struct{}
 
 	mu sync.RWMutex
 	// subscribers are the Backends by VM name; each slice is replaced,
@@ -75,10 +82,14 @@ func NewInformers(cfg *rest.Config, namespace string, opts InformersOptions) (*I
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt informers: %w", err)
 	}
-	inf.api = &api
+	inf.api, inf.cdi, inf.stateLoads = &api, &cdiAnswer{}, make(chan struct{}, sharedStateLoads)
 	inf.init(api.kubevirt, namespace, fields.Everything(), opts)
 	return inf, nil
 }
+
+// sharedStateLoads is how many state reads the Backends of shared Informers
+// send at once.
+const sharedStateLoads = 16
 
 // newOwnInformers makes the Informers of one Backend, which watch only
 // objects named vmName, through the Backend's client.

@@ -21,6 +21,14 @@ func (b *Backend) LoadState(ctx context.Context, key string) ([]byte, error) {
 	if b.stateSecret == "" {
 		return nil, machine.Errorf(machine.ErrNotSupported, "no state Secret configured")
 	}
+	if loads := b.informers.stateLoads; loads != nil {
+		select {
+		case loads <- struct{}{}:
+			defer func() { <-loads }()
+		case <-ctx.Done():
+			return nil, machine.Errorf(machine.ErrUnavailable, "reading the state Secret %s/%s: %v", b.namespace, b.stateSecret, ctx.Err())
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	secret := &corev1.Secret{}
