@@ -362,10 +362,11 @@ func (r *SharedReconciler) wroteSecret(namespace string) {
 }
 
 // sharedMemoryPerVM is what each VM adds to the shared bmc-server's
-// memory: 115 to 160 KB measured from 100 to 2,000 VMs (cmd/bmc-server
-// BenchmarkSharedRSS: the namespace's informers are shared, each VM has
-// its backend and Redfish service), with headroom for the cached VMs of
-// the namespace that are not served.
+// memory: 35 to 62 KB measured idle from 100 to 2,000 VMs (cmd/bmc-server
+// BenchmarkSharedRSS: the namespace's informers and API clients are
+// shared, each VM has its backend and Redfish service), with headroom for
+// the requests, sessions and event streams of busy VMs and for the cached
+// VMs of the namespace that are not served.
 var sharedMemoryPerVM = resource.MustParse("256Ki")
 
 // sharedResources sizes the shared bmc-server for vms VMs: one BMC pod's
