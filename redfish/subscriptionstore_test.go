@@ -200,21 +200,17 @@ func TestSubscriptionStoreFailures(t *testing.T) {
 		backend := memory.New(memory.Options{})
 		p := startBMCProcess(t, backend, r, true)
 		p.must(t, http.StatusOK, http.MethodGet, subscriptionsURI, "")
-		backend.SetStateFault(unreachable)
-		p.must(t, http.StatusCreated, http.MethodPost, subscriptionsURI, `{"Destination":"`+r.ts.URL+`","Protocol":"Redfish","Context":"late"}`)
-		backend.SetStateFault(nil)
-		poll.True(t, "the subscription saved once the store is back", func() bool {
-			data, err := backend.LoadState(t.Context(), "redfish-subscriptions")
-			return err == nil && strings.Contains(string(data), `late`)
-		})
-		// The retries ended with that save; a later failure starts them again.
-		backend.SetStateFault(unreachable)
-		p.must(t, http.StatusCreated, http.MethodPost, subscriptionsURI, `{"Destination":"`+r.ts.URL+`","Protocol":"Redfish","Context":"later"}`)
-		backend.SetStateFault(nil)
-		poll.True(t, "the second subscription saved once the store is back again", func() bool {
-			data, err := backend.LoadState(t.Context(), "redfish-subscriptions")
-			return err == nil && strings.Contains(string(data), `later`)
-		})
+		// The retries end with a save that succeeds; a later failure
+		// starts them again.
+		for _, context := range []string{"late", "later"} {
+			backend.SetStateFault(unreachable)
+			p.must(t, http.StatusCreated, http.MethodPost, subscriptionsURI, `{"Destination":"`+r.ts.URL+`","Protocol":"Redfish","Context":"`+context+`"}`)
+			backend.SetStateFault(nil)
+			poll.True(t, "subscription "+context+" saved once the store is back", func() bool {
+				data, err := backend.LoadState(t.Context(), "redfish-subscriptions")
+				return err == nil && strings.Contains(string(data), `"`+context+`"`)
+			})
+		}
 	})
 
 	t.Run("unknown format kept", func(t *testing.T) {
