@@ -242,3 +242,26 @@ func procStatus(b *testing.B, pid int, field string) float64 {
 	b.Fatalf("no %s in /proc/%d/status", field, pid)
 	return 0
 }
+
+// procCPU is the CPU time process pid has used, its threads' user and
+// system time from /proc/PID/stat, counted in USER_HZ (100 a second on
+// Linux whatever the kernel's tick).
+func procCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The command name, in parentheses, may hold spaces: fields count
+	// from the last ')'. utime and stime are the stat's 14th and 15th.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatalf("/proc/%d/stat: %v", pid, err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * time.Second / 100
+}

@@ -48,12 +48,18 @@ func sharedCluster(b *testing.B, sizes []int) (dir, binary string) {
 	return dir, buildAsTheImage(b, dir)
 }
 
+// sharedIdleWindow is how long BenchmarkSharedRSS watches the server's CPU
+// once every VM answers and nothing asks it anything.
+const sharedIdleWindow = 5 * time.Second
+
 // BenchmarkSharedRSS runs bmc-server --vms-dir as its own process against a
 // real API server, serving each size's number of VMs of one namespace
 // (vms=N), and reads its resident memory once every VM's Redfish service
 // answers: what the shared bmc-server's memory request and limit are sized
-// from. per-VM-KB is the growth from the first size, per VM added. Run it
-// with -benchtime 1x: each iteration is a process start.
+// from. per-VM-KB is the growth from the first size, per VM added;
+// idle-CPU-% is the share of a core the server then uses over
+// sharedIdleWindow with no request. Run it with -benchtime 1x: each
+// iteration is a process start.
 func BenchmarkSharedRSS(b *testing.B) {
 	sizes := sharedBenchVMs(b)
 	dir, binary := sharedCluster(b, sizes)
@@ -63,7 +69,12 @@ func BenchmarkSharedRSS(b *testing.B) {
 			for range b.N {
 				server := startShared(b, binary, dir, vms)
 				rss := procStatus(b, server.pid, "VmRSS")
+				server.client.CloseIdleConnections()
+				cpuBefore := procCPU(b, server.pid)
+				time.Sleep(sharedIdleWindow)
+				idle := procCPU(b, server.pid) - cpuBefore
 				server.stop()
+				b.ReportMetric(100*idle.Seconds()/sharedIdleWindow.Seconds(), "idle-CPU-%")
 				b.ReportMetric(rss, "rss-MB")
 				if vms == base {
 					baseRSS = rss

@@ -263,36 +263,44 @@ func TestWatcherSurvivesFailingReads(t *testing.T) {
 // read through to the API server) is not read; once ready, its first read
 // is the state changes are told from.
 func TestWatcherWaitsUntilReady(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	b := &readiness{Backend: memory.New(memory.Options{})}
-	b.notReady.Store(true)
-	f := events.NewFeed(events.Options{})
-	reads, firstRead := readsOf(b)
-	w := events.NewWatcher(struct {
-		machine.Backend
-		machine.Readiness
-	}{reads, b}, f, events.WatcherOptions{Interval: 10 * time.Millisecond, ReadEvery: 10 * time.Millisecond})
-	s, _ := f.Subscribe(0)
-	defer s.Close()
-	go func() { _ = w.Run(ctx) }()
-	select {
-	case <-firstRead:
-		t.Fatal("a backend that is not ready was read")
-	case <-time.After(200 * time.Millisecond):
-	}
-	b.notReady.Store(false)
-	waitForRead(t, firstRead)
-	vm0, _ := b.Machine(ctx, "vm-0")
-	must(t, vm0.Reset(ctx, machine.ResetOn))
-	if got := kinds(t, s, 1); got[0] != "vm-0 PowerChanged On" {
-		t.Errorf("got %v", got)
+	// An hour between polls: readiness is asked again soon all the same,
+	// and the change is told by the backend's notification.
+	for _, interval := range []time.Duration{10 * time.Millisecond, time.Hour} {
+		t.Run("poll every "+interval.String(), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b := &readiness{Backend: memory.New(memory.Options{})}
+			b.notReady.Store(true)
+			f := events.NewFeed(events.Options{})
+			reads, firstRead := readsOf(b)
+			w := events.NewWatcher(struct {
+				machine.Backend
+				machine.Versioned
+				machine.ChangeNotifier
+				machine.Readiness
+			}{reads, b.Backend, b.Backend, b}, f, events.WatcherOptions{Interval: interval, ReadEvery: interval})
+			s, _ := f.Subscribe(0)
+			defer s.Close()
+			go func() { _ = w.Run(ctx) }()
+			select {
+			case <-firstRead:
+				t.Fatal("a backend that is not ready was read")
+			case <-time.After(200 * time.Millisecond):
+			}
+			b.notReady.Store(false) // no change told
+			waitForRead(t, firstRead)
+			vm0, _ := b.Machine(ctx, "vm-0")
+			must(t, vm0.Reset(ctx, machine.ResetOn))
+			if got := kinds(t, s, 1); got[0] != "vm-0 PowerChanged On" {
+				t.Errorf("got %v", got)
+			}
+		})
 	}
 }
 
-// readiness is a backend that says whether it is ready when told.
+// readiness is a memory backend that says whether it is ready when told.
 type readiness struct {
-	machine.Backend
+	*memory.Backend
 	notReady atomic.Bool
 }
 

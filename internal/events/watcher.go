@@ -74,17 +74,19 @@ func NewWatcher(b machine.Backend, f *Feed, opts WatcherOptions) *Watcher {
 // (machine.ChangeNotifier), else at the next poll, and only while the
 // backend is ready (machine.Readiness). It returns ctx's error.
 func (w *Watcher) Run(ctx context.Context) error {
-	ticker := time.NewTicker(w.interval)
-	defer ticker.Stop()
+	timer := time.NewTimer(w.interval)
+	defer timer.Stop()
 	for {
-		var changed <-chan struct{} // nil blocks: only the ticker wakes
+		var changed <-chan struct{} // nil blocks: only the timer wakes
 		if w.notifier != nil {
 			changed = w.notifier.Changed()
 		}
+		next := w.interval
 		// A backend that is not ready would answer from its API rather
 		// than its cache: polls wait, so a shared bmc-server starting
 		// thousands of VMs does not read each of them through to the
-		// API server every ReadEvery until its cache has synced.
+		// API server every ReadEvery until its cache has synced. Readiness
+		// may come without a change to tell of it: it is asked again soon.
 		if w.readiness == nil || w.readiness.Ready() == nil {
 			ids, err := w.backend.Machines(ctx)
 			if err == nil {
@@ -92,15 +94,22 @@ func (w *Watcher) Run(ctx context.Context) error {
 					w.poll(ctx, id)
 				}
 			}
+		} else {
+			next = min(next, readinessRecheck)
 		}
+		timer.Reset(next)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-ticker.C:
+		case <-timer.C:
 		case <-changed:
 		}
 	}
 }
+
+// readinessRecheck is how often Run asks a backend that is not ready
+// whether it is, whatever the poll interval.
+const readinessRecheck = 100 * time.Millisecond
 
 // Intercept is a machine.Interceptor: a write through it is followed at
 // once by a read of its machine, so the write's change is published before

@@ -67,6 +67,11 @@ type Config struct {
 	// push subscriptions may not, and may, send events.
 	EventDestinationsDenied        []netip.Prefix
 	EventDestinationsAllowLoopback bool
+	// EventPoll is given to every VM's Redfish service (redfish.Config):
+	// how often its EventService asks the backend whether the VM changed.
+	// Each VM has a watcher, so the shared server's idle CPU grows with
+	// VMs over EventPoll.
+	EventPoll time.Duration
 }
 
 // Router is the http.Handler of the virtual hosts.
@@ -272,6 +277,7 @@ func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) 
 
 		EventDestinationsDenied:        r.cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: r.cfg.EventDestinationsAllowLoopback,
+		EventPoll:                      r.cfg.EventPoll,
 	})
 	if err != nil {
 		stop()
