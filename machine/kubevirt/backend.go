@@ -547,12 +547,17 @@ type cdiAnswer struct {
 func (b *Backend) cdiInstalledRecently(ctx context.Context) bool {
 	a := b.cdi
 	a.mu.Lock()
-	if a.asking || time.Now().Before(a.trustedUntil) {
-		installed, until := a.installed || !a.answered, a.trustedUntil
-		a.mu.Unlock()
-		if !until.IsZero() {
-			b.state.refreshBy(until)
+	now := time.Now()
+	if a.asking || now.Before(a.trustedUntil) {
+		installed, due := a.installed || !a.answered, a.trustedUntil
+		if a.asking {
+			// The answer under way may differ: read again once it has
+			// had time to come (never a time already past, which would
+			// have the version change at every read until it comes).
+			due = now.Add(b.timeout)
 		}
+		a.mu.Unlock()
+		b.state.refreshBy(due)
 		return installed
 	}
 	a.asking = true

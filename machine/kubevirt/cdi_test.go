@@ -46,6 +46,14 @@ func TestCDIDiscoveryBounded(t *testing.T) {
 		t.Fatal("the CDI lock is held while discovery waits on the network")
 	}
 	b.cdi.mu.Unlock()
+	// Reads while the lookup is under way do not change the version at
+	// every read (which would wake every watcher in a loop).
+	b.cdiInstalledRecently(t.Context())
+	before := b.state.current(time.Now())
+	b.cdiInstalledRecently(t.Context())
+	if after := b.state.current(time.Now()); after != before {
+		t.Errorf("the version moved from %d to %d between two reads during the lookup", before, after)
+	}
 	wg.Wait()
 	// Serialized behind one lock, three lookups would take three timeouts.
 	if elapsed := time.Since(start); elapsed > 2*timeout {
