@@ -117,13 +117,22 @@ type sharedServer struct {
 // each answers on its own host.
 func startShared(b *testing.B, binary, dir string, vms int) *sharedServer {
 	b.Helper()
+	// Laid out as the kubelet lays out the Secret volume: the files in a
+	// directory that ..data links to, and a link per file to ..data/NAME.
 	vmsDir := filepath.Join(dir, "vms-"+strconv.Itoa(vms))
-	if err := os.MkdirAll(vmsDir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(vmsDir, "..v1"), 0o700); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Symlink("..v1", filepath.Join(vmsDir, "..data")); err != nil && !os.IsExist(err) {
 		b.Fatal(err)
 	}
 	for i := range vms {
+		name := fmt.Sprintf("node-%d", i)
 		spec := fmt.Sprintf(`{"username":"maas","password":"s3cret","hosts":["node-%d.default.bmc.test"]}`, i)
-		if err := os.WriteFile(filepath.Join(vmsDir, fmt.Sprintf("node-%d", i)), []byte(spec), 0o400); err != nil {
+		if err := os.WriteFile(filepath.Join(vmsDir, "..v1", name), []byte(spec), 0o400); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(vmsDir, name)); err != nil && !os.IsExist(err) {
 			b.Fatal(err)
 		}
 	}

@@ -600,6 +600,37 @@ func TestBackendStartFails(t *testing.T) {
 	}
 }
 
+// TestSecretVolumeReadWhenSwapped: the files of a Secret volume are read
+// again when the kubelet swaps its ..data link, not while the link stays
+// (a file changed behind it, which the kubelet never does, goes unseen);
+// a directory without the link is read at every reload.
+func TestSecretVolumeReadWhenSwapped(t *testing.T) {
+	f := newFixture(t, nil)
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host)})
+	f.reload(t, t.Context(), 1)
+	current, err := os.Readlink(filepath.Join(f.dir.path, "..data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.dir.path, current, "web2"), []byte(vmFile("maas2", "pw2", web2Host)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join("..data", "web2"), filepath.Join(f.dir.path, "web2")); err != nil {
+		t.Fatal(err)
+	}
+	f.reload(t, t.Context(), 1) // the link is the one read: not read again
+	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
+	f.reload(t, t.Context(), 2)
+
+	plain := newFixture(t, nil)
+	for i, vm := range []struct{ name, host string }{{"web1", web1Host}, {"web2", web2Host}} {
+		if err := os.WriteFile(filepath.Join(plain.dir.path, vm.name), []byte(vmFile("u-"+vm.name, "pw", vm.host)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		plain.reload(t, t.Context(), i+1)
+	}
+}
+
 // TestOneThrottleForAllHosts: failed logins on one host slow the source on
 // every host, and no one else.
 func TestOneThrottleForAllHosts(t *testing.T) {
