@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bounded"
 )
 
 // Reconciler brings the MaaS machines that are proven to be enrolled
@@ -103,16 +103,7 @@ const DefaultConcurrency = 8
 // eachConcurrently calls work(i) for i in [0, n), at most r.Concurrency at
 // once, and returns when all have.
 func (r *Reconciler) eachConcurrently(n int, work func(i int)) {
-	slots := make(chan struct{}, cmp.Or(r.Concurrency, DefaultConcurrency))
-	var wg sync.WaitGroup
-	for i := range n {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			work(i)
-		})
-	}
-	wg.Wait()
+	bounded.Each(n, cmp.Or(r.Concurrency, DefaultConcurrency), work)
 }
 
 // Change is one thing a cycle changed (or, in a dry run, would change).

@@ -320,9 +320,8 @@ type forwarder struct {
 	send    func(context.Context, Entry) error
 	onError func(Entry, error)
 
-	mu sync.Mutex
-	// waiting holds pointers: a shared bmc-server has a log per VM.
-	waiting []*Entry
+	mu      sync.Mutex
+	waiting []Entry
 	sending bool // drain runs
 }
 
@@ -333,7 +332,7 @@ func (f *forwarder) enqueue(ctx context.Context, e Entry) {
 		f.onError(e, ErrForwardQueueFull)
 		return
 	}
-	f.waiting = append(f.waiting, &e)
+	f.waiting = append(f.waiting, e)
 	start := !f.sending
 	f.sending = true
 	f.mu.Unlock()
@@ -355,8 +354,8 @@ func (f *forwarder) drain(ctx context.Context) {
 		e := f.waiting[0]
 		f.waiting = f.waiting[1:]
 		f.mu.Unlock()
-		if err := f.send(ctx, *e); err != nil {
-			f.onError(*e, err)
+		if err := f.send(ctx, e); err != nil {
+			f.onError(e, err)
 		}
 	}
 }

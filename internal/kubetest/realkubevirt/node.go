@@ -18,6 +18,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/internal/bounded"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/sim/guest"
 )
@@ -389,24 +390,17 @@ const standInWorkers = 8
 // eachAtOnce calls work for 0..n-1, standInWorkers at a time, and joins
 // their errors.
 func eachAtOnce(n int, work func(i int) error) error {
-	slots := make(chan struct{}, standInWorkers)
 	var (
-		wg   sync.WaitGroup
 		mu   sync.Mutex
 		errs []error
 	)
-	for i := range n {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			if err := work(i); err != nil {
-				mu.Lock()
-				errs = append(errs, err)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	bounded.Each(n, standInWorkers, func(i int) {
+		if err := work(i); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	})
 	return errors.Join(errs...)
 }
 
