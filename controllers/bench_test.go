@@ -35,6 +35,7 @@ import (
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/controllers"
 	"github.com/virtmetal/virtmetal/internal/benchsize"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // enrolBenchVMsEnv lists the sizes (VMs) BenchmarkEnrolExistingVMs runs
@@ -421,8 +422,9 @@ func createVMs(b *testing.B, namespaces []string, vms int) {
 }
 
 // waitConsistent waits until the vms VMs of namespaces each have every
-// child (in the shared mode: a VirtualMachineBMC, Secret and Ingress each,
-// and in each namespace the shared objects serving all of its VMs) and
+// child (in the shared mode: a VirtualMachineBMC each, and in each
+// namespace the shared objects serving all of its VMs, their credentials
+// and Ingress rules among them) and
 // their SMBIOS serial. It lists across the cluster, metadata only where it
 // can, every second, so that the watching costs the API server little
 // beside the controller it measures.
@@ -433,12 +435,10 @@ func waitConsistent(b *testing.B, namespaces []string, vms int, shared bool) {
 	for _, ns := range namespaces {
 		ours[ns] = true
 	}
-	kinds := []schema.GroupVersionKind{
-		v1beta1.GroupVersion.WithKind("VirtualMachineBMCList"),
-		corev1.SchemeGroupVersion.WithKind("SecretList"),
-	}
+	kinds := []schema.GroupVersionKind{v1beta1.GroupVersion.WithKind("VirtualMachineBMCList")}
 	if !shared {
 		kinds = append(kinds,
+			corev1.SchemeGroupVersion.WithKind("SecretList"),
 			networkingv1.SchemeGroupVersion.WithKind("IngressList"),
 			corev1.SchemeGroupVersion.WithKind("ServiceAccountList"),
 			rbacv1.SchemeGroupVersion.WithKind("RoleList"),
@@ -529,11 +529,18 @@ func sharedServesAll(ctx context.Context, b *testing.B, namespaces map[string]bo
 	if err := admin.List(ctx, &roles, shared); err != nil {
 		return overloaded(b, err)
 	}
-	inSecrets, inRoles := 0, 0
+	inSecrets, inRoles, stateSecrets := 0, 0, 0
 	for _, s := range secrets.Items {
-		if namespaces[s.Namespace] && s.Name == sharedName {
+		switch {
+		case !namespaces[s.Namespace]:
+		case s.Name == sharedName:
 			inSecrets += len(s.Data)
+		case s.Name == bmcspec.SharedStateSecret:
+			stateSecrets++
 		}
+	}
+	if stateSecrets < len(namespaces) {
+		return fmt.Sprintf("%d of %d namespaces have a state Secret", stateSecrets, len(namespaces))
 	}
 	for _, r := range roles.Items {
 		if namespaces[r.Namespace] && r.Name == sharedName {

@@ -160,7 +160,7 @@ func (r *BMCReconciler) reconcileCredentials(ctx context.Context, s *bmcScope) (
 		r.warn(s.bmc, nil, reasonSecretNotAllowed, "Reconcile", "Secret %s is the shared bmc-server's, not credentials", sharedName)
 		return true, nil
 	}
-	if err := r.ensureCredentials(ctx, s.bmc, s.vm, s.status); err != nil {
+	if err := r.ensureCredentials(ctx, s.bmc, s.vm, s.config, s.status); err != nil {
 		return false, s.status.fail(conditionCredentialsReady, reasonCredentialsFailed, err)
 	}
 	return false, nil
@@ -268,8 +268,10 @@ func (r *BMCReconciler) olderClaimOfHost(ctx context.Context, b *v1beta1.Virtual
 // ensureCredentials makes the credentials Secret exist and rotates it when
 // the rotate annotation asks for it. Enrolment creates the default Secret
 // with the VirtualMachineBMC; this creates it for a VirtualMachineBMC made
-// by hand, and again when it was deleted.
-func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.VirtualMachineBMC, vm *kubevirtv1.VirtualMachine, st *statusBuilder) error {
+// by hand, and again when it was deleted. A VM of the shared bmc-server
+// without one has its credentials in the shared Secret instead
+// (inSharedEntry).
+func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.VirtualMachineBMC, vm *kubevirtv1.VirtualMachine, cfg Config, st *statusBuilder) error {
 	name := credentialsSecretName(b)
 	key := types.NamespacedName{Namespace: b.Namespace, Name: name}
 	secret := &corev1.Secret{}
@@ -279,8 +281,13 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	}
 	err := reader.Get(ctx, key, secret)
 	switch {
+	case apierrors.IsNotFound(err) && inSharedEntry(b, cfg):
+		return r.reportSharedEntry(ctx, b, st)
 	case apierrors.IsNotFound(err) && b.Spec.CredentialsSecret == "":
 		secret = newCredentialsSecret(vm)
+		if err := r.keepSharedEntry(ctx, b, secret); err != nil {
+			return err
+		}
 		switch err := r.Client.Create(ctx, secret); {
 		case apierrors.IsAlreadyExists(err):
 			// Enrolment created it and the cache has not shown it yet.
@@ -329,6 +336,41 @@ func (r *BMCReconciler) ensureCredentials(ctx context.Context, b *v1beta1.Virtua
 	}
 	st.status.CredentialsRotation = want
 	r.Events.Eventf(b, secret, corev1.EventTypeNormal, string(reasonCredentialsRotated), "Rotate", "new password in Secret %s", name)
+	return nil
+}
+
+// reportSharedEntry tells where the credentials of b, a VM of the shared
+// bmc-server without a credentials Secret, are: its entry of the Secret
+// sharedName, which SharedReconciler generates and rotates in its batches.
+// A rotation asked for is reported done once the entry answers it.
+func (r *BMCReconciler) reportSharedEntry(ctx context.Context, b *v1beta1.VirtualMachineBMC, st *statusBuilder) error {
+	st.set(conditionCredentialsReady, true, reasonShared, "the entry %s of Secret %s holds the credentials", b.Spec.VMName, sharedName)
+	want := b.Annotations[v1beta1.AnnotationRotateCredentials]
+	if want == "" || want == b.Status.CredentialsRotation {
+		return nil
+	}
+	secret := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, secret); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if entry, ok := sharedEntry(secret.Data, b.Spec.VMName); ok && entry.RotatedFor == want {
+		st.status.CredentialsRotation = want
+		r.Events.Eventf(b, secret, corev1.EventTypeNormal, string(reasonCredentialsRotated), "Rotate", "new password in the entry %s of Secret %s", b.Spec.VMName, sharedName)
+	}
+	return nil
+}
+
+// keepSharedEntry gives the new credentials Secret of b the credentials of
+// its entry of the shared Secret, if any: a VM that leaves the shared
+// bmc-server (IPMI turned on) keeps the credentials MaaS has.
+func (r *BMCReconciler) keepSharedEntry(ctx context.Context, b *v1beta1.VirtualMachineBMC, secret *corev1.Secret) error {
+	shared := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, shared); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if entry, ok := sharedEntry(shared.Data, b.Spec.VMName); ok && shared.Labels[v1beta1.LabelManagedBy] == v1beta1.ManagedByValue {
+		secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey] = []byte(entry.Username), []byte(entry.Password)
+	}
 	return nil
 }
 

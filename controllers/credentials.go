@@ -3,6 +3,7 @@ package controllers
 import (
 	"crypto/rand"
 	"encoding/base32"
+	"encoding/json"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -10,6 +11,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // newCredentialsSecret is a VM's default credentials Secret: a random user
@@ -27,6 +29,24 @@ func newCredentialsSecret(vm *kubevirtv1.VirtualMachine) *corev1.Secret {
 	}
 	setOwner(secret, vmKind, vm, collectedWith)
 	return secret
+}
+
+// inSharedEntry says whether b's credentials, when it has no Secret
+// "<vm>-bmc", are its entry of the Secret sharedName: so they are for a VM
+// the shared bmc-server serves that names no Secret of its own. Enrolling
+// such a VM then writes no Secret: the entry is written with the others,
+// in the shared reconciler's batches. A VM enrolled with a Secret keeps it.
+func inSharedEntry(b *v1beta1.VirtualMachineBMC, cfg Config) bool {
+	return servedShared(b, cfg) && b.Spec.CredentialsSecret == ""
+}
+
+// sharedEntry decodes vm's entry of the shared Secret's data; ok only when
+// it holds both a user name and a password.
+func sharedEntry(data map[string][]byte, vm string) (entry bmcspec.SharedVM, ok bool) {
+	if err := json.Unmarshal(data[vm], &entry); err != nil {
+		return bmcspec.SharedVM{}, false
+	}
+	return entry, entry.Username != "" && entry.Password != ""
 }
 
 // newUsername returns a random user name: a BMC user name that can be

@@ -117,7 +117,8 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 }
 
 // ensureBMC creates the VM's VirtualMachineBMC, and its default credentials
-// Secret, when it has none, and says what it created. One it created that
+// Secret unless the shared bmc-server keeps them (inSharedEntry), when it
+// has none, and says what it created. One it created that
 // the cache does not show yet is not created again: it returns how long to
 // wait for the cache instead. Creating the Secret here, not in the BMC
 // reconciler, lets one Event tell the VM's owner both.
@@ -133,19 +134,6 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 	if wait := r.pending.wait(key, vm.UID, time.Now()); wait > 0 {
 		return "", wait, nil
 	}
-	var created []string
-	secretKey := types.NamespacedName{Namespace: vm.Namespace, Name: v1beta1.CredentialsSecretName(vm.Name)}
-	if err := r.Client.Get(ctx, secretKey, &corev1.Secret{}); apierrors.IsNotFound(err) {
-		secret := newCredentialsSecret(vm)
-		switch err := r.Client.Create(ctx, secret); {
-		case err == nil:
-			created = append(created, "credentials Secret "+secret.Name)
-		case !apierrors.IsAlreadyExists(err):
-			return "", 0, err
-		}
-	} else if err != nil {
-		return "", 0, err
-	}
 	bmcLabels := childLabels(vm.Name)
 	bmcLabels[v1beta1.LabelEnrolled] = "true"
 	b := &v1beta1.VirtualMachineBMC{
@@ -153,6 +141,27 @@ func (r *EnrolmentReconciler) ensureBMC(ctx context.Context, vm *kubevirtv1.Virt
 		Spec:       v1beta1.VirtualMachineBMCSpec{VMName: vm.Name},
 	}
 	setOwner(b, vmKind, vm, controlledBy)
+	cfg, err := r.Config.Get(ctx)
+	if err != nil {
+		return "", 0, err
+	}
+	var created []string
+	// A VM of the shared bmc-server gets its credentials in the shared
+	// Secret's batches instead (inSharedEntry).
+	if !inSharedEntry(b, cfg) {
+		secretKey := types.NamespacedName{Namespace: vm.Namespace, Name: v1beta1.CredentialsSecretName(vm.Name)}
+		if err := r.Client.Get(ctx, secretKey, &corev1.Secret{}); apierrors.IsNotFound(err) {
+			secret := newCredentialsSecret(vm)
+			switch err := r.Client.Create(ctx, secret); {
+			case err == nil:
+				created = append(created, "credentials Secret "+secret.Name)
+			case !apierrors.IsAlreadyExists(err):
+				return "", 0, err
+			}
+		} else if err != nil {
+			return "", 0, err
+		}
+	}
 	err = r.Client.Create(ctx, b)
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		return "", 0, err

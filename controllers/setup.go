@@ -130,7 +130,7 @@ func (r *BMCReconciler) setup(mgr ctrl.Manager, m mappers, opts Options) error {
 	b := ctrl.NewControllerManagedBy(mgr).Named("virtualmachinebmc").
 		For(&v1beta1.VirtualMachineBMC{}).
 		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(sameName)).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(byVMLabel)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(m.bmcsOfSecret)).
 		Watches(&appsv1.Deployment{}, handler.EnqueueRequestsFromMapFunc(m.bmcsOfNamespace), sharedAvailability).
 		WithOptions(concurrency(opts))
 	for _, obj := range workloadKinds() {
@@ -199,6 +199,26 @@ func (m mappers) allBMCs(ctx context.Context, _ client.Object) []reconcile.Reque
 
 func (m mappers) bmcsOfNamespace(ctx context.Context, obj client.Object) []reconcile.Request {
 	return m.bmcs(ctx, client.InNamespace(obj.GetNamespace()))
+}
+
+// bmcsOfSecret: a Secret made for a VM concerns its BMC; the shared Secret
+// concerns the namespace's BMCs whose rotation of credentials it may have
+// done (reportSharedEntry), and no other: it changes with every batch.
+func (m mappers) bmcsOfSecret(ctx context.Context, secret client.Object) []reconcile.Request {
+	if secret.GetName() != sharedName || !isShared(secret) {
+		return byVMLabel(ctx, secret)
+	}
+	var list v1beta1.VirtualMachineBMCList
+	if err := m.c.List(ctx, &list, client.InNamespace(secret.GetNamespace())); err != nil {
+		return nil
+	}
+	var requests []reconcile.Request
+	for _, b := range list.Items {
+		if want := b.Annotations[v1beta1.AnnotationRotateCredentials]; want != "" && want != b.Status.CredentialsRotation {
+			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&b)})
+		}
+	}
+	return requests
 }
 
 func (m mappers) bmcs(ctx context.Context, opts ...client.ListOption) []reconcile.Request {

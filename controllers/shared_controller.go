@@ -126,14 +126,25 @@ func (r *SharedReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 }
 
 func (r *SharedReconciler) reconcile(ctx context.Context, cfg Config, namespace string, bmcs []v1beta1.VirtualMachineBMC) (ctrl.Result, error) {
-	vms, unwatched, err := r.served(ctx, cfg, bmcs)
+	// The Secret as the cache has it is read once: the entries kept come
+	// from it and its replacement carries its resourceVersion, so a cache
+	// behind the last write is a conflict and a retry, never credentials
+	// generated or rotated a second time.
+	current := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, current); err != nil {
+		if !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, err
+		}
+		current = nil
+	}
+	vms, unwatched, err := r.served(ctx, cfg, bmcs, current)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if len(vms) == 0 {
 		return ctrl.Result{}, r.remove(ctx, namespace)
 	}
-	wait, err := r.apply(ctx, cfg, namespace, vms)
+	wait, err := r.apply(ctx, cfg, namespace, vms, current)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -145,12 +156,13 @@ func (r *SharedReconciler) reconcile(ctx context.Context, cfg Config, namespace 
 
 // served returns the VMs the namespace's shared bmc-server serves, by name,
 // and whether any has credentials outside the cache. Everything comes from
-// the namespace's own VirtualMachineBMCs, VMs and Secrets, and a host only
-// from ingressHost, which keeps it inside the namespace's zone: nothing a
+// the namespace's own VirtualMachineBMCs, VMs and Secrets (current is its
+// shared Secret, nil when there is none), and a host only from
+// ingressHost, which keeps it inside the namespace's zone: nothing a
 // tenant writes reaches another namespace's VM or host. A VM left out for
 // its Secret or host says why in its own status (the BMC reconciler's
 // conditions).
-func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta1.VirtualMachineBMC) ([]sharedVM, bool, error) {
+func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta1.VirtualMachineBMC, current *corev1.Secret) ([]sharedVM, bool, error) {
 	// The older VirtualMachineBMC keeps a host both ask for, as the BMC
 	// reconciler decides (it tells the other one, in its status).
 	slices.SortFunc(bmcs, func(a, b v1beta1.VirtualMachineBMC) int { return olderClaim(&a, &b) })
@@ -181,21 +193,27 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 		if b.Spec.CredentialsSecret != "" {
 			reader, unwatched = r.APIReader, true
 		}
+		var credentials bmcspec.SharedVM
 		secret := &corev1.Secret{}
-		if err := reader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: credentialsSecretName(b)}, secret); err != nil {
-			if apierrors.IsNotFound(err) {
+		switch err := reader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: credentialsSecretName(b)}, secret); {
+		case apierrors.IsNotFound(err) && inSharedEntry(b, cfg):
+			credentials = entryCredentials(current, b)
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return nil, false, err
+		default:
+			user, password, ok := v1beta1.CredentialsOf(secret)
+			if !ok {
 				continue
 			}
-			return nil, false, err
+			credentials = bmcspec.SharedVM{Username: user, Password: password}
 		}
-		user, password, ok := v1beta1.CredentialsOf(secret)
-		if !ok {
-			continue
-		}
+		credentials.Hosts, credentials.StateSecret = []string{host}, bmcspec.SharedStateSecret
 		instancetype, clusterInstancetype := instancetypes(vm)
 		served := sharedVM{
 			name:                b.Spec.VMName,
-			credentials:         bmcspec.SharedVM{Username: user, Password: password, Hosts: []string{host}},
+			credentials:         credentials,
 			instancetype:        instancetype,
 			clusterInstancetype: clusterInstancetype,
 			claims:              kubevirt.ReferencedClaims(vm),
@@ -211,6 +229,29 @@ func (r *SharedReconciler) served(ctx context.Context, cfg Config, bmcs []v1beta
 	return vms, unwatched, nil
 }
 
+// entryCredentials are the credentials of b's entry of the shared Secret
+// current: those it holds, with a new password when the rotate annotation
+// asks for one the entry has not answered; new ones when it holds none.
+// The user name stays at a rotation: the bmc-server accepts the previous
+// password for a while, so MaaS keeps power control until the MaaS
+// reconciler has given it the new one.
+func entryCredentials(current *corev1.Secret, b *v1beta1.VirtualMachineBMC) bmcspec.SharedVM {
+	want := b.Annotations[v1beta1.AnnotationRotateCredentials]
+	var data map[string][]byte
+	if current != nil {
+		data = current.Data
+	}
+	kept, ok := sharedEntry(data, b.Spec.VMName)
+	switch {
+	case !ok:
+		// New credentials answer any rotation asked for so far.
+		return bmcspec.SharedVM{Username: newUsername(), Password: newPassword(), RotatedFor: want}
+	case want != "" && want != kept.RotatedFor:
+		kept.Password, kept.RotatedFor = newPassword(), want
+	}
+	return bmcspec.SharedVM{Username: kept.Username, Password: kept.Password, RotatedFor: kept.RotatedFor}
+}
+
 func namespaceOf(bmcs []v1beta1.VirtualMachineBMC) string {
 	if len(bmcs) == 0 {
 		return ""
@@ -221,7 +262,7 @@ func namespaceOf(bmcs []v1beta1.VirtualMachineBMC) string {
 // apply makes the shared objects serve exactly vms, or, when that only
 // adds VMs to a Secret written less than sharedAdditionsSpacing ago, says
 // how long to wait before it does.
-func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM) (time.Duration, error) {
+func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM, current *corev1.Secret) (time.Duration, error) {
 	data := make(map[string][]byte, len(vms))
 	params := bmc.RBACParams{Namespace: namespace}
 	for _, vm := range vms {
@@ -244,10 +285,14 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 		*names = slices.Compact(*names)
 	}
 
-	if wait, err := r.additionsWait(ctx, namespace, data); wait > 0 || err != nil {
-		return wait, err
+	if wait := r.additionsWait(namespace, current, data); wait > 0 {
+		return wait, nil
 	}
-	if err := r.ensureSecret(ctx, namespace, data); err != nil {
+	// The state is in place before the Secret points the server to it.
+	if err := r.ensureStateSecret(ctx, namespace, vms); err != nil {
+		return 0, err
+	}
+	if err := r.ensureSecret(ctx, namespace, current, data); err != nil {
 		return 0, err
 	}
 	objects, clusterObjects, err := rbacObjects(params)
@@ -320,21 +365,14 @@ func sharedIngress(meta metav1.ObjectMeta, vms []sharedVM) *networkingv1.Ingress
 // the cache holds and that was written less than sharedAdditionsSpacing
 // ago. The shared objects stay as they are meanwhile, serving the VMs they
 // served; nothing is removed or changed late.
-func (r *SharedReconciler) additionsWait(ctx context.Context, namespace string, data map[string][]byte) (time.Duration, error) {
+func (r *SharedReconciler) additionsWait(namespace string, current *corev1.Secret, data map[string][]byte) time.Duration {
 	r.mu.Lock()
 	since := time.Since(r.secretWrote[namespace])
 	r.mu.Unlock()
-	if since >= sharedAdditionsSpacing {
-		return 0, nil
+	if since >= sharedAdditionsSpacing || current == nil || !onlyAdds(current.Data, data) {
+		return 0
 	}
-	current := &corev1.Secret{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, current); err != nil {
-		return 0, client.IgnoreNotFound(err)
-	}
-	if !onlyAdds(current.Data, data) {
-		return 0, nil
-	}
-	return sharedAdditionsSpacing - since, nil
+	return sharedAdditionsSpacing - since
 }
 
 // onlyAdds says whether want has every entry of current, unchanged, and
@@ -387,19 +425,89 @@ func sharedResources(vms int) corev1.ResourceRequirements {
 	return r
 }
 
-// ensureSecret makes the Secret sharedName hold exactly data. Unlike the
-// applier, it compares every key both ways and replaces the whole Secret:
-// a key someone added would be a VM (and host) the server serves.
-func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, data map[string][]byte) error {
+// ensureStateSecret makes the namespace's state Secret (whose data is the
+// bmc-server's: bmcspec.SharedStateSecret) exist before the shared Secret
+// points the server to it. It moves in the state a served VM kept in a
+// Secret of its own (when a bmc-server of its own served it, or an older
+// controller's shared one did), deleting that Secret once the move is in
+// the cache, and drops the entries of VMs no longer served. It sends a
+// merge patch of those keys alone, which leaves the server's concurrent
+// saves of other VMs' entries as they are.
+func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace string, vms []sharedVM) error {
+	state := &corev1.Secret{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}, state)
+	missing := apierrors.IsNotFound(err)
+	if err != nil && !missing {
+		return err
+	}
+	changes := map[string]any{}
+	served := make(map[string]bool, len(vms))
+	for _, vm := range vms {
+		served[vm.name] = true
+		own := &corev1.Secret{}
+		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmc.StateSecretName(vm.name)}, own); {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return err
+		case own.Labels[v1beta1.LabelManagedBy] != v1beta1.ManagedByValue:
+			continue
+		}
+		if _, moved := state.Data[vm.name]; !moved && len(own.Data) > 0 {
+			entry, err := json.Marshal(own.Data)
+			if err != nil {
+				return err
+			}
+			changes[vm.name] = entry
+			continue
+		}
+		if err := r.Client.Delete(ctx, own); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	for name := range state.Data {
+		if !served[name] {
+			changes[name] = nil
+		}
+	}
+	if missing {
+		state = &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: bmcspec.SharedStateSecret, Namespace: namespace, Labels: sharedLabels()},
+			Type:       corev1.SecretTypeOpaque,
+			Data:       map[string][]byte{},
+		}
+		for name, entry := range changes {
+			state.Data[name] = entry.([]byte)
+		}
+		// One the cache does not show yet exists: its creation event
+		// brings the namespace back.
+		if err := r.Client.Create(ctx, state); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		return nil
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"data": changes})
+	if err != nil {
+		return err
+	}
+	return r.Client.Patch(ctx, state, client.RawPatch(types.MergePatchType, patch))
+}
+
+// ensureSecret makes the Secret sharedName, which the cache has as current
+// (nil: none), hold exactly data. Unlike the applier, it compares every key
+// both ways and replaces the whole Secret: a key someone added would be a
+// VM (and host) the server serves.
+func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, current *corev1.Secret, data map[string][]byte) error {
 	want := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: sharedName, Namespace: namespace, Labels: sharedLabels()},
 		Type:       corev1.SecretTypeOpaque,
 		Data:       data,
 	}
-	current := &corev1.Secret{}
-	err := r.Client.Get(ctx, client.ObjectKeyFromObject(want), current)
 	switch {
-	case apierrors.IsNotFound(err):
+	case current == nil:
 		// One the cache does not show yet exists: its creation event
 		// brings the namespace back to compare.
 		if err := r.Client.Create(ctx, want); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -408,8 +516,6 @@ func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, d
 		r.wroteSecret(namespace)
 		log.FromContext(ctx).V(1).Info("shared Secret created", "vms", len(data))
 		return nil
-	case err != nil:
-		return err
 	case maps.EqualFunc(current.Data, data, bytes.Equal) && maps.Equal(current.Labels, want.Labels):
 		return nil
 	}
@@ -432,6 +538,9 @@ func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
 		if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, obj); err != nil {
 			return err
 		}
+	}
+	if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}, &corev1.Secret{}); err != nil {
+		return err
 	}
 	if err := deleteClusterRBAC(ctx, r.Client, bmc.ClusterRBACName(namespace, ""), namespace, ""); err != nil {
 		return err

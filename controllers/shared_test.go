@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
@@ -69,22 +71,15 @@ func setConfig(t *testing.T, data map[string]string) {
 	t.Cleanup(func() { _ = admin.Delete(ctx, cm) })
 }
 
-// sharedEntry is one VM's entry of the shared Secret (bmc-server's contract).
-type sharedEntry struct {
-	Username string   `json:"username"`
-	Password string   `json:"password"`
-	Hosts    []string `json:"hosts"`
-}
-
 // aggregate reads the namespace's shared Secret.
-func aggregate(namespace string) (map[string]sharedEntry, error) {
+func aggregate(namespace string) (map[string]bmcspec.SharedVM, error) {
 	s := &corev1.Secret{}
 	if err := get(sharedKey(namespace), s); err != nil {
 		return nil, err
 	}
-	entries := map[string]sharedEntry{}
+	entries := map[string]bmcspec.SharedVM{}
 	for vm, data := range s.Data {
-		var e sharedEntry
+		var e bmcspec.SharedVM
 		if err := json.Unmarshal(data, &e); err != nil {
 			return nil, fmt.Errorf("entry %s: %w", vm, err)
 		}
@@ -151,7 +146,12 @@ func sharedExist(namespace string) error {
 			return fmt.Errorf("%T: %w", obj, err)
 		}
 	}
-	return nil
+	return get(stateKey(namespace), &corev1.Secret{})
+}
+
+// stateKey is the namespace's state Secret of the shared bmc-server.
+func stateKey(namespace string) types.NamespacedName {
+	return types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}
 }
 
 // sharedGone is nil once none of the namespace's shared objects exist.
@@ -162,11 +162,12 @@ func sharedGone(namespace string) error {
 			return err
 		}
 	}
-	return nil
+	return gone(stateKey(namespace), &corev1.Secret{})
 }
 
-// servedShared is nil once vm has only its Secrets: no bmc-server objects
-// and no Ingress of its own (its host is a rule of the shared Ingress).
+// servedShared is nil once vm has an entry of the shared Secret and no
+// bmc-server objects, no state Secret (its state is the namespace's) and no
+// Ingress of its own (its host is a rule of the shared Ingress).
 func servedShared(vm types.NamespacedName) error {
 	key := workloadKey(vm)
 	for _, obj := range []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}} {
@@ -174,7 +175,17 @@ func servedShared(vm types.NamespacedName) error {
 			return err
 		}
 	}
-	return get(types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name + "-bmc"}, &corev1.Secret{})
+	if err := gone(types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName(vm.Name)}, &corev1.Secret{}); err != nil {
+		return err
+	}
+	entries, err := aggregate(vm.Namespace)
+	if err != nil {
+		return err
+	}
+	if e, ok := entries[vm.Name]; !ok || e.StateSecret != bmcspec.SharedStateSecret {
+		return fmt.Errorf("%s: entry %+v, want one whose state is in %s", vm, e, bmcspec.SharedStateSecret)
+	}
+	return nil
 }
 
 // sharedVMs creates VMs in a new opted-in namespace and waits until the
@@ -191,6 +202,11 @@ func sharedVMs(t *testing.T, namespaceName string, vms ...string) []types.Namesp
 	poll.Until(t, "shared objects", func() error { return sharedExist(ns) })
 	for _, key := range keys {
 		poll.Until(t, "per-VM objects", func() error { return servedShared(key) })
+		// Enrolled for the shared server, it has no Secret of its own:
+		// its credentials are its entry.
+		if err := gone(types.NamespacedName{Namespace: key.Namespace, Name: key.Name + "-bmc"}, &corev1.Secret{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return keys
 }
@@ -202,21 +218,18 @@ func TestSharedWorkload(t *testing.T) {
 	vmsB := sharedVMs(t, "shared-b", "web1")
 	all := slices.Concat(vmsA, vmsB)
 
-	t.Run("Secret: each VM's credentials and host, its namespace's only", func(t *testing.T) {
-		hosts := map[string]bool{}
+	t.Run("Secret: each VM's own generated credentials and host, its namespace's only", func(t *testing.T) {
+		hosts, users := map[string]bool{}, map[string]bool{}
 		for _, vm := range all {
 			entries, err := aggregate(vm.Namespace)
 			if err != nil {
 				t.Fatal(err)
 			}
-			creds := &corev1.Secret{}
-			if err := get(types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name + "-bmc"}, creds); err != nil {
-				t.Fatal(err)
-			}
 			e := entries[vm.Name]
-			if e.Username != string(creds.Data["username"]) || e.Password != string(creds.Data["password"]) {
-				t.Errorf("%s: entry %+v is not its credentials", vm, e)
+			if !strings.HasPrefix(e.Username, "bmc-") || len(e.Username) != 14 || len(e.Password) != 20 || users[e.Username] {
+				t.Errorf("%s: entry %+v, want a random user and password of its own", vm, e)
 			}
+			users[e.Username] = true
 			if want := vm.Name + "." + vm.Namespace + "." + testDomain; !slices.Equal(e.Hosts, []string{want}) {
 				t.Errorf("%s: hosts %v, want [%s]", vm, e.Hosts, want)
 			}
@@ -260,9 +273,14 @@ func TestSharedWorkload(t *testing.T) {
 	})
 
 	t.Run("labels", func(t *testing.T) {
+		state := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: bmcspec.SharedStateSecret}}
 		for _, obj := range []client.Object{&corev1.Secret{}, &appsv1.Deployment{}, &corev1.Service{},
-			&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}} {
-			if err := get(sharedKey("shared-b"), obj); err != nil {
+			&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.Ingress{}, state} {
+			key := sharedKey("shared-b")
+			if obj.GetName() != "" {
+				key.Name = obj.GetName()
+			}
+			if err := get(key, obj); err != nil {
 				t.Fatal(err)
 			}
 			l := obj.GetLabels()
@@ -315,13 +333,12 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 		poll.Until(t, "a served VM", func() error {
 			return bmcClient.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: vm.Name}}, patch)
 		})
-		// Each served VM has a state Secret of its own, which the shared
-		// bmc-server may write: its subscriptions are that VM's alone.
-		state := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmc.StateSecretName(vm.Name)}}
-		poll.Until(t, "a served VM's state Secret", func() error {
-			return bmcClient.Patch(ctx, state, client.RawPatch(types.MergePatchType, []byte(`{"data":{"k":"dg=="}}`)))
-		})
 	}
+	// The namespace's state Secret, which the shared bmc-server may write.
+	state := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmcspec.SharedStateSecret}}
+	poll.Until(t, "the state Secret", func() error {
+		return bmcClient.Patch(ctx, state, client.RawPatch(types.MergePatchType, []byte(`{"data":{"web1":"e30="}}`)))
+	})
 	tests := []struct {
 		name string
 		call func() error
@@ -334,8 +351,11 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 		{"read a VM's Secret", func() error {
 			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, &corev1.Secret{})
 		}},
-		{"read the state Secret of a VM not served", func() error {
-			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: bmc.StateSecretName("other")}, &corev1.Secret{})
+		{"read a VM's own state Secret's name", func() error {
+			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: bmc.StateSecretName("web1")}, &corev1.Secret{})
+		}},
+		{"create a Secret", func() error {
+			return bmcClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "minted"}})
 		}},
 	}
 	for _, tc := range tests {
@@ -351,10 +371,22 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 	sharedManager(t)
 	setWorkload(t, "shared")
 	vms := sharedVMs(t, "shared-ipmi", "web1", "web2")
+	entries, err := aggregate(vms[1].Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
 	update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.IPMI.Enabled = ptr.To(true)
 	})
 	poll.Until(t, "a pod of its own", func() error { return workloadExists(vms[1]) })
+	// Its credentials Secret is new, its credentials are not: MaaS has them.
+	creds := &corev1.Secret{}
+	if err := get(types.NamespacedName{Namespace: vms[1].Namespace, Name: "web2-bmc"}, creds); err != nil {
+		t.Fatal(err)
+	}
+	if e := entries["web2"]; string(creds.Data["username"]) != e.Username || string(creds.Data["password"]) != e.Password {
+		t.Errorf("credentials Secret %s/%s, want the entry's %s/%s", creds.Data["username"], creds.Data["password"], e.Username, e.Password)
+	}
 	poll.Until(t, "not served by the shared server", func() error { return serves(vms[0].Namespace, "web1") })
 	in := &networkingv1.Ingress{}
 	if err := get(workloadKey(vms[1]), in); err != nil {
@@ -437,12 +469,41 @@ func editSpec(t *testing.T, key types.NamespacedName, edit func(b *v1beta1.Virtu
 
 func TestSwitchWorkloadAtRunTime(t *testing.T) {
 	vm := enrolledVM(t, "switch", "web1")
+	// What its own bmc-server kept moves into the namespace's state Secret;
+	// its credentials Secret stays its own.
+	own := types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName(vm.Name)}
+	kept := []byte(`{"version":1,"lastId":3,"subscriptions":[]}`)
+	update(t, own, &corev1.Secret{}, func(obj client.Object) {
+		obj.(*corev1.Secret).Data = map[string][]byte{"redfish-subscriptions": kept}
+	})
+	creds := &corev1.Secret{}
+	if err := get(types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, creds); err != nil {
+		t.Fatal(err)
+	}
+	movedIn := func() error {
+		state := &corev1.Secret{}
+		if err := get(stateKey(vm.Namespace), state); err != nil {
+			return err
+		}
+		var entry map[string][]byte
+		if err := json.Unmarshal(state.Data["web1"], &entry); err != nil || !bytes.Equal(entry["redfish-subscriptions"], kept) {
+			return fmt.Errorf("state entry %q (%v), want what its own Secret kept", state.Data["web1"], err)
+		}
+		entries, err := aggregate(vm.Namespace)
+		if e := entries["web1"]; err != nil || e.Username != string(creds.Data["username"]) || e.Password != string(creds.Data["password"]) {
+			return fmt.Errorf("entry %+v (%v), want the credentials of its own Secret", e, err)
+		}
+		return nil
+	}
 	steps := []struct {
 		mode  string
 		check func() error
 	}{
 		{"shared", func() error {
 			if err := serves(vm.Namespace, "web1"); err != nil {
+				return err
+			}
+			if err := movedIn(); err != nil {
 				return err
 			}
 			return servedShared(vm)
@@ -505,8 +566,23 @@ func TestSharedObjectsGoWithTheLastBMC(t *testing.T) {
 		}
 		return get(clusterName, &rbacv1.ClusterRoleBinding{})
 	})
+	// The bmc-server kept state for both; the one that leaves takes its own.
+	if err := admin.Patch(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmcspec.SharedStateSecret}},
+		client.RawPatch(types.MergePatchType, []byte(`{"data":{"web1":"e30=","web2":"e30="}}`))); err != nil {
+		t.Fatal(err)
+	}
 	annotate(t, client.ObjectKeyFromObject(withIT), map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
 	poll.Until(t, "one VM left", func() error { return serves(ns, "web1") })
+	poll.Until(t, "the state of the VM left only", func() error {
+		state := &corev1.Secret{}
+		if err := get(stateKey(ns), state); err != nil {
+			return err
+		}
+		if got := slices.Sorted(maps.Keys(state.Data)); !slices.Equal(got, []string{"web1"}) {
+			return fmt.Errorf("state Secret keeps %v, want web1's only", got)
+		}
+		return nil
+	})
 	poll.Until(t, "no cluster RBAC without a cluster instancetype", func() error {
 		if err := gone(clusterName, &rbacv1.ClusterRole{}); err != nil {
 			return err
@@ -552,27 +628,37 @@ func TestSharedCredentialsRotation(t *testing.T) {
 		rotate func(t *testing.T) string // returns the new password
 		vm     string
 	}{
-		{"managed Secret, rotate annotation", func(t *testing.T) string {
+		{"the entry's own credentials, rotate annotation", func(t *testing.T) string {
+			entries, err := aggregate(ns)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before := entries["web1"]
 			update(t, vms[0], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
 				obj.SetAnnotations(map[string]string{v1beta1.AnnotationRotateCredentials: "2026-12-01"})
 			})
-			var password string
+			var after bmcspec.SharedVM
 			poll.Until(t, "rotation", func() error {
-				s := &corev1.Secret{}
-				if err := get(types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, s); err != nil {
-					return err
-				}
 				b := &v1beta1.VirtualMachineBMC{}
 				if err := get(vms[0], b); err != nil {
 					return err
 				}
 				if b.Status.CredentialsRotation != "2026-12-01" {
-					return errors.New("not rotated yet")
+					return errors.New("not reported rotated yet")
 				}
-				password = string(s.Data["password"])
-				return nil
+				entries, err := aggregate(ns)
+				after = entries["web1"]
+				return err
 			})
-			return password
+			if after.Password == before.Password || after.Username != before.Username || after.RotatedFor != "2026-12-01" {
+				t.Fatalf("entry %+v after rotation, was %+v: want a new password for the same user", after, before)
+			}
+			// Once: the password stays through later batches.
+			time.Sleep(2 * time.Second)
+			if entries, err := aggregate(ns); err != nil || entries["web1"].Password != after.Password {
+				t.Fatalf("entry %+v (%v), want the rotated password to stay", entries["web1"], err)
+			}
+			return after.Password
 		}, "web1"},
 		{"user-named Secret edited", func(t *testing.T) string {
 			update(t, client.ObjectKeyFromObject(own), &corev1.Secret{}, func(obj client.Object) {

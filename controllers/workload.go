@@ -226,8 +226,9 @@ func Shared(in WorkloadInput) (Workload, error) {
 		w.IngressProblem = err
 		return w, nil
 	}
-	state := stateSecret(metav1.ObjectMeta{Name: bmc.StateSecretName(b.Spec.VMName), Namespace: b.Namespace, Labels: childLabels(b.Spec.VMName)})
-	w.Objects, w.RedfishURL = []client.Object{state}, url
+	// Its state is in the namespace's state Secret, which the shared
+	// reconciler keeps: enrolling a VM writes no Secret.
+	w.RedfishURL = url
 	if !inSharedIngress(b) {
 		// A class or certificate of its own: an Ingress of its own.
 		ingress.Spec.Rules[0].HTTP.Paths[0].Backend.Service.Name = sharedName

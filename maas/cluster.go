@@ -2,6 +2,7 @@ package maas
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // Credentials are a BMC's Redfish user and password.
@@ -33,8 +35,9 @@ type Credentials struct {
 type EnrolledVM struct {
 	VM     VMRef
 	BMCUID types.UID
-	// Credentials come from the BMC's credentials Secret; CredentialsErr
-	// says why they could not (wrapping ErrNotFound or ErrInvalidArgument).
+	// Credentials come from the BMC's credentials Secret, or from the VM's
+	// entry of its namespace's shared Secret; CredentialsErr says why they
+	// could not (wrapping ErrNotFound or ErrInvalidArgument).
 	Credentials    Credentials
 	CredentialsErr error
 	// VMFound is false when the VirtualMachine does not exist (yet).
@@ -169,11 +172,7 @@ func (k KubeCluster) Enrolled(ctx context.Context) (map[VMRef]*EnrolledVM, error
 		bmc := &bmcs.Items[i]
 		ref := VMRef{Namespace: bmc.Namespace, Name: bmc.Name}
 		e := &EnrolledVM{VM: ref, BMCUID: bmc.UID, Reported: reportedStatus(bmc)}
-		secretName := bmc.Spec.CredentialsSecret
-		if secretName == "" {
-			secretName = v1beta1.CredentialsSecretName(ref.Name)
-		}
-		e.Credentials, e.CredentialsErr = credentialsFrom(secretsByKey[types.NamespacedName{Namespace: ref.Namespace, Name: secretName}], ref.Namespace, secretName)
+		e.Credentials, e.CredentialsErr = credentialsFor(bmc, secretsByKey)
 		if vm, ok := vmsByRef[ref]; ok {
 			e.VMFound = true
 			e.MACs, e.FirmwareUUID = specIdentity(vm)
@@ -181,6 +180,44 @@ func (k KubeCluster) Enrolled(ctx context.Context) (map[VMRef]*EnrolledVM, error
 		enrolled[ref] = e
 	}
 	return enrolled, nil
+}
+
+// credentialsFor reads the credentials of bmc's VM from the Secret bmc
+// names, else from the VM's own Secret "<vm>-bmc", else from the VM's entry
+// of its namespace's shared Secret: the controller's shared workload mode
+// enrolls a VM without a Secret of its own. A VM enrolled before keeps its
+// own Secret, so that one wins; a Secret the user named is the only place
+// looked in, since they said where.
+func credentialsFor(bmc *v1beta1.VirtualMachineBMC, secrets map[types.NamespacedName]*corev1.Secret) (Credentials, error) {
+	if name := bmc.Spec.CredentialsSecret; name != "" {
+		return credentialsFrom(secrets[types.NamespacedName{Namespace: bmc.Namespace, Name: name}], bmc.Namespace, name)
+	}
+	own := types.NamespacedName{Namespace: bmc.Namespace, Name: v1beta1.CredentialsSecretName(bmc.Name)}
+	if secret := secrets[own]; secret != nil {
+		return credentialsFrom(secret, own.Namespace, own.Name)
+	}
+	// The VM's own namespace only: another namespace's entries are another
+	// tenant's, whatever their names.
+	shared := types.NamespacedName{Namespace: bmc.Namespace, Name: bmcspec.SharedSecret}
+	var entries map[string][]byte
+	if secret := secrets[shared]; secret != nil {
+		entries = secret.Data
+	}
+	// Only this VM's entry is decoded: a cycle decodes each entry it needs
+	// once, and no other.
+	raw, found := entries[bmc.Name]
+	if !found {
+		return Credentials{}, fmt.Errorf("neither credentials Secret %s nor entry %q of the shared Secret %s (labelled %s=%s): %w",
+			own, bmc.Name, shared, v1beta1.LabelManagedBy, v1beta1.ManagedByValue, ErrNotFound)
+	}
+	// The decoding error is left out: it can quote the entry's characters,
+	// the password's among them.
+	var entry bmcspec.SharedVM
+	if err := json.Unmarshal(raw, &entry); err != nil || entry.Username == "" || entry.Password == "" {
+		return Credentials{}, fmt.Errorf(`entry %q of the shared Secret %s must be a JSON object with non-empty "username" and "password": %w`,
+			bmc.Name, shared, ErrInvalidArgument)
+	}
+	return Credentials{Username: entry.Username, Password: entry.Password}, nil
 }
 
 func credentialsFrom(secret *corev1.Secret, namespace, name string) (Credentials, error) {

@@ -2,6 +2,7 @@ package maas_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/maas"
 	maassim "github.com/virtmetal/virtmetal/sim/maas"
@@ -236,6 +238,154 @@ func TestKubeClusterEnrolled(t *testing.T) {
 	}
 	if _, ok := enrolled[ref("not-enrolled")]; ok {
 		t.Error("a VM without VirtualMachineBMC is listed as enrolled")
+	}
+}
+
+// sharedSecret creates namespace's shared Secret as the controller's shared
+// workload mode writes it: an entry a VM, named after the VM.
+func sharedSecret(t testing.TB, namespace string, entries map[string]string) {
+	t.Helper()
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: bmcspec.SharedSecret, Labels: map[string]string{
+			v1beta1.LabelManagedBy: v1beta1.ManagedByValue, v1beta1.LabelShared: "true",
+		}},
+		Data: map[string][]byte{},
+	}
+	for vm, entry := range entries {
+		secret.Data[vm] = []byte(entry)
+	}
+	if err := env.Client.Create(context.Background(), secret); err != nil {
+		t.Fatalf("creating the shared Secret: %v", err)
+	}
+}
+
+// entryOf is vm's entry of the shared Secret, user "bmc-<vm>".
+func entryOf(t testing.TB, vm maas.VMRef, password string) string {
+	t.Helper()
+	entry, err := json.Marshal(bmcspec.SharedVM{Username: "bmc-" + vm.Name, Password: password,
+		Hosts: []string{maas.BMCHost(vm, testDomain)}, StateSecret: bmcspec.SharedStateSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(entry)
+}
+
+// TestKubeClusterSharedCredentials: a VM without a credentials Secret of its
+// own has its entry of its namespace's shared Secret as its credentials, and
+// only that namespace's.
+func TestKubeClusterSharedCredentials(t *testing.T) {
+	nsA, nsB := newNamespace(t), newNamespace(t)
+	a := func(name string) maas.VMRef { return maas.VMRef{Namespace: nsA, Name: name} }
+	b := func(name string) maas.VMRef { return maas.VMRef{Namespace: nsB, Name: name} }
+	for _, e := range []enrollment{
+		{vm: a("entry-only")},
+		{vm: a("own-secret"), password: "own-pw"},
+		{vm: a("user-named"), secretName: "my-credentials"}, // which does not exist
+		{vm: a("not-json")},
+		{vm: a("wrong-shape")},
+		{vm: a("no-password")},
+		{vm: a("no-entry")},
+		{vm: a("other-tenant")},
+		{vm: a("twin")},
+		{vm: b("twin")},
+	} {
+		e.create(t, env.Client)
+	}
+	sharedSecret(t, nsA, map[string]string{
+		"entry-only":  entryOf(t, a("entry-only"), "entry-pw"),
+		"own-secret":  entryOf(t, a("own-secret"), "entry-pw"),
+		"user-named":  entryOf(t, a("user-named"), "entry-pw"),
+		"not-json":    `{"username":"bmc-not-json","password":"s3cret"`,
+		"wrong-shape": `{"username":"bmc-wrong-shape","password":"s3cret","hosts":"not a list"}`,
+		"no-password": `{"username":"bmc-no-password"}`,
+		"twin":        entryOf(t, a("twin"), "pw-a"),
+	})
+	sharedSecret(t, nsB, map[string]string{
+		"other-tenant": entryOf(t, b("other-tenant"), "pw-b"),
+		"twin":         entryOf(t, b("twin"), "pw-b"),
+	})
+	var counter requestCounter
+	enrolled, err := kubeCluster(t, counter.config(env.Config)).Enrolled(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := counter.take(); len(got) != 3 {
+		t.Errorf("Enrolled sent %d requests, want 3 lists: %q", len(got), got)
+	}
+	sharedA := nsA + "/" + bmcspec.SharedSecret
+	tests := []struct {
+		name         string
+		vm           maas.VMRef
+		wantUser     string
+		wantPassword string
+		wantErr      error
+		wantInErr    []string // where the error says it looked
+	}{
+		{"entry used when no own Secret", a("entry-only"), "bmc-entry-only", "entry-pw", nil, nil},
+		{"own Secret wins", a("own-secret"), "admin", "own-pw", nil, nil},
+		{"user-named Secret never falls back", a("user-named"), "", "", maas.ErrNotFound, []string{nsA + "/my-credentials"}},
+		{"entry not JSON", a("not-json"), "", "", maas.ErrInvalidArgument, []string{`"not-json"`, sharedA}},
+		{"entry of the wrong shape", a("wrong-shape"), "", "", maas.ErrInvalidArgument, []string{`"wrong-shape"`, sharedA}},
+		{"entry without password", a("no-password"), "", "", maas.ErrInvalidArgument, []string{`"no-password"`, sharedA}},
+		{"no entry", a("no-entry"), "", "", maas.ErrNotFound, []string{nsA + "/no-entry-bmc", `"no-entry"`, sharedA}},
+		{"another namespace's entry not used", a("other-tenant"), "", "", maas.ErrNotFound, []string{`"other-tenant"`, sharedA}},
+		{"same name in A", a("twin"), "bmc-twin", "pw-a", nil, nil},
+		{"same name in B", b("twin"), "bmc-twin", "pw-b", nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, ok := enrolled[tt.vm]
+			if !ok {
+				t.Fatal("not listed")
+			}
+			if e.Credentials != (maas.Credentials{Username: tt.wantUser, Password: tt.wantPassword}) {
+				t.Errorf("credentials %+v, want %s/%s", e.Credentials, tt.wantUser, tt.wantPassword)
+			}
+			if !errors.Is(e.CredentialsErr, tt.wantErr) || (tt.wantErr == nil) != (e.CredentialsErr == nil) {
+				t.Fatalf("error %v, want %v", e.CredentialsErr, tt.wantErr)
+			}
+			for _, want := range tt.wantInErr {
+				if !strings.Contains(e.CredentialsErr.Error(), want) {
+					t.Errorf("error %q does not name %s", e.CredentialsErr, want)
+				}
+			}
+			if e.CredentialsErr != nil && strings.Contains(e.CredentialsErr.Error(), "s3cret") {
+				t.Errorf("error %q quotes a password", e.CredentialsErr)
+			}
+		})
+	}
+}
+
+// TestSharedEntryCredentialsReachMaaS: a VM whose credentials are only its
+// shared entry gets them into MaaS as a VM with its own Secret does, with
+// the deployed ClusterRole.
+func TestSharedEntryCredentialsReachMaaS(t *testing.T) {
+	ns := newNamespace(t)
+	own, shared := maas.VMRef{Namespace: ns, Name: "own"}, maas.VMRef{Namespace: ns, Name: "shared"}
+	enrollment{vm: own, password: "own-pw"}.create(t, env.Client)
+	enrollment{vm: shared}.create(t, env.Client)
+	sharedSecret(t, ns, map[string]string{shared.Name: entryOf(t, shared, "entry-pw")})
+	cfg := userWith(t, "maas-reconciler-shared-entry", reconcilerRole(t).Rules, nil)
+	s := maassim.New(t).WithMachine(ours("m-own", own, maassim.StatusNew)).WithMachine(ours("m-shared", shared, maassim.StatusNew))
+	r := newReconciler(t, s, kubeCluster(t, cfg))
+	if result := reconcile(t, r); len(failuresIn(result, ns)) != 0 || result.Bound != 2 {
+		t.Fatalf("cycle: %+v", result)
+	}
+	for _, tt := range []struct {
+		systemID, user, password string
+	}{
+		{"m-own", "admin", "own-pw"},
+		{"m-shared", "bmc-shared", "entry-pw"},
+	} {
+		t.Run(tt.systemID, func(t *testing.T) {
+			m, _ := s.Machine(tt.systemID)
+			if m.PowerType != maas.PowerTypeRedfish || m.PowerParameters[maas.PowerUser] != tt.user || m.PowerParameters[maas.PowerPass] != tt.password {
+				t.Errorf("power %s %v, want redfish with %s/%s", m.PowerType, m.PowerParameters, tt.user, tt.password)
+			}
+			if m.Status != maassim.StatusCommissioning {
+				t.Errorf("status %d, want commissioning", m.Status)
+			}
+		})
 	}
 }
 

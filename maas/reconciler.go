@@ -692,7 +692,7 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	if len(changed) == 0 {
 		return true, false, nil
 	}
-	record(Change{Action: ActionSetCredentials, SystemID: m.SystemID, VM: m.vm, Detail: changedKeys(changed) + " from the BMC's credentials Secret"})
+	record(Change{Action: ActionSetCredentials, SystemID: m.SystemID, VM: m.vm, Detail: changedKeys(changed) + " from the BMC's credentials"})
 	if r.DryRun {
 		return true, false, nil
 	}

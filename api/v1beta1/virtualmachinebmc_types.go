@@ -57,7 +57,11 @@ type VirtualMachineBMCSpec struct {
 
 	// CredentialsSecret names a Secret in this namespace with the keys
 	// "username" and "password" of the BMC's one account. Defaults to
-	// "<vmName>-bmc"; the controller creates that one when it is missing.
+	// "<vmName>-bmc"; the controller creates that one when it is missing,
+	// except for a BMC of the namespace's shared bmc-server (the
+	// controller's shared workload mode): its credentials are then the
+	// "username" and "password" of the JSON under the key <vmName> of the
+	// Secret virtmetal-bmcs.
 	// +optional
 	CredentialsSecret string `json:"credentialsSecret,omitempty"`
 

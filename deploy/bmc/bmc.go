@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 //go:embed rbac.yaml.tmpl
@@ -62,8 +64,8 @@ type rendering struct {
 	VMs, Media, States, Claims, Instancetypes, ClusterInstancetypes []string
 }
 
-// StateSecretName is the Secret a VM's bmc-server keeps its protocols'
-// state in (Redfish's event subscriptions, whose headers may carry a
+// StateSecretName is the Secret a VM's own bmc-server (not the shared one:
+// bmcspec.SharedStateSecret) keeps its protocols' state in (Redfish's event subscriptions, whose headers may carry a
 // destination's credentials, hence a Secret). The controller creates it;
 // the bmc-server may only get and patch it, since Kubernetes cannot limit
 // create by name.
@@ -147,7 +149,14 @@ func (p RBACParams) rendering() (rendering, error) {
 	r.ClusterName = ClusterRBACName(p.Namespace, p.VMName)
 	for _, vm := range r.VMs {
 		r.Media = append(r.Media, vm+"-virtmetal-media")
-		r.States = append(r.States, StateSecretName(vm))
+		if !r.Shared {
+			r.States = append(r.States, StateSecretName(vm))
+		}
+	}
+	if r.Shared {
+		// One state Secret for the namespace's VMs: a name per VM would
+		// be a Secret per VM for the controller to create.
+		r.States = []string{bmcspec.SharedStateSecret}
 	}
 	return r, nil
 }

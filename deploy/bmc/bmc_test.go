@@ -142,7 +142,7 @@ func TestSharedRBAC(t *testing.T) {
 						}
 						want = []string{"node-1-virtmetal-media", "node-2-virtmetal-media"}
 					case "secrets":
-						want = []string{"node-1-bmc-state", "node-2-bmc-state"}
+						want = []string{"virtmetal-bmcs-state"} // one for the namespace, not one a VM
 						if !slices.Equal(verbs, []string{"get", "patch"}) {
 							t.Errorf("state Secret rule grants %v, want get and patch only", verbs)
 						}

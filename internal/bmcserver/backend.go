@@ -28,16 +28,23 @@ func newBackend(ctx context.Context, cfg Config, log logr.Logger) (machine.Backe
 		if err != nil {
 			return nil, fmt.Errorf("kubeconfig: %w", err)
 		}
-		return startKubeVirt(ctx, restCfg, cfg.Namespace, cfg.VM, nil, log)
+		return startKubeVirt(ctx, restCfg, cfg.Namespace, cfg.VM, nil, "", log)
 	}
 	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", cfg.Backend)
 }
 
 // startKubeVirt starts the kubevirt backend of one VM, which serves until
 // ctx ends, reading from informers (nil: informers of its own, selected on
-// the VM's name, so the VM's Role with resourceNames suffices).
-func startKubeVirt(ctx context.Context, restCfg *rest.Config, namespace, vm string, informers *kubevirt.Informers, log logr.Logger) (machine.Backend, error) {
-	b, err := kubevirt.New(restCfg, namespace, vm, kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm), Informers: informers})
+// the VM's name, so the VM's Role with resourceNames suffices). It keeps
+// the VM's state in stateSecret's key named after the VM (the shared
+// server's Secret of the namespace, bmcspec.SharedStateSecret) or, when
+// stateSecret is empty, in the VM's own Secret, as older controllers made.
+func startKubeVirt(ctx context.Context, restCfg *rest.Config, namespace, vm string, informers *kubevirt.Informers, stateSecret string, log logr.Logger) (machine.Backend, error) {
+	opts := kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm), Informers: informers}
+	if stateSecret != "" {
+		opts.StateSecret, opts.StateEntry = stateSecret, vm
+	}
+	b, err := kubevirt.New(restCfg, namespace, vm, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/internal/bmcmetrics"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/internal/vhost"
 	"github.com/virtmetal/virtmetal/machine"
@@ -62,8 +63,8 @@ func serveVirtualHosts(ctx context.Context, cfg Config, getenv func(string) stri
 		Dir: cfg.VMsDir,
 		// Each VM has a backend of its own, reading from the shared
 		// informers and told only of its own VM's events.
-		StartBackend: func(ctx context.Context, vm string) (machine.Backend, error) {
-			return startKubeVirt(ctx, restCfg, cfg.Namespace, vm, informers, log)
+		StartBackend: func(ctx context.Context, vm string, spec bmcspec.SharedVM) (machine.Backend, error) {
+			return startKubeVirt(ctx, restCfg, cfg.Namespace, vm, informers, spec.StateSecret, log)
 		},
 		Limiter:         limiter,
 		Observer:        observer,

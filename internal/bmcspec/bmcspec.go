@@ -18,14 +18,35 @@ func Host(namespace, vm, domain string) string { return vm + "." + Zone(namespac
 // refused.
 func Zone(namespace, domain string) string { return namespace + "." + domain }
 
+// SharedSecret is the controller's Secret of a namespace's shared
+// bmc-server: a key per VM served, named after the VM, holding its SharedVM.
+// Where a VM has no credentials Secret of its own, its entry here is where
+// its credentials are, for the MaaS reconciler and the tenant too.
+const SharedSecret = "virtmetal-bmcs"
+
+// SharedStateSecret is the Secret a namespace's shared bmc-server keeps its
+// VMs' protocol state in (Redfish's event subscriptions): a key per VM,
+// named after the VM, holding a JSON object of the VM's state keys. One
+// Secret a namespace, not one a VM, so that enrolling a VM writes none.
+const SharedStateSecret = "virtmetal-bmcs-state"
+
 // SharedVM is one VM's file in the shared bmc-server's --vms-dir, a key
-// named after the VM in the controller's Secret virtmetal-bmcs. The
+// named after the VM in the controller's Secret SharedSecret. The
 // bmc-server serves the VM at Hosts (the request's Host header picks the
 // VM) to the one account given.
 type SharedVM struct {
 	Username string   `json:"username"`
 	Password string   `json:"password"`
 	Hosts    []string `json:"hosts"`
+	// StateSecret is the Secret whose key named after the VM holds its
+	// state (SharedStateSecret); empty, the VM's own Secret
+	// "<vm>-bmc-state", as controllers before SharedStateSecret made.
+	StateSecret string `json:"stateSecret,omitempty"`
+	// RotatedFor is the controller's bookkeeping, which the bmc-server
+	// ignores: the rotate-credentials request that Password answers, when
+	// the credentials are this entry's own (the VM has no credentials
+	// Secret).
+	RotatedFor string `json:"rotatedFor,omitempty"`
 }
 
 // dns1123Subdomain is a Kubernetes object name, as VM names and host names

@@ -40,10 +40,12 @@ import (
 type Config struct {
 	// Dir holds the VM files.
 	Dir string
-	// StartBackend starts the backend of the VM named vm, which serves
-	// until ctx ends: when the VM's file is removed, or the context given
-	// to Reload ends.
-	StartBackend func(ctx context.Context, vm string) (machine.Backend, error)
+	// StartBackend starts the backend of the VM named vm as spec, its
+	// file, says (spec.StateSecret: where its state is kept); it serves
+	// until ctx ends: when the VM's file is removed, or changes so that
+	// its service restarts (its host, its StateSecret), or the context
+	// given to Reload ends.
+	StartBackend func(ctx context.Context, vm string, spec bmcspec.SharedVM) (machine.Backend, error)
 	// NetworkProtocol is what each VM's Manager says of the shared
 	// listener's protocols; its FQDN is each VM's own host (fqdn).
 	NetworkProtocol redfish.NetworkProtocol
@@ -231,19 +233,20 @@ func (r *Router) Reload(ctx context.Context) (int, error) {
 			}
 			r.log.Info("credentials rotated", "vm", name, "username", spec.Username, "previousAcceptedFor", r.cfg.Grace)
 		}
-		if fqdn(spec) != fqdn(vm.spec) {
+		if changed := restartFor(vm.spec, spec); changed != "" {
 			// The service's Manager names the host it is reached at:
 			// a new name is a new service, as a changed --fqdn restarts a
-			// VM's own bmc-server. Its sessions end; its subscriptions are
-			// in the VM's state Secret.
+			// VM's own bmc-server. And the service reads the VM's kept
+			// subscriptions once, as it starts: kept in another Secret
+			// now, they are read there by a new service. Its sessions end.
 			restarted, err := r.start(ctx, name, spec)
 			if err != nil {
-				r.problem(seen, "file/"+name, err, "cannot serve a VM at its new hosts; serving it at the old ones", "vm", name)
+				r.problem(seen, "file/"+name, err, "cannot restart a VM's service for its changed file; serving it as before", "vm", name, "changed", changed)
 				continue
 			}
 			vm.stop()
 			r.vms[name] = restarted
-			r.log.Info("hosts changed, the VM's service restarted", "vm", name, "hosts", spec.Hosts)
+			r.log.Info("the VM's service restarted", "vm", name, "changed", changed, "hosts", spec.Hosts, "stateSecret", spec.StateSecret)
 			continue
 		}
 		if !slices.Equal(spec.Hosts, vm.spec.Hosts) {
@@ -259,7 +262,7 @@ func (r *Router) Reload(ctx context.Context) (int, error) {
 // start starts a VM's backend and its Redfish service.
 func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) (*servedVM, error) {
 	ctx, stop := context.WithCancel(ctx)
-	backend, err := r.cfg.StartBackend(ctx, name)
+	backend, err := r.cfg.StartBackend(ctx, name, spec)
 	if err != nil {
 		stop()
 		return nil, fmt.Errorf("starting its backend: %w", err)
@@ -332,6 +335,18 @@ func (r *Router) StopEventStreams() {
 	for _, vm := range r.vms {
 		vm.server.StopEventStreams()
 	}
+}
+
+// restartFor says what changed from was to is that only a new service of
+// the VM serves ("hosts", "stateSecret"), or "" when nothing did.
+func restartFor(was, is bmcspec.SharedVM) string {
+	switch {
+	case fqdn(was) != fqdn(is):
+		return "hosts"
+	case was.StateSecret != is.StateSecret:
+		return "stateSecret"
+	}
+	return ""
 }
 
 // fqdn is the name a VM's Manager says it is reached at: its host, when
@@ -446,6 +461,8 @@ func parseSpec(data []byte) (bmcspec.SharedVM, error) {
 		return bmcspec.SharedVM{}, errors.New("no password")
 	case len(s.Hosts) == 0:
 		return bmcspec.SharedVM{}, errors.New("no hosts")
+	case s.StateSecret != "" && !bmcspec.IsDNSName(s.StateSecret):
+		return bmcspec.SharedVM{}, fmt.Errorf("stateSecret %q is not a Secret name", s.StateSecret)
 	}
 	hosts := make([]string, len(s.Hosts))
 	for i, h := range s.Hosts {

@@ -90,6 +90,7 @@ func (d *secretDir) write(t *testing.T, files map[string]string) {
 type fakeBackend struct {
 	ctx      context.Context // the context the router started it with
 	vm       string
+	spec     bmcspec.SharedVM // the file the router started it with
 	machine  machine.Machine
 	notReady bool
 }
@@ -131,13 +132,13 @@ func newFakes() *fakes {
 	return &fakes{fail: map[string]error{}, notReady: map[string]bool{}, started: map[string]*fakeBackend{}}
 }
 
-func (f *fakes) start(ctx context.Context, vm string) (machine.Backend, error) {
+func (f *fakes) start(ctx context.Context, vm string, spec bmcspec.SharedVM) (machine.Backend, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail[vm]; err != nil {
 		return nil, err
 	}
-	b := &fakeBackend{ctx: ctx, vm: vm, machine: namedMachine{memory.New(memory.Options{}).Get("vm-0"), vm}, notReady: f.notReady[vm]}
+	b := &fakeBackend{ctx: ctx, vm: vm, spec: spec, machine: namedMachine{memory.New(memory.Options{}).Get("vm-0"), vm}, notReady: f.notReady[vm]}
 	f.started[vm] = b
 	return b, nil
 }
@@ -432,6 +433,56 @@ func TestHostsChange(t *testing.T) {
 	}
 }
 
+// TestStateSecretChange: a VM's backend is started with the StateSecret
+// its file names; when the file names another, the VM's service restarts
+// with a backend started with it (the service reads its kept subscriptions
+// as it starts), and the other VMs' services stay.
+func TestStateSecretChange(t *testing.T) {
+	file := func(stateSecret string) string {
+		data, _ := json.Marshal(bmcspec.SharedVM{Username: "maas1", Password: "pw1", Hosts: []string{web1Host}, StateSecret: stateSecret})
+		return string(data)
+	}
+	tests := []struct {
+		name, before, after string
+		wantRestart         bool
+	}{
+		{"to the namespace's Secret", "", bmcspec.SharedStateSecret, true},
+		{"back to the VM's own", bmcspec.SharedStateSecret, "", true},
+		{"to another Secret", bmcspec.SharedStateSecret, "elsewhere", true},
+		{"unchanged", bmcspec.SharedStateSecret, bmcspec.SharedStateSecret, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			f.dir.write(t, map[string]string{"web1": file(tt.before), "web2": vmFile("maas2", "pw2", web2Host)})
+			f.reload(t, t.Context(), 2)
+			web1, web2 := f.fakes.backend("web1"), f.fakes.backend("web2")
+			if web1.spec.StateSecret != tt.before {
+				t.Fatalf("web1's backend started with StateSecret %q, want %q", web1.spec.StateSecret, tt.before)
+			}
+
+			f.dir.write(t, map[string]string{"web1": file(tt.after), "web2": vmFile("maas2", "pw2", web2Host)})
+			f.reload(t, t.Context(), 2)
+			now := f.fakes.backend("web1")
+			if restarted := now != web1; restarted != tt.wantRestart {
+				t.Errorf("web1 restarted: %v, want %v", restarted, tt.wantRestart)
+			}
+			if now.spec.StateSecret != tt.after {
+				t.Errorf("web1's backend has StateSecret %q, want %q", now.spec.StateSecret, tt.after)
+			}
+			if stopped := web1.ctx.Err() != nil; stopped != tt.wantRestart {
+				t.Errorf("web1's first backend stopped: %v, want %v", stopped, tt.wantRestart)
+			}
+			if f.fakes.backend("web2") != web2 || web2.ctx.Err() != nil {
+				t.Error("web2's file did not change, but its service restarted")
+			}
+			if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1"}).status; got != 200 {
+				t.Errorf("web1 after the change: %d, want 200", got)
+			}
+		})
+	}
+}
+
 // TestBadFiles: a file that is not a VM description, or whose name is not
 // a VM name, is skipped and logged by name; the others are served.
 func TestBadFiles(t *testing.T) {
@@ -446,6 +497,7 @@ func TestBadFiles(t *testing.T) {
 		{"host not a DNS name", "web3", vmFile("maas", "pw", "web3_example.com")},
 		{"host with a port", "web3", vmFile("maas", "pw", "web3.example.com:8443")},
 		{"hosts not a list", "web3", `{"username": "maas", "password": "pw", "hosts": "web3.example.com"}`},
+		{"stateSecret not a Secret name", "web3", `{"username": "maas", "password": "pw", "hosts": ["web3.example.com"], "stateSecret": "../state"}`},
 		{"file name not a VM name", "Web3", vmFile("maas", "pw", "web3.example.com")},
 	}
 	for _, tt := range tests {
@@ -652,7 +704,7 @@ func TestOneThrottleForAllHosts(t *testing.T) {
 }
 
 func TestNewRefusesIncompleteConfig(t *testing.T) {
-	start := func(context.Context, string) (machine.Backend, error) { return nil, nil }
+	start := func(context.Context, string, bmcspec.SharedVM) (machine.Backend, error) { return nil, nil }
 	tests := []struct {
 		name string
 		cfg  vhost.Config

@@ -75,6 +75,13 @@ type Options struct {
 	// protocol state in (the controller's deploy/bmc.StateSecretName);
 	// empty keeps none.
 	StateSecret string
+	// StateEntry, when set, is the key of StateSecret that holds the
+	// backend's state, a JSON object of its state keys: the shared
+	// bmc-server keeps every VM's state in one Secret a namespace
+	// (bmcspec.SharedStateSecret), under the VM's name, so that enrolling
+	// a VM writes no Secret of its own. Empty, each state key is a key of
+	// StateSecret.
+	StateEntry string
 }
 
 // Backend serves one VirtualMachine as one machine whose ID is the VM name.
@@ -88,6 +95,10 @@ type Backend struct {
 	// reportingInstance is Options.ReportingInstance.
 	reportingInstance string
 	stateSecret       string
+	stateEntry        string
+	// stateEntryMu makes SaveState's read-modify-write of the entry take
+	// turns, so two keys saved at once both stay.
+	stateEntryMu sync.Mutex
 
 	api apiGroups // direct API access: writes and degraded reads
 	// subresourcesMissing is set while the cluster does not serve that API
@@ -180,6 +191,7 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 
 		reportingInstance: cmp.Or(opts.ReportingInstance, "bmc-server"),
 		stateSecret:       opts.StateSecret,
+		stateEntry:        opts.StateEntry,
 	}
 	if b.timeout == 0 {
 		b.timeout = 10 * time.Second

@@ -14,9 +14,10 @@ import (
 
 var _ machine.StateStore = (*Backend)(nil)
 
-// LoadState reads key of the state Secret. A Secret that is missing or
-// that the BMC may not read means there is nowhere to keep state
-// (ErrNotSupported): a BMC deployed by hand, or by an older controller.
+// LoadState reads key of the state Secret, or of the backend's entry in it
+// (Options.StateEntry). A Secret that is missing or that the BMC may not
+// read means there is nowhere to keep state (ErrNotSupported): a BMC
+// deployed by hand, or by an older controller.
 func (b *Backend) LoadState(ctx context.Context, key string) ([]byte, error) {
 	if b.stateSecret == "" {
 		return nil, machine.Errorf(machine.ErrNotSupported, "no state Secret configured")
@@ -31,28 +32,84 @@ func (b *Backend) LoadState(ctx context.Context, key string) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
-	secret := &corev1.Secret{}
-	err := b.api.core.Get().Namespace(b.namespace).Resource("secrets").Name(b.stateSecret).Do(ctx).Into(secret)
+	secret, err := b.readStateSecret(ctx)
 	if err != nil {
-		return nil, b.stateError(err, "reading")
+		return nil, err
 	}
-	return secret.Data[key], nil
+	if b.stateEntry == "" {
+		return secret.Data[key], nil
+	}
+	entry, err := b.entryOf(secret)
+	if err != nil {
+		return nil, err
+	}
+	return entry[key], nil
 }
 
-// SaveState sets key of the state Secret with a merge patch, which leaves
-// its other keys, and a concurrent writer of them, alone.
+// SaveState sets key of the state Secret, or of the backend's entry in it,
+// with a merge patch of that one key of the Secret, which leaves its other
+// keys, and a concurrent writer of them, alone: in the Secret a shared
+// bmc-server keeps all its VMs' state in, the other VMs' entries.
 func (b *Backend) SaveState(ctx context.Context, key string, data []byte) error {
 	if b.stateSecret == "" {
 		return machine.Errorf(machine.ErrNotSupported, "no state Secret configured")
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
+	if b.stateEntry != "" {
+		b.stateEntryMu.Lock()
+		defer b.stateEntryMu.Unlock()
+		secret, err := b.readStateSecret(ctx)
+		if err != nil {
+			return err
+		}
+		entry, err := b.entryOf(secret)
+		if err != nil {
+			return err
+		}
+		if entry == nil {
+			entry = map[string][]byte{}
+		}
+		entry[key] = data
+		if data, err = json.Marshal(entry); err != nil {
+			return err
+		}
+		key = b.stateEntry
+	}
 	patch, err := json.Marshal(map[string]any{"data": map[string][]byte{key: data}})
 	if err != nil {
 		return err
 	}
 	err = b.api.core.Patch(types.MergePatchType).Namespace(b.namespace).Resource("secrets").Name(b.stateSecret).Body(patch).Do(ctx).Error()
 	return b.stateError(err, "writing")
+}
+
+// readStateSecret reads the state Secret from the API server: the backend
+// neither caches nor watches Secrets.
+func (b *Backend) readStateSecret(ctx context.Context) (*corev1.Secret, error) {
+	secret := &corev1.Secret{}
+	err := b.api.core.Get().Namespace(b.namespace).Resource("secrets").Name(b.stateSecret).Do(ctx).Into(secret)
+	if err != nil {
+		return nil, b.stateError(err, "reading")
+	}
+	return secret, nil
+}
+
+// entryOf decodes the backend's entry of secret, nil when it has none. An
+// entry it cannot read is ErrNotSupported, as a missing Secret is: the
+// protocol then runs without kept state and overwrites nothing, leaving
+// the entry for someone to look at.
+func (b *Backend) entryOf(secret *corev1.Secret) (map[string][]byte, error) {
+	raw, ok := secret.Data[b.stateEntry]
+	if !ok {
+		return nil, nil
+	}
+	var entry map[string][]byte
+	if err := json.Unmarshal(raw, &entry); err != nil {
+		return nil, machine.Errorf(machine.ErrNotSupported, "key %s of the state Secret %s/%s is not a JSON object of base64 values: %v",
+			b.stateEntry, b.namespace, b.stateSecret, err)
+	}
+	return entry, nil
 }
 
 func (b *Backend) stateError(err error, doing string) error {

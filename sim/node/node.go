@@ -33,6 +33,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/maas"
 )
 
@@ -450,7 +451,8 @@ func (s *Node) awaitReady(ctx context.Context, key types.NamespacedName, p *bmcP
 }
 
 // vmCredentials are each VM's username and password, from its BMC's
-// credentials Secret.
+// credentials Secret or, for a VM of the shared bmc-server without one,
+// from its entry of the namespace's shared Secret.
 func vmCredentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.NamespacedName]map[string][]byte) map[maas.VMRef]credentials {
 	out := map[maas.VMRef]credentials{}
 	for _, b := range bmcs {
@@ -458,10 +460,14 @@ func vmCredentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.Namespace
 		if name == "" {
 			name = v1beta1.CredentialsSecretName(b.Spec.VMName)
 		}
-		data := secrets[types.NamespacedName{Namespace: b.Namespace, Name: name}]
-		out[maas.VMRef{Namespace: b.Namespace, Name: b.Spec.VMName}] = credentials{
-			username: string(data[v1beta1.SecretUsernameKey]), password: string(data[v1beta1.SecretPasswordKey]),
+		data, own := secrets[types.NamespacedName{Namespace: b.Namespace, Name: name}]
+		c := credentials{username: string(data[v1beta1.SecretUsernameKey]), password: string(data[v1beta1.SecretPasswordKey])}
+		var entry bmcspec.SharedVM
+		if !own && b.Spec.CredentialsSecret == "" &&
+			json.Unmarshal(secrets[types.NamespacedName{Namespace: b.Namespace, Name: bmcspec.SharedSecret}][b.Spec.VMName], &entry) == nil {
+			c = credentials{username: entry.Username, password: entry.Password}
 		}
+		out[maas.VMRef{Namespace: b.Namespace, Name: b.Spec.VMName}] = c
 	}
 	return out
 }
