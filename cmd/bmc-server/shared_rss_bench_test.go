@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/virtmetal/virtmetal/internal/benchsize"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // sharedBenchVMsEnv lists the sizes (VMs served) of the shared
@@ -37,6 +41,11 @@ const bmcServerBinaryEnv = "VIRTMETAL_BMC_SERVER_BINARY"
 func sharedCluster(b *testing.B, sizes []int) (dir, binary string) {
 	b.Helper()
 	env, dir := rssCluster(b)
+	// Where the controller tells each VM's service to keep its state.
+	state := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: bmcspec.SharedStateSecret}}
+	if err := env.Client.Create(b.Context(), state); err != nil {
+		b.Fatalf("creating the state Secret: %v", err)
+	}
 	for i := range slices.Max(sizes) {
 		if err := env.Client.Create(b.Context(), benchVM(i)); err != nil {
 			b.Fatalf("creating a VM: %v", err)
@@ -128,7 +137,7 @@ func startShared(b *testing.B, binary, dir string, vms int) *sharedServer {
 	}
 	for i := range vms {
 		name := fmt.Sprintf("node-%d", i)
-		spec := fmt.Sprintf(`{"username":"maas","password":"s3cret","hosts":["node-%d.default.bmc.test"]}`, i)
+		spec := fmt.Sprintf(`{"username":"maas","password":"s3cret","hosts":["node-%d.default.bmc.test"],"stateSecret":%q}`, i, bmcspec.SharedStateSecret)
 		if err := os.WriteFile(filepath.Join(vmsDir, "..v1", name), []byte(spec), 0o400); err != nil {
 			b.Fatal(err)
 		}

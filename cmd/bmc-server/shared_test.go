@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
@@ -20,17 +21,7 @@ import (
 // a Secret's files.
 func writeVMFile(t *testing.T, dir, name, user, pass string, hosts ...string) {
 	t.Helper()
-	data, err := json.Marshal(map[string]any{"username": user, "password": pass, "hosts": hosts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmp := filepath.Join(dir, "."+name)
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		t.Fatal(err)
-	}
+	writeVMSpec(t, dir, name, bmcspec.SharedVM{Username: user, Password: pass, Hosts: hosts})
 }
 
 // hostResponse is an answer to a request sent to a virtual host.

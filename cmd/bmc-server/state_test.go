@@ -25,8 +25,8 @@ import (
 // subscriptionsKey is the state key Redfish keeps its subscriptions under.
 const subscriptionsKey = "redfish-subscriptions"
 
-// writeVMSpec writes spec as a --vms-dir file, in one rename as
-// writeVMFile does.
+// writeVMSpec writes spec as a --vms-dir file as one rename, as the
+// kubelet swaps a Secret's files.
 func writeVMSpec(t *testing.T, dir, name string, spec bmcspec.SharedVM) {
 	t.Helper()
 	data, err := json.Marshal(spec)
