@@ -2,6 +2,7 @@ package controllers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // legacyClusterRBACFinalizer held a VirtualMachineBMC until its cluster
@@ -184,6 +186,11 @@ func (r *BMCReconciler) applyWorkload(ctx context.Context, s *bmcScope) (bool, e
 	b, w := s.bmc, s.workload
 	if err := ownByNamespace(ctx, r.Client, b.Namespace, w.ClusterObjects); err != nil {
 		return false, s.status.fail(conditionDeploymentAvailable, reasonReadFailed, err)
+	}
+	if !w.Shared {
+		if err := r.keepSharedState(ctx, b); err != nil {
+			return false, s.status.fail(conditionDeploymentAvailable, reasonWorkloadFailed, err)
+		}
 	}
 	s.applied = map[string]client.Object{}
 	for _, obj := range slices.Concat(w.Objects, w.ClusterObjects) {
@@ -370,6 +377,36 @@ func (r *BMCReconciler) keepSharedEntry(ctx context.Context, b *v1beta1.VirtualM
 	}
 	if entry, ok := sharedEntry(shared.Data, b.Spec.VMName); ok && shared.Labels[v1beta1.LabelManagedBy] == v1beta1.ManagedByValue {
 		secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey] = []byte(entry.Username), []byte(entry.Password)
+	}
+	return nil
+}
+
+// keepSharedState gives the VM of b, served by a pod of its own, the state
+// the shared bmc-server kept for it (its entry of the namespace's state
+// Secret) when it has no state Secret of its own yet: a VM that leaves the
+// shared server (IPMI turned on, or the mode switched) keeps its event
+// subscriptions. The Secret is created, not applied, before the
+// Deployment, so its own bmc-server reads them as it starts and the
+// controller never claims the data the server writes.
+func (r *BMCReconciler) keepSharedState(ctx context.Context, b *v1beta1.VirtualMachineBMC) error {
+	key := types.NamespacedName{Namespace: b.Namespace, Name: bmc.StateSecretName(b.Spec.VMName)}
+	if err := r.Client.Get(ctx, key, &corev1.Secret{}); !apierrors.IsNotFound(err) {
+		return err
+	}
+	shared := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: bmcspec.SharedStateSecret}, shared); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	var entry map[string][]byte
+	raw, ok := shared.Data[b.Spec.VMName]
+	if !ok || !isShared(shared) || json.Unmarshal(raw, &entry) != nil {
+		return nil
+	}
+	own := stateSecret(metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: childLabels(b.Spec.VMName)})
+	own.Data = entry
+	setOwner(own, bmcKind, b, controlledBy)
+	if err := r.Client.Create(ctx, own, FieldOwner); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
 	}
 	return nil
 }

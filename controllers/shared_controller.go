@@ -141,10 +141,11 @@ func (r *SharedReconciler) reconcile(ctx context.Context, cfg Config, namespace 
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	leaving := leavingNames(bmcs, cfg)
 	if len(vms) == 0 {
-		return ctrl.Result{}, r.remove(ctx, namespace)
+		return ctrl.Result{}, r.remove(ctx, namespace, leaving)
 	}
-	wait, err := r.apply(ctx, cfg, namespace, vms, current)
+	wait, err := r.apply(ctx, cfg, namespace, vms, current, leaving)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -262,7 +263,7 @@ func namespaceOf(bmcs []v1beta1.VirtualMachineBMC) string {
 // apply makes the shared objects serve exactly vms, or, when that only
 // adds VMs to a Secret written less than sharedAdditionsSpacing ago, says
 // how long to wait before it does.
-func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM, current *corev1.Secret) (time.Duration, error) {
+func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace string, vms []sharedVM, current *corev1.Secret, leaving map[string]bool) (time.Duration, error) {
 	data := make(map[string][]byte, len(vms))
 	params := bmc.RBACParams{Namespace: namespace}
 	for _, vm := range vms {
@@ -289,7 +290,7 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 		return wait, nil
 	}
 	// The state is in place before the Secret points the server to it.
-	if err := r.ensureStateSecret(ctx, namespace, vms); err != nil {
+	if err := r.ensureStateSecret(ctx, namespace, vms, leaving); err != nil {
 		return 0, err
 	}
 	if err := r.ensureSecret(ctx, namespace, current, data); err != nil {
@@ -430,10 +431,11 @@ func sharedResources(vms int) corev1.ResourceRequirements {
 // points the server to it. It moves in the state a served VM kept in a
 // Secret of its own (when a bmc-server of its own served it, or an older
 // controller's shared one did), deleting that Secret once the move is in
-// the cache, and drops the entries of VMs no longer served. It sends a
-// merge patch of those keys alone, which leaves the server's concurrent
-// saves of other VMs' entries as they are.
-func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace string, vms []sharedVM) error {
+// the cache, and drops the entries of VMs no longer served but those still
+// leaving (statePending). It sends a merge patch of those keys alone,
+// which leaves the server's concurrent saves of other VMs' entries as they
+// are.
+func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace string, vms []sharedVM, leaving map[string]bool) error {
 	state := &corev1.Secret{}
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}, state)
 	missing := apierrors.IsNotFound(err)
@@ -466,7 +468,14 @@ func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace stri
 		}
 	}
 	for name := range state.Data {
-		if !served[name] {
+		if served[name] {
+			continue
+		}
+		pending, err := r.statePending(ctx, namespace, name, leaving)
+		if err != nil {
+			return err
+		}
+		if !pending {
 			changes[name] = nil
 		}
 	}
@@ -494,6 +503,33 @@ func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace stri
 		return err
 	}
 	return r.Client.Patch(ctx, state, client.RawPatch(types.MergePatchType, patch))
+}
+
+// leavingNames are the VMs of bmcs, not being deleted, that a pod of their
+// own serves, or will: what the shared bmc-server kept for them moves to
+// their own state Secret.
+func leavingNames(bmcs []v1beta1.VirtualMachineBMC, cfg Config) map[string]bool {
+	leaving := map[string]bool{}
+	for i := range bmcs {
+		if b := &bmcs[i]; b.DeletionTimestamp.IsZero() && !servedShared(b, cfg) {
+			leaving[b.Spec.VMName] = true
+		}
+	}
+	return leaving
+}
+
+// statePending says whether the state Secret's entry of vm must stay: its
+// VM leaves the shared bmc-server for a pod of its own, whose state Secret
+// the BMC reconciler has not yet made from that entry (keepSharedState).
+func (r *SharedReconciler) statePending(ctx context.Context, namespace, vm string, leaving map[string]bool) (bool, error) {
+	if !leaving[vm] {
+		return false, nil
+	}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmc.StateSecretName(vm)}, &corev1.Secret{})
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	return false, err
 }
 
 // ensureSecret makes the Secret sharedName, which the cache has as current
@@ -528,8 +564,9 @@ func (r *SharedReconciler) ensureSecret(ctx context.Context, namespace string, c
 	return nil
 }
 
-// remove deletes the namespace's shared objects.
-func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
+// remove deletes the namespace's shared objects; the state Secret once no
+// VM leaving for a pod of its own waits for its entry (statePending).
+func (r *SharedReconciler) remove(ctx context.Context, namespace string, leaving map[string]bool) error {
 	// A namespace that stops sharing leaves no write time behind.
 	r.mu.Lock()
 	delete(r.secretWrote, namespace)
@@ -537,6 +574,15 @@ func (r *SharedReconciler) remove(ctx context.Context, namespace string) error {
 	for _, obj := range slices.Concat([]client.Object{&corev1.Secret{}}, workloadKinds()) {
 		if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, obj); err != nil {
 			return err
+		}
+	}
+	state := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}, state); client.IgnoreNotFound(err) != nil {
+		return err
+	}
+	for name := range state.Data {
+		if pending, err := r.statePending(ctx, namespace, name, leaving); pending || err != nil {
+			return err // its own state Secret's creation brings the namespace back
 		}
 	}
 	if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}, &corev1.Secret{}); err != nil {

@@ -371,8 +371,17 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 	sharedManager(t)
 	setWorkload(t, "shared")
 	vms := sharedVMs(t, "shared-ipmi", "web1", "web2")
-	entries, err := aggregate(vms[1].Namespace)
+	ns := vms[1].Namespace
+	entries, err := aggregate(ns)
 	if err != nil {
+		t.Fatal(err)
+	}
+	// What the shared server kept for web2 goes with it to its own pod.
+	kept := []byte(`{"version":1,"lastId":1,"subscriptions":[]}`)
+	entry, _ := json.Marshal(map[string][]byte{"redfish-subscriptions": kept})
+	patch, _ := json.Marshal(map[string]any{"data": map[string][]byte{"web1": []byte(`{}`), "web2": entry}})
+	if err := admin.Patch(context.Background(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmcspec.SharedStateSecret}},
+		client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
 	update(t, vms[1], &v1beta1.VirtualMachineBMC{}, func(obj client.Object) {
@@ -387,6 +396,23 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 	if e := entries["web2"]; string(creds.Data["username"]) != e.Username || string(creds.Data["password"]) != e.Password {
 		t.Errorf("credentials Secret %s/%s, want the entry's %s/%s", creds.Data["username"], creds.Data["password"], e.Username, e.Password)
 	}
+	ownState := &corev1.Secret{}
+	if err := get(types.NamespacedName{Namespace: ns, Name: bmc.StateSecretName("web2")}, ownState); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ownState.Data["redfish-subscriptions"], kept) {
+		t.Errorf("its own state Secret holds %q, want what the shared server kept", ownState.Data)
+	}
+	poll.Until(t, "its entry dropped, web1's kept", func() error {
+		state := &corev1.Secret{}
+		if err := get(stateKey(ns), state); err != nil {
+			return err
+		}
+		if got := slices.Sorted(maps.Keys(state.Data)); !slices.Equal(got, []string{"web1"}) {
+			return fmt.Errorf("state Secret keeps %v, want web1's only", got)
+		}
+		return nil
+	})
 	poll.Until(t, "not served by the shared server", func() error { return serves(vms[0].Namespace, "web1") })
 	in := &networkingv1.Ingress{}
 	if err := get(workloadKey(vms[1]), in); err != nil {
@@ -512,6 +538,14 @@ func TestSwitchWorkloadAtRunTime(t *testing.T) {
 			if err := workloadExists(vm); err != nil {
 				return err
 			}
+			// What the shared server kept goes back to its own Secret.
+			state := &corev1.Secret{}
+			if err := get(own, state); err != nil {
+				return err
+			}
+			if !bytes.Equal(state.Data["redfish-subscriptions"], kept) {
+				return fmt.Errorf("its own state Secret holds %q, want what the shared server kept", state.Data)
+			}
 			in := &networkingv1.Ingress{}
 			if err := get(workloadKey(vm), in); err != nil {
 				return err
@@ -523,6 +557,9 @@ func TestSwitchWorkloadAtRunTime(t *testing.T) {
 		}},
 		{"shared", func() error {
 			if err := serves(vm.Namespace, "web1"); err != nil {
+				return err
+			}
+			if err := movedIn(); err != nil {
 				return err
 			}
 			return servedShared(vm)
