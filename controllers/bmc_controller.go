@@ -375,7 +375,7 @@ func (r *BMCReconciler) keepSharedEntry(ctx context.Context, b *v1beta1.VirtualM
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, shared); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if entry, ok := sharedEntry(shared.Data, b.Spec.VMName); ok && shared.Labels[v1beta1.LabelManagedBy] == v1beta1.ManagedByValue {
+	if entry, ok := sharedEntry(shared.Data, b.Spec.VMName); ok && isShared(shared) {
 		secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey] = []byte(entry.Username), []byte(entry.Password)
 	}
 	return nil
