@@ -43,7 +43,13 @@ type EnrolmentReconciler struct {
 
 	mu       sync.Mutex
 	enrolled map[types.NamespacedName]bool
-	pending  pendingCreations
+	// patchedFrom is, by VM, the resourceVersion its last identity patch
+	// was computed from, until the cache shows another: a reconcile that
+	// reads the VM as it was before that patch (its VirtualMachineBMC's
+	// creation can bring it back first) waits for the patch's own update
+	// event instead of sending a patch that can only conflict.
+	patchedFrom map[types.NamespacedName]string
+	pending     pendingCreations
 }
 
 // Enrolled says whether vm should have a BMC: its namespace matches the
@@ -69,6 +75,9 @@ func (r *EnrolmentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if err := r.Client.Get(ctx, req.NamespacedName, vm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.count(req.NamespacedName, false)
+			r.mu.Lock()
+			delete(r.patchedFrom, req.NamespacedName)
+			r.mu.Unlock()
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -205,6 +214,9 @@ func (r *EnrolmentReconciler) unenrol(ctx context.Context, vm *kubevirtv1.Virtua
 // it was computed from, so a concurrent edit is retried on fresh data
 // rather than overwritten.
 func (r *EnrolmentReconciler) repairIdentity(ctx context.Context, vm *kubevirtv1.VirtualMachine) (string, bool, error) {
+	if r.cacheBehindPatch(vm) {
+		return "", false, nil
+	}
 	stamped := vm.DeepCopy()
 	warnings, err := r.Identity.Stamp(ctx, stamped)
 	if err != nil {
@@ -216,11 +228,31 @@ func (r *EnrolmentReconciler) repairIdentity(ctx context.Context, vm *kubevirtv1
 	if err := r.Client.Patch(ctx, stamped, client.MergeFromWithOptions(vm, client.MergeFromWithOptimisticLock{})); err != nil {
 		return "", false, err
 	}
+	r.mu.Lock()
+	if r.patchedFrom == nil {
+		r.patchedFrom = map[types.NamespacedName]string{}
+	}
+	r.patchedFrom[client.ObjectKeyFromObject(vm)] = vm.ResourceVersion
+	r.mu.Unlock()
 	note := "set SMBIOS serial, UUID and MACs"
 	if len(warnings) > 0 {
 		note += ": " + strings.Join(warnings, "; ")
 	}
 	return note, len(warnings) > 0, nil
+}
+
+// cacheBehindPatch says whether vm is the version the last identity patch
+// was computed from (patchedFrom), and forgets that patch once it is not.
+func (r *EnrolmentReconciler) cacheBehindPatch(vm *kubevirtv1.VirtualMachine) bool {
+	key := client.ObjectKeyFromObject(vm)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	from, ok := r.patchedFrom[key]
+	if ok && from == vm.ResourceVersion {
+		return true
+	}
+	delete(r.patchedFrom, key)
+	return false
 }
 
 // count keeps the enrolled-VMs gauge.
