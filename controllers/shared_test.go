@@ -149,6 +149,21 @@ func sharedExist(namespace string) error {
 	return get(stateKey(namespace), &corev1.Secret{})
 }
 
+// stateEntriesAre is nil once the namespace's state Secret keeps the
+// state of vms and no other.
+func stateEntriesAre(namespace string, vms ...string) func() error {
+	return func() error {
+		state := &corev1.Secret{}
+		if err := get(stateKey(namespace), state); err != nil {
+			return err
+		}
+		if got := slices.Sorted(maps.Keys(state.Data)); !slices.Equal(got, vms) {
+			return fmt.Errorf("state Secret keeps %v, want %v", got, vms)
+		}
+		return nil
+	}
+}
+
 // stateKey is the namespace's state Secret of the shared bmc-server.
 func stateKey(namespace string) types.NamespacedName {
 	return types.NamespacedName{Namespace: namespace, Name: bmcspec.SharedStateSecret}
@@ -403,16 +418,7 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 	if !bytes.Equal(ownState.Data["redfish-subscriptions"], kept) {
 		t.Errorf("its own state Secret holds %q, want what the shared server kept", ownState.Data)
 	}
-	poll.Until(t, "its entry dropped, web1's kept", func() error {
-		state := &corev1.Secret{}
-		if err := get(stateKey(ns), state); err != nil {
-			return err
-		}
-		if got := slices.Sorted(maps.Keys(state.Data)); !slices.Equal(got, []string{"web1"}) {
-			return fmt.Errorf("state Secret keeps %v, want web1's only", got)
-		}
-		return nil
-	})
+	poll.Until(t, "its entry dropped, web1's kept", stateEntriesAre(ns, "web1"))
 	poll.Until(t, "not served by the shared server", func() error { return serves(vms[0].Namespace, "web1") })
 	in := &networkingv1.Ingress{}
 	if err := get(workloadKey(vms[1]), in); err != nil {
@@ -610,16 +616,7 @@ func TestSharedObjectsGoWithTheLastBMC(t *testing.T) {
 	}
 	annotate(t, client.ObjectKeyFromObject(withIT), map[string]string{v1beta1.AnnotationBMC: v1beta1.BMCDisabled})
 	poll.Until(t, "one VM left", func() error { return serves(ns, "web1") })
-	poll.Until(t, "the state of the VM left only", func() error {
-		state := &corev1.Secret{}
-		if err := get(stateKey(ns), state); err != nil {
-			return err
-		}
-		if got := slices.Sorted(maps.Keys(state.Data)); !slices.Equal(got, []string{"web1"}) {
-			return fmt.Errorf("state Secret keeps %v, want web1's only", got)
-		}
-		return nil
-	})
+	poll.Until(t, "the state of the VM left only", stateEntriesAre(ns, "web1"))
 	poll.Until(t, "no cluster RBAC without a cluster instancetype", func() error {
 		if err := gone(clusterName, &rbacv1.ClusterRole{}); err != nil {
 			return err
