@@ -3,7 +3,6 @@ package controllers
 import (
 	"crypto/rand"
 	"encoding/base32"
-	"encoding/json"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,11 +41,8 @@ func inSharedEntry(b *v1beta1.VirtualMachineBMC, cfg Config) bool {
 
 // sharedEntry decodes vm's entry of the shared Secret's data; ok only when
 // it holds both a user name and a password.
-func sharedEntry(data map[string][]byte, vm string) (entry bmcspec.SharedVM, ok bool) {
-	if err := json.Unmarshal(data[vm], &entry); err != nil {
-		return bmcspec.SharedVM{}, false
-	}
-	return entry, entry.Username != "" && entry.Password != ""
+func sharedEntry(data map[string][]byte, vm string) (bmcspec.SharedVM, bool) {
+	return bmcspec.ParseCredentials(data[vm])
 }
 
 // newUsername returns a random user name: a BMC user name that can be

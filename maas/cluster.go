@@ -2,7 +2,6 @@ package maas
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -212,8 +211,8 @@ func credentialsFor(bmc *v1beta1.VirtualMachineBMC, secrets map[types.Namespaced
 	}
 	// The decoding error is left out: it can quote the entry's characters,
 	// the password's among them.
-	var entry bmcspec.SharedVM
-	if err := json.Unmarshal(raw, &entry); err != nil || entry.Username == "" || entry.Password == "" {
+	entry, ok := bmcspec.ParseCredentials(raw)
+	if !ok {
 		return Credentials{}, fmt.Errorf(`entry %q of the shared Secret %s must be a JSON object with non-empty "username" and "password": %w`,
 			bmc.Name, shared, ErrInvalidArgument)
 	}

@@ -5,7 +5,10 @@
 // (the controller, the MaaS reconciler) agree without importing each other.
 package bmcspec
 
-import "regexp"
+import (
+	"encoding/json"
+	"regexp"
+)
 
 // Host is the DNS name of a VM's BMC, "<vm>.<namespace>.<domain>": the
 // controller's Ingress serves it, the shared bmc-server routes by it, MaaS
@@ -47,6 +50,16 @@ type SharedVM struct {
 	// the credentials are this entry's own (the VM has no credentials
 	// Secret).
 	RotatedFor string `json:"rotatedFor,omitempty"`
+}
+
+// ParseCredentials reads a VM's entry of SharedSecret as the parts that
+// hand out its credentials do: ok only when it is a SharedVM with both a
+// user name and a password.
+func ParseCredentials(data []byte) (entry SharedVM, ok bool) {
+	if err := json.Unmarshal(data, &entry); err != nil {
+		return SharedVM{}, false
+	}
+	return entry, entry.Username != "" && entry.Password != ""
 }
 
 // dns1123Subdomain is a Kubernetes object name, as VM names and host names

@@ -462,10 +462,10 @@ func vmCredentials(bmcs []v1beta1.VirtualMachineBMC, secrets map[types.Namespace
 		}
 		data, own := secrets[types.NamespacedName{Namespace: b.Namespace, Name: name}]
 		c := credentials{username: string(data[v1beta1.SecretUsernameKey]), password: string(data[v1beta1.SecretPasswordKey])}
-		var entry bmcspec.SharedVM
-		if !own && b.Spec.CredentialsSecret == "" &&
-			json.Unmarshal(secrets[types.NamespacedName{Namespace: b.Namespace, Name: bmcspec.SharedSecret}][b.Spec.VMName], &entry) == nil {
-			c = credentials{username: entry.Username, password: entry.Password}
+		if !own && b.Spec.CredentialsSecret == "" {
+			if entry, ok := bmcspec.ParseCredentials(secrets[types.NamespacedName{Namespace: b.Namespace, Name: bmcspec.SharedSecret}][b.Spec.VMName]); ok {
+				c = credentials{username: entry.Username, password: entry.Password}
+			}
 		}
 		out[maas.VMRef{Namespace: b.Namespace, Name: b.Spec.VMName}] = c
 	}
