@@ -36,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -89,6 +90,11 @@ type Lab struct {
 	// where the VMs' guests boot.
 	Cluster *realkubevirt.Cluster
 	Client  client.Client // cluster admin, with virtmetal's types
+	// watched is what the lab's stand-ins and its progress read: an
+	// informer cache of Client's view, so that their polling costs the API
+	// server nothing, as the watches of a kubelet and an Ingress
+	// controller do.
+	watched cache.Cache
 	// MaaS is the simulated region API; MaaSClient talks to it as the
 	// reconciler does.
 	MaaS       *maassim.Server
@@ -165,7 +171,7 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 	}
 
 	l.node = node.New(node.Options{
-		Client: l.Client, Binary: filepath.Join(l.bins, "bmc-server"), Dir: l.dir, Domain: l.Domain,
+		Client: l.watched, Binary: filepath.Join(l.bins, "bmc-server"), Dir: l.dir, Domain: l.Domain,
 		Kubeconfig: l.kubeconfig, Log: l.logFile, Logf: l.logf,
 		OnReady: func(vm maas.VMRef, detail string) { l.progress.record(vm, StepBMCReady, detail) },
 	})
@@ -216,6 +222,10 @@ func (l *Lab) startCluster(ctx context.Context, onBoot func(*kubevirtv1.VirtualM
 	if l.Client, err = client.New(cluster.Config, client.Options{Scheme: scheme}); err != nil {
 		return err
 	}
+	if l.watched, err = cache.New(cluster.Config, cache.Options{Scheme: scheme}); err != nil {
+		return err
+	}
+	l.goRun(func(ctx context.Context) { _ = l.watched.Start(ctx) })
 	_, err = cluster.StartNode(ctx, "node01", realkubevirt.NodeOptions{OnBoot: onBoot})
 	return err
 }
@@ -261,11 +271,14 @@ func moduleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// build compiles the binaries the manifests deploy, once per lab.
+// build compiles the binaries the manifests deploy, once per lab, as
+// hack/images.sh builds them for the images: static, so that each of the
+// many bmc-server processes starts without the dynamic loader.
 func (l *Lab) build(ctx context.Context) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", l.bins+string(filepath.Separator),
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", l.bins+string(filepath.Separator),
 		"./cmd/bmc-server", "./cmd/bmc-controller")
 	cmd.Dir = l.root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, out)
 	}

@@ -118,7 +118,7 @@ func (l *Lab) TimeToReady(vm maas.VMRef) (time.Duration, bool) {
 func (l *Lab) watchProgress(ctx context.Context) {
 	for {
 		var vms kubevirtv1.VirtualMachineList
-		if err := l.Client.List(ctx, &vms); err == nil {
+		if err := l.watched.List(ctx, &vms); err == nil {
 			for _, vm := range vms.Items {
 				ref := maas.VMRef{Namespace: vm.Namespace, Name: vm.Name}
 				// CreateVM records the creation after the API server has

@@ -40,6 +40,9 @@ type VMOptions struct {
 	// which the lab's MaaS (the newest shape) stores. The reconciler must
 	// rewrite it to the bare form.
 	OldScriptAddress bool
+	// DiskBoot puts the disk first in the boot order: the VM never boots
+	// from the network, so MaaS never sees it.
+	DiskBoot bool
 }
 
 // CreateVM creates a VM as a user of MaaS would: its NIC first in the boot
@@ -59,7 +62,10 @@ func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error
 			return fmt.Errorf("creating the VirtualMachineBMC: %w", err)
 		}
 	}
-	one, two := uint(1), uint(2)
+	nicOrder, diskOrder := uint(1), uint(2)
+	if opts.DiskBoot {
+		nicOrder, diskOrder = 2, 1
+	}
 	strategy := kubevirtv1.RunStrategyAlways
 	if opts.Halted {
 		strategy = kubevirtv1.RunStrategyHalted
@@ -76,10 +82,10 @@ func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error
 					Memory: &kubevirtv1.Memory{Guest: &memory},
 					Devices: kubevirtv1.Devices{
 						Interfaces: []kubevirtv1.Interface{{
-							Name: "pxe", BootOrder: &one,
+							Name: "pxe", BootOrder: &nicOrder,
 							InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
 						}},
-						Disks: []kubevirtv1.Disk{{Name: "root", BootOrder: &two, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
+						Disks: []kubevirtv1.Disk{{Name: "root", BootOrder: &diskOrder, DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}}},
 					},
 					Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: memory}},
 				},
@@ -107,6 +113,26 @@ func (l *Lab) StartVM(ctx context.Context, vm maas.VMRef) error {
 	patch := []byte(`{"spec":{"runStrategy":"Always"}}`)
 	return l.Client.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}},
 		rawMerge(patch))
+}
+
+// StopVM powers a VM off, as its user would.
+func (l *Lab) StopVM(ctx context.Context, vm maas.VMRef) error {
+	patch := []byte(`{"spec":{"runStrategy":"Halted"}}`)
+	return l.Client.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}},
+		rawMerge(patch))
+}
+
+// WaitVMI waits until the VM's instance is Running (running true) or gone
+// (false), as the lab's watches see it.
+func (l *Lab) WaitVMI(ctx context.Context, vm maas.VMRef, running bool) error {
+	return Poll(ctx, func() (bool, error) {
+		var vmi kubevirtv1.VirtualMachineInstance
+		err := l.watched.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}, &vmi)
+		if apierrors.IsNotFound(err) {
+			return !running, nil
+		}
+		return running && vmi.Status.Phase == kubevirtv1.Running, err
+	})
 }
 
 // WaitIdentity waits until the controller has stamped the VM's MAC and

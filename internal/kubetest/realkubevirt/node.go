@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/internal/bounded"
@@ -29,7 +30,8 @@ import (
 const HoldStartAnnotation = "realkubevirt.virtmetal.io/hold-start"
 
 // Node is the stand-in for what runs on a node: the scheduler, the kubelet
-// and virt-handler, as small as they can be. It polls (every 200 ms):
+// and virt-handler, as small as they can be. It watches pods, VMIs and VMs,
+// as they do, and every 200 ms goes over what it has seen:
 //   - binds every unbound virt-launcher pod to itself (the scheduler);
 //   - marks its bound pods Running with every container started and ready,
 //     and deletes its terminating pods at once (the kubelet);
@@ -50,6 +52,10 @@ type Node struct {
 	c       *Cluster
 	opts    NodeOptions
 	handler client.Client
+	// watched is what the node reads: an informer cache, so that going over
+	// every pod and VMI five times a second costs the API server nothing,
+	// as the watches of a kubelet and a virt-handler do.
+	watched cache.Cache
 	cancel  context.CancelFunc
 	done    chan struct{}
 
@@ -126,8 +132,12 @@ func (c *Cluster) StartNode(ctx context.Context, name string, opts NodeOptions) 
 	if n.handler, err = client.New(n.HandlerConfig, client.Options{Scheme: c.Client.Scheme()}); err != nil {
 		return nil, err
 	}
+	if n.watched, err = cache.New(c.Config, cache.Options{Scheme: c.Client.Scheme()}); err != nil {
+		return nil, err
+	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
+	go func() { _ = n.watched.Start(loopCtx) }()
 	go n.run(loopCtx)
 	c.nodes = append(c.nodes, n)
 	return n, nil
@@ -264,7 +274,7 @@ func (n *Node) tell(vmi *kubevirtv1.VirtualMachineInstance) {
 // held says whether the VMI's VM holds its start.
 func (n *Node) held(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) (bool, error) {
 	vm := &kubevirtv1.VirtualMachine{}
-	if err := n.c.Client.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}, vm); err != nil {
+	if err := n.watched.Get(ctx, types.NamespacedName{Namespace: vmi.Namespace, Name: vmi.Name}, vm); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
 	_, ok := vm.Annotations[HoldStartAnnotation]
@@ -315,7 +325,7 @@ func (n *Node) run(ctx context.Context) {
 func (n *Node) round(ctx context.Context) error {
 	c := n.c
 	pods := &corev1.PodList{}
-	if err := c.Client.List(ctx, pods, client.MatchingLabels{"kubevirt.io": "virt-launcher"}); err != nil {
+	if err := n.watched.List(ctx, pods, client.MatchingLabels{"kubevirt.io": "virt-launcher"}); err != nil {
 		return err
 	}
 	err := eachAtOnce(len(pods.Items), func(i int) error {
@@ -344,7 +354,7 @@ func (n *Node) round(ctx context.Context) error {
 		return err
 	}
 	vmis := &kubevirtv1.VirtualMachineInstanceList{}
-	if err := n.handler.List(ctx, vmis); err != nil {
+	if err := n.watched.List(ctx, vmis); err != nil {
 		return err
 	}
 	return eachAtOnce(len(vmis.Items), func(i int) error {
@@ -435,7 +445,7 @@ func (c *Cluster) markRunning(ctx context.Context, pod *corev1.Pod) error {
 // when virt-launcher exits after the domain ended.
 func (n *Node) podsExited(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) error {
 	pods := &corev1.PodList{}
-	if err := n.c.Client.List(ctx, pods, client.InNamespace(vmi.Namespace), client.MatchingLabels{"kubevirt.io/created-by": string(vmi.UID)}); err != nil {
+	if err := n.watched.List(ctx, pods, client.InNamespace(vmi.Namespace), client.MatchingLabels{"kubevirt.io/created-by": string(vmi.UID)}); err != nil {
 		return err
 	}
 	for i := range pods.Items {
