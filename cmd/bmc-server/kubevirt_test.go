@@ -24,6 +24,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/internal/poll"
+	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
 )
 
@@ -174,10 +175,50 @@ func TestKubeVirtBackendWiring(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A change made on the VM, not through the BMC, reaches an event
+	// subscriber as the backend tells it, not at the next of the
+	// EventService's polls, 5 s apart.
+	poll.Until(t, "the VM on", func() error {
+		if state := powerState(t, base, "node-1"); state != "On" {
+			return fmt.Errorf("PowerState %s", state)
+		}
+		return nil
+	})
+	stream, res := ssetest.Open(t, http.DefaultClient, base+"/redfish/v1/EventService/SSE", "maas", "s3cret", nil)
+	if stream == nil {
+		t.Fatalf("SSE: %d", res.StatusCode)
+	}
+	halted := []byte(`{"spec":{"runStrategy":"Halted"}}`)
+	vm := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "node-1"}}
+	if err := env.Client.Patch(t.Context(), vm, client.RawPatch(types.MergePatchType, halted)); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := stream.Next(t, 2*time.Second).Record(t); !strings.Contains(id, "PoweringOff") && !strings.Contains(id, "PoweredOff") {
+		t.Errorf("after the VM was halted: %s, want its power going off", id)
+	}
+
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run returned %v after shutdown", err)
 	}
+}
+
+// powerState is the system's PowerState as the BMC at base serves it.
+func powerState(t *testing.T, base, system string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, base+"/redfish/v1/Systems/"+system, nil)
+	req.SetBasicAuth("maas", "s3cret")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var body struct{ PowerState string }
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return body.PowerState
 }
 
 // TestSharedKubeVirtWiring runs the command as the per-namespace

@@ -3,6 +3,7 @@ package bmcserver
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
@@ -31,6 +32,23 @@ func newBackend(ctx context.Context, cfg Config, log logr.Logger) (machine.Backe
 		return startKubeVirt(ctx, restCfg, cfg.Namespace, cfg.VM, nil, "", log)
 	}
 	return nil, fmt.Errorf("unknown --backend %q (supported: memory, kubevirt)", cfg.Backend)
+}
+
+// kubevirtEventPoll is how often a VM's EventService polls a KubeVirt
+// backend, in a pod of its own or in the shared server. The backend tells
+// every change of its VM at once (machine.ChangeNotifier), so the poll only
+// catches what falls due with time. At the default 100 ms, 2,000 idle VMs
+// of a shared server took 12 % of a core, and 50 bmc-servers of their own
+// about 8 % of this 2-core machine. The memory backend's power transitions
+// end with time, which only the poll tells: it keeps the default.
+const kubevirtEventPoll = 5 * time.Second
+
+// eventPoll is the EventService's poll for a --backend.
+func eventPoll(backend string) time.Duration {
+	if backend == "kubevirt" {
+		return kubevirtEventPoll
+	}
+	return 0 // events.WatcherOptions' default
 }
 
 // startKubeVirt starts the kubevirt backend of one VM, which serves until

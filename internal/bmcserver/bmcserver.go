@@ -147,6 +147,7 @@ func serveBackend(ctx context.Context, stop context.CancelCauseFunc, cfg Config,
 
 		EventDestinationsDenied:        cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: cfg.EventDestinationsAllowLoopback,
+		EventPoll:                      eventPoll(cfg.Backend),
 	})
 	if err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 	"io"
 	"math"
 	"runtime/debug"
-	"time"
 
 	"github.com/go-logr/logr"
 
@@ -19,12 +18,6 @@ import (
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/redfish"
 )
-
-// sharedEventPoll is how often each VM's EventService polls its backend in
-// the shared server. The KubeVirt backend tells every change of its VM at
-// once (machine.ChangeNotifier), so the poll only catches what falls due
-// with time; at the default 100 ms, 2,000 idle VMs took 12 % of a core.
-const sharedEventPoll = 5 * time.Second
 
 // serveVirtualHosts serves every VM of --vms-dir, each at its own hosts,
 // until ctx ends. The first read of the directory happens before the
@@ -76,7 +69,7 @@ func serveVirtualHosts(ctx context.Context, cfg Config, getenv func(string) stri
 
 		EventDestinationsDenied:        cfg.EventDestinationsDenied,
 		EventDestinationsAllowLoopback: cfg.EventDestinationsAllowLoopback,
-		EventPoll:                      sharedEventPoll,
+		EventPoll:                      kubevirtEventPoll,
 	})
 	if err != nil {
 		return err

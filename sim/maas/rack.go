@@ -281,12 +281,21 @@ func (s *Rack) runBMCConfig(ctx context.Context, b guest.NetBoot) (map[string]st
 	return config, nil
 }
 
-// interpreter is the executable that python3 on PATH runs, found once. A
-// version manager's python3 is a shell shim that costs about half a second
-// of CPU a run, enough to slow what the lab measures; a machine image runs
-// its one python3 directly, as this does.
+// systemPython is where Debian and Ubuntu, MaaS's ephemeral environment
+// among them, install their python3.
+const systemPython = "/usr/bin/python3"
+
+// interpreter is the python3 the script runs with, found once: the
+// system's, as in MaaS's ephemeral environment, else the executable that
+// python3 on PATH runs. Not a version manager's shim: it and its python's
+// site packages cost several times the script's own run, enough to slow
+// what the lab measures.
 func (s *Rack) interpreter() (string, error) {
 	s.python.Do(func() {
+		if _, err := os.Stat(systemPython); err == nil {
+			s.pythonPath = systemPython
+			return
+		}
 		out, err := exec.Command("python3", "-c", "import sys; print(sys.executable)").Output()
 		s.pythonPath = strings.TrimSpace(string(out))
 		switch {
