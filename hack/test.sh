@@ -79,7 +79,8 @@ log "benchmarks, one iteration each"
 # bmc-server from 1 to 2,000 VMs, enrolment of 1,000 and 10,000 VMs, the
 # MaaS reconciler's idle cycle over 1,000 and 10,000 machines), minutes to
 # an hour of object creation for a run that only keeps the benchmarks from
-# rotting. The lab's create-to-Ready runs its own sizes, 1 and 50 VMs, on
+# rotting. The lab's create-to-Ready and its reference, KubeVirt alone
+# making the same power changes, run their own sizes, 1 and 50 VMs, on
 # KubeVirt's real control plane: a few minutes.
 VIRTMETAL_SHARED_BENCH_VMS=1,10 VIRTMETAL_ENROL_BENCH_VMS=100 VIRTMETAL_IDLE_BENCH_MACHINES=10,100 \
   go test -p 1 -count=1 -run '^$' -bench . -benchtime 1x ./...
