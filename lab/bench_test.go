@@ -25,53 +25,58 @@ import (
 // this takes on this machine, the flow cannot beat. Reported as
 // CreateToReady is.
 func BenchmarkKubeVirtPowerCycles(b *testing.B) {
+	benchFleet(b, "alone", "s-all-done", powerCycles)
+}
+
+// BenchmarkCreateToReady creates VMs at once, each in its own namespace,
+// and waits until all are Ready in MaaS: one VM, the flow's own latency,
+// and 50, the flow under load; KubeVirtPowerCycles of the same size is
+// what KubeVirt alone takes for the power changes it contains. Reported:
+// the time until the last is Ready, and the median and slowest VM's time
+// from its creation to Ready.
+func BenchmarkCreateToReady(b *testing.B) {
+	benchFleet(b, "bench", "s-all-ready", createToReady)
+}
+
+// benchFleet runs the sizes VIRTMETAL_LAB_BENCH_VMS lists (default 1,50)
+// as sub-benchmarks vms=N, each iteration a fleet through run in
+// namespaces named after prefix, and reports the time until the last VM
+// was done (as allUnit) and the median and slowest VM's.
+func benchFleet(b *testing.B, prefix, allUnit string, run func(b *testing.B, prefix string, n int) (all, median, slowest time.Duration)) {
 	for _, n := range benchsize.FromEnv(b, "VIRTMETAL_LAB_BENCH_VMS", 1, 50) {
 		b.Run(fmt.Sprintf("vms=%d", n), func(b *testing.B) {
 			var all, median, slowest time.Duration
 			for i := range b.N {
-				a, m, s := powerCycles(b, fmt.Sprintf("alone%d-%d", n, i), n)
+				a, m, s := run(b, fmt.Sprintf("%s%d-%d", prefix, n, i), n)
 				all, median, slowest = all+a, median+m, slowest+s
 			}
-			b.ReportMetric(all.Seconds()/float64(b.N), "s-all-done")
+			b.ReportMetric(all.Seconds()/float64(b.N), allUnit)
 			b.ReportMetric(median.Seconds()/float64(b.N), "s-median-vm")
 			b.ReportMetric(slowest.Seconds()/float64(b.N), "s-slowest-vm")
 		})
 	}
 }
 
-// BenchmarkCreateToReady creates VMs at once, each in its own namespace,
-// and waits until all are Ready in MaaS: one VM, the flow's own latency,
-// and 50, the flow under load; KubeVirtPowerCycles of the same size is
-// what KubeVirt alone takes for the power changes it contains. Reported: the time until the last is Ready, and the median and slowest
-// VM's time from its creation to Ready. VIRTMETAL_LAB_BENCH_VMS lists the
-// sizes (default 1,50).
-func BenchmarkCreateToReady(b *testing.B) {
-	for _, n := range benchsize.FromEnv(b, "VIRTMETAL_LAB_BENCH_VMS", 1, 50) {
-		b.Run(fmt.Sprintf("vms=%d", n), func(b *testing.B) {
-			var all, median, slowest time.Duration
-			for i := range b.N {
-				a, m, s := createToReady(b, fmt.Sprintf("bench%d-%d", n, i), n)
-				all, median, slowest = all+a, median+m, slowest+s
-			}
-			b.ReportMetric(all.Seconds()/float64(b.N), "s-all-ready")
-			b.ReportMetric(median.Seconds()/float64(b.N), "s-median-vm")
-			b.ReportMetric(slowest.Seconds()/float64(b.N), "s-slowest-vm")
-		})
+// fleet names n VMs web1, each in a namespace of its own named after
+// prefix, which createNamespace makes.
+func fleet(ctx context.Context, b *testing.B, prefix string, n int, createNamespace func(context.Context, string) error) []maas.VMRef {
+	vms := make([]maas.VMRef, n)
+	for i := range vms {
+		vms[i] = maas.VMRef{Namespace: fmt.Sprintf("%s-%d", prefix, i), Name: "web1"}
+		if err := createNamespace(ctx, vms[i].Namespace); err != nil {
+			b.Fatal(err)
+		}
 	}
+	return vms
 }
 
 func powerCycles(b *testing.B, prefix string, n int) (all, median, slowest time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	l := theLab
-	vms := make([]maas.VMRef, n)
-	for i := range vms {
-		vms[i] = maas.VMRef{Namespace: fmt.Sprintf("%s-%d", prefix, i), Name: "web1"}
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: vms[i].Namespace}}
-		if err := l.Client.Create(ctx, ns); err != nil {
-			b.Fatal(err)
-		}
-	}
+	vms := fleet(ctx, b, prefix, n, func(ctx context.Context, name string) error {
+		return l.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	})
 	times := make([]time.Duration, n)
 	errs := make(chan error, n)
 	start := time.Now()
@@ -111,13 +116,7 @@ func createToReady(b *testing.B, prefix string, n int) (all, median, slowest tim
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	l := theLab
-	vms := make([]maas.VMRef, n)
-	for i := range vms {
-		vms[i] = maas.VMRef{Namespace: fmt.Sprintf("%s-%d", prefix, i), Name: "web1"}
-		if err := l.CreateNamespace(ctx, vms[i].Namespace); err != nil {
-			b.Fatal(err)
-		}
-	}
+	vms := fleet(ctx, b, prefix, n, l.CreateNamespace)
 	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
