@@ -2,7 +2,6 @@ package controllers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -360,7 +359,7 @@ func (r *BMCReconciler) reportSharedEntry(ctx context.Context, b *v1beta1.Virtua
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, secret); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if entry, ok := sharedEntry(secret.Data, b.Spec.VMName); ok && entry.RotatedFor == want {
+	if entry, ok := bmcspec.ParseCredentials(secret.Data[b.Spec.VMName]); ok && entry.RotatedFor == want {
 		st.status.CredentialsRotation = want
 		r.Events.Eventf(b, secret, corev1.EventTypeNormal, string(reasonCredentialsRotated), "Rotate", "new password in the entry %s of Secret %s", b.Spec.VMName, sharedName)
 	}
@@ -375,7 +374,7 @@ func (r *BMCReconciler) keepSharedEntry(ctx context.Context, b *v1beta1.VirtualM
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sharedName}, shared); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	if entry, ok := sharedEntry(shared.Data, b.Spec.VMName); ok && isShared(shared) {
+	if entry, ok := bmcspec.ParseCredentials(shared.Data[b.Spec.VMName]); ok && isShared(shared) {
 		secret.Data[v1beta1.SecretUsernameKey], secret.Data[v1beta1.SecretPasswordKey] = []byte(entry.Username), []byte(entry.Password)
 	}
 	return nil
@@ -397,9 +396,12 @@ func (r *BMCReconciler) keepSharedState(ctx context.Context, b *v1beta1.VirtualM
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: bmcspec.SharedStateSecret}, shared); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	var entry map[string][]byte
 	raw, ok := shared.Data[b.Spec.VMName]
-	if !ok || !isShared(shared) || json.Unmarshal(raw, &entry) != nil {
+	if !ok || !isShared(shared) {
+		return nil
+	}
+	entry, err := bmcspec.DecodeStateEntry(raw)
+	if err != nil {
 		return nil
 	}
 	own := stateSecret(metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, Labels: childLabels(b.Spec.VMName)})

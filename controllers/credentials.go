@@ -10,7 +10,6 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
-	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // newCredentialsSecret is a VM's default credentials Secret: a random user
@@ -37,12 +36,6 @@ func newCredentialsSecret(vm *kubevirtv1.VirtualMachine) *corev1.Secret {
 // in the shared reconciler's batches. A VM enrolled with a Secret keeps it.
 func inSharedEntry(b *v1beta1.VirtualMachineBMC, cfg Config) bool {
 	return servedShared(b, cfg) && b.Spec.CredentialsSecret == ""
-}
-
-// sharedEntry decodes vm's entry of the shared Secret's data; ok only when
-// it holds both a user name and a password.
-func sharedEntry(data map[string][]byte, vm string) (bmcspec.SharedVM, bool) {
-	return bmcspec.ParseCredentials(data[vm])
 }
 
 // newUsername returns a random user name: a BMC user name that can be

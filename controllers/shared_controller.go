@@ -242,7 +242,7 @@ func entryCredentials(current *corev1.Secret, b *v1beta1.VirtualMachineBMC) bmcs
 	if current != nil {
 		data = current.Data
 	}
-	kept, ok := sharedEntry(data, b.Spec.VMName)
+	kept, ok := bmcspec.ParseCredentials(data[b.Spec.VMName])
 	switch {
 	case !ok:
 		// New credentials answer any rotation asked for so far.
@@ -456,7 +456,7 @@ func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace stri
 			continue
 		}
 		if _, moved := state.Data[vm.name]; !moved && len(own.Data) > 0 {
-			entry, err := json.Marshal(own.Data)
+			entry, err := bmcspec.EncodeStateEntry(own.Data)
 			if err != nil {
 				return err
 			}

@@ -110,14 +110,16 @@ func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error
 
 // StartVM powers a halted VM on, as its user would.
 func (l *Lab) StartVM(ctx context.Context, vm maas.VMRef) error {
-	patch := []byte(`{"spec":{"runStrategy":"Always"}}`)
-	return l.Client.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}},
-		rawMerge(patch))
+	return l.setRunStrategy(ctx, vm, kubevirtv1.RunStrategyAlways)
 }
 
 // StopVM powers a VM off, as its user would.
 func (l *Lab) StopVM(ctx context.Context, vm maas.VMRef) error {
-	patch := []byte(`{"spec":{"runStrategy":"Halted"}}`)
+	return l.setRunStrategy(ctx, vm, kubevirtv1.RunStrategyHalted)
+}
+
+func (l *Lab) setRunStrategy(ctx context.Context, vm maas.VMRef, strategy kubevirtv1.VirtualMachineRunStrategy) error {
+	patch := fmt.Appendf(nil, `{"spec":{"runStrategy":%q}}`, strategy)
 	return l.Client.Patch(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: vm.Name}},
 		rawMerge(patch))
 }

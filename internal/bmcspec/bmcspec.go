@@ -62,6 +62,20 @@ func ParseCredentials(data []byte) (entry SharedVM, ok bool) {
 	return entry, entry.Username != "" && entry.Password != ""
 }
 
+// EncodeStateEntry is a VM's kept state, the data of a state Secret of its
+// own key by key, as its entry of SharedStateSecret.
+func EncodeStateEntry(state map[string][]byte) ([]byte, error) { return json.Marshal(state) }
+
+// DecodeStateEntry reads a VM's entry of SharedStateSecret back into its
+// kept state, key by key.
+func DecodeStateEntry(raw []byte) (map[string][]byte, error) {
+	var state map[string][]byte
+	if err := json.Unmarshal(raw, &state); err != nil {
+		return nil, err
+	}
+	return state, nil
+}
+
 // dns1123Subdomain is a Kubernetes object name, as VM names and host names
 // are; the pattern is Kubernetes', restated so this package imports none of
 // its modules.

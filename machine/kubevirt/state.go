@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -71,7 +72,7 @@ func (b *Backend) SaveState(ctx context.Context, key string, data []byte) error 
 			entry = map[string][]byte{}
 		}
 		entry[key] = data
-		if data, err = json.Marshal(entry); err != nil {
+		if data, err = bmcspec.EncodeStateEntry(entry); err != nil {
 			return err
 		}
 		key = b.stateEntry
@@ -104,8 +105,8 @@ func (b *Backend) entryOf(secret *corev1.Secret) (map[string][]byte, error) {
 	if !ok {
 		return nil, nil
 	}
-	var entry map[string][]byte
-	if err := json.Unmarshal(raw, &entry); err != nil {
+	entry, err := bmcspec.DecodeStateEntry(raw)
+	if err != nil {
 		return nil, machine.Errorf(machine.ErrNotSupported, "key %s of the state Secret %s/%s is not a JSON object of base64 values: %v",
 			b.stateEntry, b.namespace, b.stateSecret, err)
 	}
