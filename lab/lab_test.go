@@ -21,7 +21,10 @@ import (
 // The package's one lab. A VM in preNamespace exists before the controller
 // starts, as in a cluster where virtmetal is installed later.
 var (
-	theLab       *lab.Lab
+	theLab *lab.Lab
+	// binaries are bmc-server and bmc-controller, built once for every lab
+	// of the package.
+	binaries     string
 	preExisting  = maas.VMRef{Namespace: "lab-pre", Name: "web1"}
 	flowDeadline = 3 * time.Minute
 )
@@ -36,9 +39,18 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) (int, error) {
+	// Built before the deadline starts: a cold compile takes minutes.
+	var err error
+	if binaries, err = os.MkdirTemp("", "virtmetal-lab-bin-"); err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(binaries)
+	if err := lab.Build(context.Background(), binaries); err != nil {
+		return 0, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	l, err := lab.Start(ctx, lab.Options{})
+	l, err := lab.Start(ctx, lab.Options{Binaries: binaries})
 	if err != nil {
 		return 0, err
 	}

@@ -21,7 +21,7 @@ func TestWholeFlowShared(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute+flowDeadline)
 	defer cancel()
 	started := time.Now()
-	l, err := lab.Start(ctx, lab.Options{Workload: "shared"})
+	l, err := lab.Start(ctx, lab.Options{Workload: "shared", Binaries: binaries})
 	if err != nil {
 		t.Fatal(err)
 	}
