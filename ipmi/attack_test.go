@@ -113,7 +113,7 @@ func TestFailedLoginsThrottledAcrossProtocols(t *testing.T) {
 	}
 	// A source that failed over Redfish is refused over IPMI.
 	for range 5 {
-		limiter.Failed("203.0.113.9", testUser)
+		limiter.Failed("203.0.113.9", throttle.Named(testUser))
 	}
 	if err := from("203.0.113.9:5000", testPassword); err == nil {
 		t.Fatal("a source blocked by Redfish failures logged in over IPMI")
