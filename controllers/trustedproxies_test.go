@@ -21,24 +21,28 @@ import (
 func TestTrustedProxiesReachEveryBMC(t *testing.T) {
 	vm := enrolledVM(t, "trusted-proxies", "web1")
 	const trusted = "10.244.3.0/24,fd00:10:244:3::/120"
-	args := func(key types.NamespacedName) func() error {
-		return func() error {
-			d := &appsv1.Deployment{}
-			if err := get(key, d); err != nil {
-				return err
-			}
-			got := strings.Join(d.Spec.Template.Spec.Containers[0].Args, " ")
-			if !strings.Contains(got, "--trusted-proxies "+trusted) {
-				return fmt.Errorf("args %s", got)
-			}
-			return nil
-		}
-	}
+	args := func(key types.NamespacedName) func() error { return argsContain(key, "--trusted-proxies "+trusted) }
 	setConfig(t, map[string]string{"trustedProxies": "10.244.3.0/24, fd00:10:244:3::/120", "eventDestinationsDenied": "10.244.0.0/16"})
 	poll.Until(t, "the trusted proxies on the VM's bmc-server", args(workloadKey(vm)))
 	setConfig(t, map[string]string{"trustedProxies": trusted, "workload": "shared"})
 	poll.Until(t, "the trusted proxies on the shared bmc-server", args(sharedKey(vm.Namespace)))
 	setConfig(t, nil)
+}
+
+// argsContain is nil once the bmc-server of Deployment key has want among
+// its arguments.
+func argsContain(key types.NamespacedName, want string) func() error {
+	return func() error {
+		d := &appsv1.Deployment{}
+		if err := get(key, d); err != nil {
+			return err
+		}
+		got := strings.Join(d.Spec.Template.Spec.Containers[0].Args, " ")
+		if !strings.Contains(got, want) {
+			return fmt.Errorf("args %s", got)
+		}
+		return nil
+	}
 }
 
 // TestTrustedProxiesRefused: a trusted-proxy network that would trust
