@@ -105,14 +105,15 @@ func Named(name string) Account { return Account{name: name, known: true} }
 // UnknownAccount stands for every name that is no account.
 var UnknownAccount = Account{}
 
-// failureKey is what failures are counted under.
+// failureKey is what failures are counted under: a source's attempts at
+// an account, within a scope.
 type failureKey struct {
 	scope, source string
 	account       Account
 }
 
-// handshakeKey is whose handshake bucket it is.
-type handshakeKey struct{ scope, source string }
+// sourceKey is a source within a scope: whose handshake bucket it is.
+type sourceKey struct{ scope, source string }
 
 // failures is what the limiter remembers of one failureKey.
 type failures struct {
@@ -133,7 +134,7 @@ type tables struct {
 	p          Policy
 	mu         sync.Mutex
 	failures   map[failureKey]*failures
-	handshakes map[handshakeKey]*bucket
+	handshakes map[sourceKey]*bucket
 	counts     Stats
 }
 
@@ -169,10 +170,10 @@ func (l *Limiter) Stats() Stats {
 	defer t.mu.Unlock()
 	st := t.counts
 	now := t.p.Now()
-	throttled := map[handshakeKey]bool{}
+	throttled := map[sourceKey]bool{}
 	for k, f := range t.failures {
 		if t.wait(f, now) > 0 {
-			throttled[handshakeKey{k.scope, k.source}] = true
+			throttled[sourceKey{k.scope, k.source}] = true
 		}
 	}
 	st.ThrottledSources = len(throttled)
@@ -184,7 +185,7 @@ func New(p Policy) *Limiter {
 	return &Limiter{t: &tables{
 		p:          p.withDefaults(),
 		failures:   map[failureKey]*failures{},
-		handshakes: map[handshakeKey]*bucket{},
+		handshakes: map[sourceKey]*bucket{},
 	}}
 }
 
@@ -271,7 +272,7 @@ func (l *Limiter) AllowHandshake(source string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.p.Now()
-	b := entry(t, t.handshakes, handshakeKey{l.scope, source}, now, func() *bucket {
+	b := entry(t, t.handshakes, sourceKey{l.scope, source}, now, func() *bucket {
 		return &bucket{tokens: float64(t.p.HandshakeBurst), filled: now}
 	})
 	b.tokens = min(b.tokens+now.Sub(b.filled).Seconds()*t.p.HandshakeRate, float64(t.p.HandshakeBurst))
