@@ -103,6 +103,15 @@ func TestNoLockoutThroughTheIngress(t *testing.T) {
 			t.Errorf("the guessing client with the right password: %d, want 401 (throttled)", got)
 		}
 	})
+	t.Run("a client that writes the owner's address into X-Forwarded-For", func(t *testing.T) {
+		// The Ingress appends the address it received from: the client
+		// is the right-most address that is not a trusted proxy.
+		const owner = "192.0.2.11"
+		failMany(t, url, login{from: ingressAddress, forwardedFor: owner + ", " + forwardedAttacker, user: "maas", pass: "guess"}, false)
+		if got := (login{from: ingressAddress, forwardedFor: owner, user: "maas", pass: "s3cret"}).status(t, url); got != http.StatusOK {
+			t.Errorf("the owner whose address the attacker wrote: %d, want 200", got)
+		}
+	})
 }
 
 // TestSharedNoLockoutThroughTheIngress: the attacks of issue 35 items 5
