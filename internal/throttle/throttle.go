@@ -156,7 +156,8 @@ type Stats struct {
 	// HandshakesRefused are the handshakes AllowHandshake refused.
 	HandshakesRefused uint64
 	// ThrottledSources are the sources that must wait now before their
-	// next attempt at some account (a point-in-time count, not a total).
+	// next attempt at some account (a point-in-time count, not a total;
+	// a source held back at two VMs of a shared server counts twice).
 	ThrottledSources int
 }
 
