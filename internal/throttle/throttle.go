@@ -30,6 +30,7 @@ package throttle
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
@@ -312,23 +313,31 @@ func entry[K comparable, V dated](t *tables, table map[K]V, key K, now time.Time
 	return v
 }
 
-// evict drops the forgotten entries, or else the least recently seen one.
+// evict drops the forgotten entries and, if that leaves the table over
+// seven eighths full, the least recently seen down to that. Making room
+// for many new entries at once keeps a spray of new sources from costing
+// a walk of the whole table, under the lock every login takes, at each
+// one of them.
 func evict[K comparable, V dated](table map[K]V, now time.Time, forgetAfter time.Duration, maxEntries int) {
-	var oldestKey K
-	var oldest time.Time
-	found := false
+	type aged struct {
+		key K
+		at  time.Time
+	}
+	live := make([]aged, 0, len(table))
 	for k, v := range table {
-		at := v.lastSeen()
-		if now.Sub(at) >= forgetAfter {
+		if at := v.lastSeen(); now.Sub(at) < forgetAfter {
+			live = append(live, aged{k, at})
+		} else {
 			delete(table, k)
-			continue
-		}
-		if !found || at.Before(oldest) {
-			oldestKey, oldest, found = k, at, true
 		}
 	}
-	if len(table) >= maxEntries && found {
-		delete(table, oldestKey)
+	keep := maxEntries - maxEntries/8 - 1
+	if len(live) <= keep {
+		return
+	}
+	slices.SortFunc(live, func(a, b aged) int { return a.at.Compare(b.at) })
+	for _, e := range live[:len(live)-keep] {
+		delete(table, e.key)
 	}
 }
 

@@ -215,6 +215,24 @@ func BenchmarkSuccessfulLogin(b *testing.B) {
 	}
 }
 
+// BenchmarkSpraySources is a failed login from a source never seen
+// before, the table full: what a spray of new sources costs each time.
+func BenchmarkSpraySources(b *testing.B) {
+	l := New(Policy{})
+	sources := make([]string, 1<<16)
+	for i := range sources {
+		sources[i] = fmt.Sprintf("2001:db8:%x::/64", i)
+	}
+	for i := range l.t.p.MaxEntries {
+		l.Failed(fmt.Sprintf("10.0.%d.%d", i/256, i%256), UnknownAccount)
+	}
+	i := 0
+	for b.Loop() {
+		l.Failed(sources[i%len(sources)], UnknownAccount)
+		i++
+	}
+}
+
 // TestStats counts failures, refusals and refused handshakes, and the
 // sources that must wait right now.
 func TestStats(t *testing.T) {
