@@ -44,6 +44,12 @@ type Config struct {
 	// networks, so that a tenant's event subscription cannot POST into
 	// another tenant's pods or the cluster's services.
 	EventDestinationsDenied []netip.Prefix
+	// TrustedProxies are the Ingress controller's addresses (its pods',
+	// or its nodes' with hostNetwork): every bmc-server's
+	// --trusted-proxies, so that it throttles failed logins per client
+	// behind the Ingress rather than per Ingress. See
+	// validateTrustedProxies for the networks refused.
+	TrustedProxies []netip.Prefix
 }
 
 // WorkloadMode is how BMCs run.
@@ -74,6 +80,7 @@ const (
 	configKeyWorkload          = "workload"
 	// Comma-separated CIDRs.
 	configKeyEventDestinationsDenied = "eventDestinationsDenied"
+	configKeyTrustedProxies          = "trustedProxies"
 )
 
 // ParseNetworks reads comma-separated CIDRs; "" is none.
@@ -117,7 +124,49 @@ func (c Config) Validate() error {
 	case c.Workload != "" && c.Workload != WorkloadPodPerVM && c.Workload != WorkloadShared:
 		return fmt.Errorf("workload %q is neither %s nor %s", c.Workload, WorkloadPodPerVM, WorkloadShared)
 	}
+	return validateTrustedProxies(c.TrustedProxies, c.EventDestinationsDenied)
+}
+
+// Trusted proxies are at most 256 addresses: room for an Ingress
+// controller's replicas, or the few nodes it runs on with hostNetwork,
+// many times over, and never a pod network (a /16 by default) or a service
+// network. Whoever sends from a trusted address names the client in
+// X-Forwarded-For, so it could throttle any client address it names: only
+// the Ingress controller may.
+const (
+	maxTrustedProxyBitsIPv4 = 32 - 8
+	maxTrustedProxyBitsIPv6 = 128 - 8
+)
+
+// validateTrustedProxies refuses a trusted-proxy network wider than the
+// bound above, one that covers a network listed in denied (the pod and
+// service networks), and an IPv4-mapped IPv6 one (clients' addresses are
+// compared unmapped, so it would match nobody).
+func validateTrustedProxies(trusted, denied []netip.Prefix) error {
+	for _, p := range trusted {
+		switch {
+		case p.Addr().Is4In6():
+			return fmt.Errorf("%s %s: write an IPv4 network in IPv4 form", configKeyTrustedProxies, p)
+		case p.Addr().Is4() && p.Bits() < maxTrustedProxyBitsIPv4, p.Addr().Is6() && p.Bits() < maxTrustedProxyBitsIPv6:
+			return fmt.Errorf("%s %s is wider than /%d (IPv4) or /%d (IPv6): list the Ingress controller's addresses, never a whole pod network",
+				configKeyTrustedProxies, p, maxTrustedProxyBitsIPv4, maxTrustedProxyBitsIPv6)
+		}
+		for _, d := range denied {
+			if d = unmapped(d); p.Bits() <= d.Bits() && p.Contains(d.Addr()) {
+				return fmt.Errorf("%s %s covers %s, a pod or service network (%s): list the Ingress controller's addresses only",
+					configKeyTrustedProxies, p, d, configKeyEventDestinationsDenied)
+			}
+		}
+	}
 	return nil
+}
+
+// unmapped is p with an IPv4-mapped IPv6 network written as IPv4.
+func unmapped(p netip.Prefix) netip.Prefix {
+	if !p.Addr().Is4In6() || p.Bits() < 96 {
+		return p
+	}
+	return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
 }
 
 // ConfigSource gives the Config in force: the flags' Config, overridden key
@@ -175,6 +224,8 @@ func (c Config) overlay(data map[string]string) (Config, error) {
 			c.Workload = WorkloadMode(value)
 		case configKeyEventDestinationsDenied:
 			err = parseInto(value, ParseNetworks, &c.EventDestinationsDenied)
+		case configKeyTrustedProxies:
+			err = parseInto(value, ParseNetworks, &c.TrustedProxies)
 		default:
 			return c, fmt.Errorf("unknown key %q", key)
 		}

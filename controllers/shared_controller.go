@@ -324,6 +324,7 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 			mountPath:      sharedVMsMountPath,
 
 			eventDestinationsDenied: cfg.EventDestinationsDenied,
+			trustedProxies:          cfg.TrustedProxies,
 		}),
 		bmcService(meta, []corev1.ServicePort{redfishServicePortSpec()}),
 	)

@@ -191,6 +191,7 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		mountPath:      credentialsMountPath,
 
 		eventDestinationsDenied: cfg.EventDestinationsDenied,
+		trustedProxies:          cfg.TrustedProxies,
 	}))
 
 	if len(servicePorts) > 0 {
@@ -276,6 +277,8 @@ type bmcPod struct {
 	secret, mountPath string
 	// eventDestinationsDenied is Config.EventDestinationsDenied.
 	eventDestinationsDenied []netip.Prefix
+	// trustedProxies is Config.TrustedProxies.
+	trustedProxies []netip.Prefix
 }
 
 func defaultResources() corev1.ResourceRequirements {
@@ -295,6 +298,9 @@ func bmcArgs(p bmcPod) []string {
 		[]string{"--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort)})
 	if len(p.eventDestinationsDenied) > 0 {
 		args = append(args, "--event-destinations-denied", networksArg(p.eventDestinationsDenied))
+	}
+	if len(p.trustedProxies) > 0 {
+		args = append(args, "--trusted-proxies", networksArg(p.trustedProxies))
 	}
 	return args
 }

@@ -194,16 +194,16 @@ func (s *Server) getSessionChallenge(_ context.Context, r *request) (byte, []byt
 		return ccNodeBusy, nil
 	}
 	known := len(s.creds.candidates(name, r.now)) > 0
-	named := ""
+	named := throttle.UnknownAccount
 	if known {
-		named = string(name)
+		named = throttle.Named(string(name))
 	}
 	if _, ok := s.limiter.Allow(source, named); !ok {
 		s.loginFailed(source, named, name)
 		return ccNodeBusy, nil
 	}
 	if !known {
-		s.loginFailed(source, "", name)
+		s.loginFailed(source, throttle.UnknownAccount, name)
 		return invalidUsername, nil
 	}
 	sess := &session{

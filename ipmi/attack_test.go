@@ -113,7 +113,7 @@ func TestFailedLoginsThrottledAcrossProtocols(t *testing.T) {
 	}
 	// A source that failed over Redfish is refused over IPMI.
 	for range 5 {
-		limiter.Failed("203.0.113.9", testUser)
+		limiter.Failed("203.0.113.9", throttle.Named(testUser))
 	}
 	if err := from("203.0.113.9:5000", testPassword); err == nil {
 		t.Fatal("a source blocked by Redfish failures logged in over IPMI")
@@ -137,6 +137,39 @@ func TestFailedLoginsThrottledAcrossProtocols(t *testing.T) {
 	c.remote = attackerIP + ":10"
 	if cc, _ := c.connect(privAdmin); cc != ccNodeBusy {
 		t.Fatalf("IPMI 1.5 right password from a throttled source: cc %#x, want node busy", cc)
+	}
+}
+
+// TestUnknownNamesHoldBackNoAccount: RAKP attempts with names that are
+// no account, past the limiter's block, hold back only more unknown names
+// from their source: the account's right password from that same source
+// still opens a session, over lanplus and IPMI 1.5.
+func TestUnknownNamesHoldBackNoAccount(t *testing.T) {
+	s, _, _ := testServer(t, func(c *Config) {
+		c.Limiter = throttle.New(throttle.Policy{FreeFailures: 2, BaseDelay: time.Minute, BlockAfter: 5, BlockDuration: time.Hour, Now: c.Now})
+	})
+	for i := range 8 {
+		c := newLanplusClient(s, 17, fmt.Sprintf("nobody%d", i), "guess")
+		c.remote = attackerIP + ":1"
+		if err := c.connect(0, 0x14); err == nil {
+			t.Fatal("an unknown name opened a session")
+		}
+	}
+	c := newLanplusClient(s, 17, "nobody-else", testPassword)
+	c.remote = attackerIP + ":1"
+	var se rmcpStatusError
+	if err := c.connect(0, 0x14); !errors.As(err, &se) || se.status != rmcpStatusNoResources {
+		t.Errorf("another unknown name from that source: %v, want refused unchecked (RMCP+ status %#x)", err, rmcpStatusNoResources)
+	}
+	owner := newLanplusClient(s, 17, testUser, testPassword)
+	owner.remote = attackerIP + ":2"
+	if err := owner.connect(0, 0x14); err != nil {
+		t.Fatalf("the account's right password from the source of the unknown names: %v", err)
+	}
+	v15 := newV15Client(s, authTypeMD5, testUser, testPassword)
+	v15.remote = attackerIP + ":3"
+	if cc, err := v15.connect(privAdmin); cc != ccOK || err != nil {
+		t.Fatalf("IPMI 1.5 with the right password from that source: cc %#x, %v", cc, err)
 	}
 }
 

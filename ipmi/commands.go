@@ -66,8 +66,8 @@ func completionCode(err error) byte {
 }
 
 // loginFailed counts a failed login against source and the account it
-// named ("" for none), and logs it with the name tried.
-func (s *Server) loginFailed(source, named string, tried []byte) {
+// named, and logs it with the name tried.
+func (s *Server) loginFailed(source string, named throttle.Account, tried []byte) {
 	s.limiter.Failed(source, named)
 	s.audit.LoginFailed(auditlog.Actor{Protocol: auditlog.IPMI, Account: printableName(tried), Source: source})
 }

@@ -146,9 +146,9 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 	priv := privilege(role & privMask)
 	s.abandonedHandshakes(sess, source, now)
 	password, known := s.creds.choose(username, source, now)
-	named := ""
+	named := throttle.UnknownAccount
 	if known {
-		named = string(username)
+		named = throttle.Named(string(username))
 	}
 	if _, ok := s.limiter.Allow(source, named); !ok {
 		s.loginFailed(source, named, username)
@@ -160,7 +160,7 @@ func (s *Server) rakp1(ctx context.Context, p []byte, remote string, now time.Ti
 	case priv > sess.maxPriv:
 		return refuse(rmcpStatusUnauthorizedRole, "role above the requested maximum")
 	case !known:
-		s.loginFailed(source, "", username)
+		s.loginFailed(source, throttle.UnknownAccount, username)
 		return refuse(rmcpStatusUnauthorizedName, "unknown user name")
 	}
 	guid, err := s.systemGUID(ctx)
@@ -235,7 +235,7 @@ func (s *Server) rakp3(p []byte, remote string, now time.Time) ([]byte, error) {
 	if status != rmcpStatusOK {
 		// The console rejected RAKP 2: it holds another password than
 		// the one RAKP 2 was keyed with. It expects no answer.
-		s.loginFailed(source, string(sess.username), sess.username)
+		s.loginFailed(source, throttle.Named(string(sess.username)), sess.username)
 		s.creds.aborted(source, candidate{password: sess.password, previous: sess.previous}, now)
 		s.endSession(sess, fmt.Sprintf("console aborted with RAKP 3 status %#x", status))
 		return nil, nil
@@ -244,11 +244,11 @@ func (s *Server) rakp3(p []byte, remote string, now time.Time) ([]byte, error) {
 	nameInfo := []byte{sess.role, byte(len(sess.username))}
 	want := rakpHMAC(suite.auth, sess.password, sess.rc[:], le32(sess.consoleID), nameInfo, sess.username)
 	if !equalConstantTime(p[rakp3MinLength:], want) {
-		s.loginFailed(source, string(sess.username), sess.username)
+		s.loginFailed(source, throttle.Named(string(sess.username)), sess.username)
 		s.endSession(sess, "wrong password")
 		return handshakeReply(payloadRAKP4, tag, rmcpStatusInvalidIntegrity, 0, sess.consoleID), nil
 	}
-	s.limiter.Succeeded(source)
+	s.limiter.Succeeded(source, throttle.Named(string(sess.username)))
 	guid := sess.guid
 	sik, keys := deriveKeys(suite, sess.password, sess.rm[:], sess.rc[:], sess.role, sess.username)
 	sess.keys = keys

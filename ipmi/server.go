@@ -309,7 +309,7 @@ func (s *Server) handleV15(ctx context.Context, body []byte, remote string, now 
 			}
 		}
 		if sess.password == nil {
-			s.loginFailed(throttle.Source(remote), string(sess.username), sess.username)
+			s.loginFailed(throttle.Source(remote), throttle.Named(string(sess.username)), sess.username)
 			s.endSession(sess, "wrong password")
 			return nil, errors.New("IPMI 1.5 auth code mismatch")
 		}
@@ -328,7 +328,7 @@ func (s *Server) handleV15(ctx context.Context, body []byte, remote string, now 
 			s.endSession(sess, "activation refused")
 			return reply, nil
 		}
-		s.limiter.Succeeded(throttle.Source(remote))
+		s.limiter.Succeeded(throttle.Source(remote), throttle.Named(string(sess.username)))
 		// The reply is the first packet of the session: freeipmi takes
 		// its sequence number as the start of the BMC's sequence.
 		return s.sealV15(sess, sess.nextOutSeq(), msg.encodeResponse(cc, data)), nil

@@ -188,9 +188,9 @@ func (a *authenticator) checkPassword(source, username, password string) (acc *a
 			acc = candidate
 		}
 	}
-	named := ""
+	named := throttle.UnknownAccount
 	if acc != nil {
-		named = acc.username
+		named = throttle.Named(acc.username)
 	}
 	failed := func() {
 		a.limiter.Failed(source, named)
@@ -213,7 +213,7 @@ func (a *authenticator) checkPassword(source, username, password string) (acc *a
 		failed()
 		return nil, false, false
 	}
-	a.limiter.Succeeded(source)
+	a.limiter.Succeeded(source, named)
 	return acc, previous, true
 }
 

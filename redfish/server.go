@@ -42,10 +42,10 @@ type Config struct {
 	// MaxSessionsPerAccount bounds one account's live sessions, so one
 	// account cannot fill the table (default a quarter of MaxSessions).
 	MaxSessionsPerAccount int
-	// Limiter throttles failed logins per client, shared with the other
-	// protocols of the BMC; nil means a limiter of this server's own with
-	// the default policy. Accounts are never locked: throttling the
-	// guessing source leaves the owner able to log in.
+	// Limiter throttles failed logins per client and account, shared with
+	// the other protocols of the BMC; nil means a limiter of this server's
+	// own with the default policy. Accounts are never locked: throttling
+	// the guessing source leaves the owner able to log in from another.
 	Limiter *throttle.Limiter
 	// TrustedProxies are the reverse proxies (an Ingress) whose
 	// X-Forwarded-For names the client; from anyone else it is ignored.

@@ -107,6 +107,11 @@ func parseFlagsOf(v string, args []string, stderr io.Writer) (options, error) {
 		c.EventDestinationsDenied = append(c.EventDestinationsDenied, networks...)
 		return err
 	})
+	fs.Func("trusted-proxies", "comma-separated CIDRs of the Ingress controller (its pods, or its nodes with hostNetwork), at most /24 or /120 each and never covering a network of --event-destinations-denied: every bmc-server takes the client from their X-Forwarded-For, to throttle failed logins per client", func(v string) error {
+		networks, err := controllers.ParseNetworks(v)
+		c.TrustedProxies = append(c.TrustedProxies, networks...)
+		return err
+	})
 	fs.StringVar(&o.macRange, "mac-range", "02:00:00:00:00:00-02:00:00:ff:ff:ff", `locally administered MACs for interfaces without one, "START-END"; "" assigns none (KubeMacPool)`)
 	fs.StringVar(&o.configMap, "config", "", "NAMESPACE/NAME of a ConfigMap that overrides these flags at run time")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")

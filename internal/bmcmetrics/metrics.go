@@ -160,7 +160,7 @@ func (m *Metrics) WatchLimiter(l *throttle.Limiter) {
 		}, stat(func(s throttle.Stats) float64 { return float64(s.Failures) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: namespace, Name: "login_refusals_total",
-			Help: "Logins refused unchecked because their source or username must wait.",
+			Help: "Logins refused unchecked because their source must wait before trying that account again.",
 		}, stat(func(s throttle.Stats) float64 { return float64(s.Refused) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Namespace: namespace, Subsystem: "ipmi", Name: "handshakes_refused_total",
@@ -168,7 +168,7 @@ func (m *Metrics) WatchLimiter(l *throttle.Limiter) {
 		}, stat(func(s throttle.Stats) float64 { return float64(s.HandshakesRefused) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "throttled_sources",
-			Help: "Client addresses that must wait before their next login is checked.",
+			Help: "Client addresses that must wait before their next login at some account is checked.",
 		}, stat(func(s throttle.Stats) float64 { return float64(s.ThrottledSources) })),
 	)
 }

@@ -97,7 +97,7 @@ func Run(ctx context.Context, cfg Config, getenv func(string) string, stdout io.
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	// One limiter: a source that fails over Redfish is slowed over IPMI
-	// too, and, serving many VMs, on every VM's host.
+	// too; serving many VMs, each VM counts in a scope of its own.
 	limiter := throttle.New(throttle.Policy{})
 	metrics, err := startMetrics(ctx, cfg, limiter, stdout)
 	if err != nil {

@@ -1,15 +1,26 @@
-// Package throttle slows down password guessing without locking anyone
-// out. It is shared by every protocol of one BMC (Redfish and IPMI), so a
-// failure over one counts against the same source over the other.
+// Package throttle slows down password guessing without letting anyone
+// lock an account's owner out. It is shared by every protocol of one BMC
+// (Redfish and IPMI), so a failure over one counts over the other too.
 //
-// A source (client IP address) that fails to authenticate gets a few free
-// attempts, then must wait a growing delay before its next attempt is even
-// checked, and after many failures is refused for a while. Throttling is per
-// source, not per account, so an attacker cannot lock the account's owner
-// out: the right password from another source still works. Failures against
-// one username from many sources are counted too, and delay that username's
-// logins from sources that have not authenticated recently, which slows a
-// distributed guess without refusing the clients that use the account.
+// Failures are counted per source (client IP address) and account: a
+// source that fails to log in to an account gets a few free attempts,
+// then must wait a growing delay before its next attempt at that account
+// is even checked, and after many failures is refused that account for a
+// while. Nothing else is held back: the same account from another source,
+// and another account from the same source, are checked as usual. Names
+// that are no account share one count per source (UnknownAccount), which
+// holds back only attempts with unknown names, so a guesser who does not
+// know a username cannot touch a real account, and spraying names cannot
+// grow the limiter's memory.
+//
+// No count spans sources: one would let whoever knows a username slow or
+// refuse that account for everybody. A guess spread over many sources is
+// slowed at each of them, and is hopeless against the generated passwords
+// anyway.
+//
+// A Limiter scoped to a VM (Scoped) counts in tables shared with its
+// parent but apart from every other scope's, so that a shared bmc-server's
+// VMs neither lock each other out nor clear each other's failures.
 //
 // The handshakes of IPMI 2.0 hand out a password-keyed hash to anyone who
 // knows the username, so they are also rate limited per source
@@ -19,28 +30,25 @@ package throttle
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 )
 
 // Policy sets the limits. Zero fields take the defaults.
 type Policy struct {
-	// FreeFailures is how many failures a source makes before it is delayed
-	// (default 3).
+	// FreeFailures is how many failures a source makes at an account
+	// before it is delayed (default 3).
 	FreeFailures int
 	// BaseDelay is the wait after the first failure beyond the free ones;
 	// each further failure doubles it, up to MaxDelay (defaults 1 s, 30 s).
 	BaseDelay, MaxDelay time.Duration
-	// BlockAfter failures refuse the source for BlockDuration (defaults 10
-	// and 5 minutes).
+	// BlockAfter failures refuse the source that account for
+	// BlockDuration (defaults 10 and 5 minutes).
 	BlockAfter    int
 	BlockDuration time.Duration
-	// UserFreeFailures is how many failures against one username, from any
-	// sources, pass before that username is delayed for sources without a
-	// recent success (default 20).
-	UserFreeFailures int
-	// ForgetAfter is the quiet time after which failures and successes are
-	// forgotten (default 15 minutes).
+	// ForgetAfter is the quiet time after which failures are forgotten
+	// (default 15 minutes).
 	ForgetAfter time.Duration
 	// HandshakeRate and HandshakeBurst bound the handshake messages a
 	// source may send (defaults 4 per second, burst 24: a dozen IPMI
@@ -48,8 +56,9 @@ type Policy struct {
 	// second).
 	HandshakeRate  float64
 	HandshakeBurst int
-	// MaxEntries bounds the memory spent on sources and usernames (default
-	// 4096 of each); when full, the least recently seen entry is dropped.
+	// MaxEntries bounds the memory spent on failure counts and on
+	// handshake buckets (default 4096 of each, over every scope); when
+	// full, the least recently seen entry is dropped.
 	MaxEntries int
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -71,7 +80,6 @@ func (p Policy) withDefaults() Policy {
 	defDur(&p.MaxDelay, 30*time.Second)
 	def(&p.BlockAfter, 10)
 	defDur(&p.BlockDuration, 5*time.Minute)
-	def(&p.UserFreeFailures, 20)
 	defDur(&p.ForgetAfter, 15*time.Minute)
 	if p.HandshakeRate == 0 {
 		p.HandshakeRate = 4
@@ -84,28 +92,62 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// record is what the limiter remembers of one source or username.
-type record struct {
-	failures    int
-	lastFailure time.Time
-	lastSuccess time.Time
-	// tokens and filled are the handshake bucket (sources only).
+// Account is the account a login names: Named for an account that exists,
+// UnknownAccount for any name that does not. An account named "" (IPMI's
+// null user) is Named(""), apart from the unknown names.
+type Account struct {
+	name  string
+	known bool
+}
+
+// Named is the existing account called name.
+func Named(name string) Account { return Account{name: name, known: true} }
+
+// UnknownAccount stands for every name that is no account.
+var UnknownAccount = Account{}
+
+// failureKey is what failures are counted under: a source's attempts at
+// an account, within a scope.
+type failureKey struct {
+	scope, source string
+	account       Account
+}
+
+// sourceKey is a source within a scope: whose handshake bucket it is.
+type sourceKey struct{ scope, source string }
+
+// failures is what the limiter remembers of one failureKey.
+type failures struct {
+	seen
+	count int
+	last  time.Time
+}
+
+// bucket is one source's handshake tokens.
+type bucket struct {
+	seen
 	tokens float64
 	filled time.Time
-	seen   time.Time
+}
+
+// tables are a limiter's memory, shared by its scopes.
+type tables struct {
+	p          Policy
+	mu         sync.Mutex
+	failures   map[failureKey]*failures
+	handshakes map[sourceKey]*bucket
+	counts     Stats
 }
 
 // Limiter is safe for concurrent use.
 type Limiter struct {
-	off     bool
-	p       Policy
-	mu      sync.Mutex
-	sources map[string]*record
-	users   map[string]*record
-	counts  Stats
+	off   bool
+	scope string
+	t     *tables
 }
 
 // Stats are what a limiter has counted since it was made, for metrics.
+// They are the whole limiter's, over every scope.
 type Stats struct {
 	// Failures are the failed attempts recorded (Failed), refused ones
 	// included.
@@ -114,8 +156,9 @@ type Stats struct {
 	Refused uint64
 	// HandshakesRefused are the handshakes AllowHandshake refused.
 	HandshakesRefused uint64
-	// ThrottledSources are the sources that must wait now (a point-in-time
-	// count, not a total).
+	// ThrottledSources are the sources that must wait now before their
+	// next attempt at some account (a point-in-time count, not a total;
+	// a source held back at two VMs of a shared server counts twice).
 	ThrottledSources int
 }
 
@@ -124,107 +167,102 @@ func (l *Limiter) Stats() Stats {
 	if l.off {
 		return Stats{}
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	st := l.counts
-	now := l.p.Now()
-	for _, r := range l.sources {
-		if l.wait(r, now, l.p.FreeFailures, true) > 0 {
-			st.ThrottledSources++
+	t := l.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.counts
+	now := t.p.Now()
+	throttled := map[sourceKey]bool{}
+	for k, f := range t.failures {
+		if t.wait(f, now) > 0 {
+			throttled[sourceKey{k.scope, k.source}] = true
 		}
 	}
+	st.ThrottledSources = len(throttled)
 	return st
 }
 
 // New returns a limiter with policy p.
 func New(p Policy) *Limiter {
-	return &Limiter{p: p.withDefaults(), sources: map[string]*record{}, users: map[string]*record{}}
+	return &Limiter{t: &tables{
+		p:          p.withDefaults(),
+		failures:   map[failureKey]*failures{},
+		handshakes: map[sourceKey]*bucket{},
+	}}
 }
 
 // Unlimited is the limiter that never refuses: for a deployment that
 // throttles in front of the BMC, and as the benchmarks' reference.
 var Unlimited = &Limiter{off: true}
 
-// Allow reports whether an authentication attempt from source for username
-// may be checked now; if not, retryAfter is how long the source must wait.
-// username is the account the attempt names, or "" when it names none.
-func (l *Limiter) Allow(source, username string) (retryAfter time.Duration, ok bool) {
+// Scoped returns a limiter that counts in l's memory, bounded with it, but
+// apart from l and from every other scope: one VM's of a shared server.
+func (l *Limiter) Scoped(scope string) *Limiter {
+	if l.off {
+		return l
+	}
+	return &Limiter{scope: l.scope + "/" + scope, t: l.t}
+}
+
+// Allow reports whether an attempt from source at account may be checked
+// now; if not, retryAfter is how long the source must wait.
+func (l *Limiter) Allow(source string, account Account) (retryAfter time.Duration, ok bool) {
 	if l.off {
 		return 0, true
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.p.Now()
-	src := l.sources[source]
-	if wait := l.wait(src, now, l.p.FreeFailures, true); wait > 0 {
-		l.counts.Refused++
-		return wait, false
-	}
-	if username == "" {
-		return 0, true
-	}
-	if src != nil && now.Sub(src.lastSuccess) < l.p.ForgetAfter {
-		return 0, true // a source that logged in recently is not a guesser
-	}
-	if wait := l.wait(l.users[username], now, l.p.UserFreeFailures, false); wait > 0 {
-		l.counts.Refused++
+	t := l.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if wait := t.wait(t.failures[failureKey{l.scope, source, account}], t.p.Now()); wait > 0 {
+		t.counts.Refused++
 		return wait, false
 	}
 	return 0, true
 }
 
-// wait is how long r must still wait, given its free failures; block says
-// whether many failures refuse it for BlockDuration.
-func (l *Limiter) wait(r *record, now time.Time, free int, block bool) time.Duration {
-	if r == nil || r.failures <= free || now.Sub(r.lastFailure) >= l.p.ForgetAfter {
+// wait is how long the source of f must still wait.
+func (t *tables) wait(f *failures, now time.Time) time.Duration {
+	p := t.p
+	if f == nil || f.count <= p.FreeFailures || now.Sub(f.last) >= p.ForgetAfter {
 		return 0
 	}
-	delay := l.p.MaxDelay
-	if block && r.failures >= l.p.BlockAfter {
-		delay = l.p.BlockDuration
-	} else if n := r.failures - free - 1; n < 30 {
-		delay = min(l.p.BaseDelay<<n, l.p.MaxDelay)
+	delay := p.MaxDelay
+	if f.count >= p.BlockAfter {
+		delay = p.BlockDuration
+	} else if n := f.count - p.FreeFailures - 1; n < 30 {
+		delay = min(p.BaseDelay<<n, p.MaxDelay)
 	}
-	return max(r.lastFailure.Add(delay).Sub(now), 0)
+	return max(f.last.Add(delay).Sub(now), 0)
 }
 
-// Failed records a failed attempt from source naming username ("" for an
-// unknown name, which is counted against the source only).
-func (l *Limiter) Failed(source, username string) {
+// Failed records a failed attempt from source at account.
+func (l *Limiter) Failed(source string, account Account) {
 	if l.off {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.p.Now()
-	l.counts.Failures++
-	l.fail(l.entry(l.sources, source, now), now)
-	if username != "" {
-		l.fail(l.entry(l.users, username, now), now)
+	t := l.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.p.Now()
+	t.counts.Failures++
+	f := entry(t, t.failures, failureKey{l.scope, source, account}, now, func() *failures { return &failures{} })
+	if now.Sub(f.last) >= t.p.ForgetAfter {
+		f.count = 0
 	}
+	f.count++
+	f.last = now
 }
 
-func (l *Limiter) fail(r *record, now time.Time) {
-	if now.Sub(r.lastFailure) >= l.p.ForgetAfter {
-		r.failures = 0
-	}
-	r.failures++
-	r.lastFailure = now
-}
-
-// Succeeded records a successful login from source: its failures are
-// forgotten, and it is trusted past a username's delay for a while. The
-// username's own count is kept, so a distributed guess stays slowed.
-func (l *Limiter) Succeeded(source string) {
+// Succeeded records a successful login from source at account: that
+// source's failures at that account are forgotten, and no other's.
+func (l *Limiter) Succeeded(source string, account Account) {
 	if l.off {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.p.Now()
-	r := l.entry(l.sources, source, now)
-	r.failures = 0
-	r.lastSuccess = now
+	t := l.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.failures, failureKey{l.scope, source, account})
 }
 
 // AllowHandshake takes one token of source's handshake bucket.
@@ -232,53 +270,74 @@ func (l *Limiter) AllowHandshake(source string) bool {
 	if l.off {
 		return true
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := l.p.Now()
-	r := l.entry(l.sources, source, now)
-	if r.filled.IsZero() {
-		r.tokens = float64(l.p.HandshakeBurst)
-	} else {
-		r.tokens = min(r.tokens+now.Sub(r.filled).Seconds()*l.p.HandshakeRate, float64(l.p.HandshakeBurst))
-	}
-	r.filled = now
-	if r.tokens < 1 {
-		l.counts.HandshakesRefused++
+	t := l.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.p.Now()
+	b := entry(t, t.handshakes, sourceKey{l.scope, source}, now, func() *bucket {
+		return &bucket{tokens: float64(t.p.HandshakeBurst), filled: now}
+	})
+	b.tokens = min(b.tokens+now.Sub(b.filled).Seconds()*t.p.HandshakeRate, float64(t.p.HandshakeBurst))
+	b.filled = now
+	if b.tokens < 1 {
+		t.counts.HandshakesRefused++
 		return false
 	}
-	r.tokens--
+	b.tokens--
 	return true
 }
 
-// entry returns the record for key, making room when the table is full.
-func (l *Limiter) entry(table map[string]*record, key string, now time.Time) *record {
-	r := table[key]
-	if r == nil {
-		if len(table) >= l.p.MaxEntries {
-			l.evict(table, now)
-		}
-		r = &record{}
-		table[key] = r
-	}
-	r.seen = now
-	return r
+// seen dates an entry of the limiter's tables, for eviction.
+type seen struct{ at time.Time }
+
+func (s *seen) lastSeen() time.Time { return s.at }
+func (s *seen) see(now time.Time)   { s.at = now }
+
+type dated interface {
+	lastSeen() time.Time
+	see(now time.Time)
 }
 
-// evict drops the forgotten entries, or else the least recently seen one.
-func (l *Limiter) evict(table map[string]*record, now time.Time) {
-	var oldestKey string
-	var oldest *record
-	for k, r := range table {
-		if now.Sub(r.seen) >= l.p.ForgetAfter {
-			delete(table, k)
-			continue
+// entry returns table's entry for key, made by fresh when there is none
+// (making room when the table is full), and marks it seen now.
+func entry[K comparable, V dated](t *tables, table map[K]V, key K, now time.Time, fresh func() V) V {
+	v, ok := table[key]
+	if !ok {
+		if len(table) >= t.p.MaxEntries {
+			evict(table, now, t.p.ForgetAfter, t.p.MaxEntries)
 		}
-		if oldest == nil || r.seen.Before(oldest.seen) {
-			oldestKey, oldest = k, r
+		v = fresh()
+		table[key] = v
+	}
+	v.see(now)
+	return v
+}
+
+// evict drops the forgotten entries and, if that leaves the table over
+// seven eighths full, the least recently seen down to that. Making room
+// for many new entries at once keeps a spray of new sources from costing
+// a walk of the whole table, under the lock every login takes, at each
+// one of them.
+func evict[K comparable, V dated](table map[K]V, now time.Time, forgetAfter time.Duration, maxEntries int) {
+	type aged struct {
+		key K
+		at  time.Time
+	}
+	live := make([]aged, 0, len(table))
+	for k, v := range table {
+		if at := v.lastSeen(); now.Sub(at) < forgetAfter {
+			live = append(live, aged{k, at})
+		} else {
+			delete(table, k)
 		}
 	}
-	if len(table) >= l.p.MaxEntries && oldest != nil {
-		delete(table, oldestKey)
+	keep := maxEntries - maxEntries/8 - 1
+	if len(live) <= keep {
+		return
+	}
+	slices.SortFunc(live, func(a, b aged) int { return a.at.Compare(b.at) })
+	for _, e := range live[:len(live)-keep] {
+		delete(table, e.key)
 	}
 }
 

@@ -49,8 +49,10 @@ type Config struct {
 	// NetworkProtocol is what each VM's Manager says of the shared
 	// listener's protocols; its FQDN is each VM's own host (fqdn).
 	NetworkProtocol redfish.NetworkProtocol
-	// Limiter is shared by every VM's service, so a source that fails to
-	// log in on one host is slowed on all of them; nil means one with the
+	// Limiter bounds failed logins; each VM's service counts in a scope
+	// of its own (throttle.Limiter.Scoped), so that failures at one VM
+	// neither hold back another's logins nor are cleared by them, and
+	// the memory bound is the whole server's. nil means one with the
 	// default policy.
 	Limiter *throttle.Limiter
 	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
@@ -285,7 +287,7 @@ func (r *Router) start(ctx context.Context, name string, spec bmcspec.SharedVM) 
 		Backend:         backend,
 		Accounts:        accounts(spec),
 		Logger:          r.cfg.Logger.WithName("redfish").WithValues("vm", name),
-		Limiter:         r.cfg.Limiter,
+		Limiter:         r.cfg.Limiter.Scoped(name),
 		TrustedProxies:  r.cfg.TrustedProxies,
 		Observer:        r.cfg.Observer,
 		NetworkProtocol: protocols,

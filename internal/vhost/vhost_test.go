@@ -683,23 +683,30 @@ func TestSecretVolumeReadWhenSwapped(t *testing.T) {
 	}
 }
 
-// TestOneThrottleForAllHosts: failed logins on one host slow the source on
-// every host, and no one else.
-func TestOneThrottleForAllHosts(t *testing.T) {
+// TestThrottlePerVM: one source's failed logins at one VM hold back no
+// other VM's logins from it, and a success at another VM clears none of
+// them, so guessing at y between logins to x gains nothing (issue 35 item
+// 7); the owner from another source is never held back.
+func TestThrottlePerVM(t *testing.T) {
 	f := newFixture(t, func(c *vhost.Config) {
-		c.Limiter = throttle.New(throttle.Policy{FreeFailures: 1, BaseDelay: time.Hour, MaxDelay: time.Hour})
+		c.Limiter = throttle.New(throttle.Policy{FreeFailures: 2, BaseDelay: time.Hour, MaxDelay: time.Hour})
 	})
 	f.dir.write(t, map[string]string{"web1": vmFile("maas1", "pw1", web1Host), "web2": vmFile("maas2", "pw2", web2Host)})
 	f.reload(t, t.Context(), 2)
-	const guesser = "192.0.2.66:40000"
-	for range 2 {
-		f.do(t, request{host: web1Host, user: "maas1", pass: "guess", source: guesser})
+	const tenant = "192.0.2.66:40000" // knows web1's password, guesses web2's
+	for round := range 3 {
+		for range 2 {
+			f.do(t, request{host: web2Host, user: "maas2", pass: "guess", source: tenant})
+		}
+		if got := f.do(t, request{host: web1Host, user: "maas1", pass: "pw1", source: tenant}).status; got != 200 {
+			t.Fatalf("round %d: the guessing source at the VM it owns: %d, want 200", round+1, got)
+		}
 	}
-	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2", source: guesser}).status; got != 401 {
-		t.Errorf("the guessing source on another host: %d, want 401 (throttled)", got)
+	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2", source: tenant}).status; got != 401 {
+		t.Errorf("web2 after 6 failures from the source, cleared by logins to web1: %d, want 401 (throttled)", got)
 	}
 	if got := f.do(t, request{host: web2Host, user: "maas2", pass: "pw2"}).status; got != 200 {
-		t.Errorf("another source on that host: %d, want 200", got)
+		t.Errorf("web2's owner from another source: %d, want 200", got)
 	}
 }
 
