@@ -221,8 +221,23 @@ func TestBMCHostsBelongToTheirNamespace(t *testing.T) {
 		if err := tenantB.Create(ctx, bmcIngress("tenant-b", "probe", []string{victim}, nil), client.DryRunAll); err != nil {
 			t.Errorf("a host of the former domain, now no BMC's, refused: %v", err)
 		}
-		// Without the ConfigMap it cannot tell a BMC's host from another:
-		// it refuses every host rather than let a claim through.
+		// Without a domain it cannot tell a BMC's host from another: it
+		// refuses every host rather than let a claim through.
+		config.Data["domain"] = ""
+		if err := admin.Update(ctx, config); err != nil {
+			t.Fatal(err)
+		}
+		poll.Until(t, "every host refused without a domain", func() error {
+			err := tenantB.Create(ctx, bmcIngress("tenant-b", "probe", []string{"www.example.org"}, nil), client.DryRunAll)
+			if err := refusal(err); err != nil {
+				return err
+			}
+			if !strings.Contains(err.Error(), "has no domain") {
+				return fmt.Errorf("refusal %q does not say the domain is missing", err)
+			}
+			return nil
+		})
+		// Nor without the ConfigMap.
 		if err := admin.Delete(ctx, config); err != nil {
 			t.Fatal(err)
 		}
