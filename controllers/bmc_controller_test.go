@@ -355,6 +355,19 @@ func fqdnIs(key types.NamespacedName, want string) func() error {
 	}
 }
 
+// hostTaken is nil once the BMC says its host is another's and has no URL.
+func hostTaken(key types.NamespacedName) error {
+	b := &v1beta1.VirtualMachineBMC{}
+	if err := get(key, b); err != nil {
+		return err
+	}
+	c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "HostTaken" || b.Status.RedfishURL != "" {
+		return fmt.Errorf("IngressReady %+v, URL %q", c, b.Status.RedfishURL)
+	}
+	return nil
+}
+
 // TestOneHostOneBMC: a BMC asking for a host another BMC of the namespace
 // has gets no Ingress and says why; the older keeps it, and the younger
 // gets its own host back once it asks for that. Each bmc-server names the
@@ -368,13 +381,8 @@ func TestOneHostOneBMC(t *testing.T) {
 		obj.(*v1beta1.VirtualMachineBMC).Spec.Ingress.Host = taken
 	})
 	poll.Until(t, "web2 refused", func() error {
-		b := &v1beta1.VirtualMachineBMC{}
-		if err := get(second, b); err != nil {
+		if err := hostTaken(second); err != nil {
 			return err
-		}
-		c := meta.FindStatusCondition(b.Status.Conditions, v1beta1.ConditionIngressReady)
-		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != "HostTaken" || b.Status.RedfishURL != "" {
-			return fmt.Errorf("IngressReady %+v, URL %q", c, b.Status.RedfishURL)
 		}
 		return gone(workloadKey(second), &networkingv1.Ingress{})
 	})
@@ -404,6 +412,28 @@ func TestOneHostOneBMC(t *testing.T) {
 		return nil
 	})
 	poll.Until(t, "web2 named at its own host", fqdnIs(workloadKey(second), "web2.host-claims."+testDomain))
+}
+
+// TestDottedVMKeepsItsHost: a VM whose name has a dot holds its default
+// host as any other VM does: a newer VirtualMachineBMC asking for it is
+// refused, and the host stays the dotted VM's alone. In the shared mode,
+// which serves dotted names (no Service of their own).
+func TestDottedVMKeepsItsHost(t *testing.T) {
+	sharedManager(t)
+	setWorkload(t, "shared")
+	dotted := sharedVMs(t, "dotted-host", "web1.rack")[0]
+	ns := dotted.Namespace
+	newer := client.ObjectKeyFromObject(createVM(t, newVM(ns, "web2")))
+	poll.Until(t, "web2 served", func() error { return serves(ns, "web1.rack", "web2") })
+	taken := "web1.rack." + ns + "." + testDomain
+	editSpec(t, newer, func(b *v1beta1.VirtualMachineBMC) { b.Spec.Ingress.Host = taken })
+	poll.Until(t, "web2 refused", func() error { return hostTaken(newer) })
+	poll.Until(t, "the host web1.rack's alone", func() error {
+		if err := serves(ns, "web1.rack"); err != nil {
+			return err
+		}
+		return sharedIngressRoutes(ns, taken)
+	})
 }
 
 func TestVirtualMachineBMCIsNamedAfterItsVM(t *testing.T) {

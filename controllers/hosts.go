@@ -43,7 +43,9 @@ func hostHolder(ctx context.Context, c client.Reader, b *v1beta1.VirtualMachineB
 		return nil, err
 	}
 	// The BMC named vm has vm's default host unless its spec names another.
-	if vm, ok := strings.CutSuffix(host, "."+bmcspec.Zone(b.Namespace, domain)); ok && !strings.Contains(vm, ".") {
+	// VM names may have dots ("web1.rack"): all of host before the zone is
+	// the name.
+	if vm, ok := strings.CutSuffix(host, "."+bmcspec.Zone(b.Namespace, domain)); ok {
 		var byDefault v1beta1.VirtualMachineBMC
 		err := c.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: vm}, &byDefault)
 		switch {

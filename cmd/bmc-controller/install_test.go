@@ -21,6 +21,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -174,6 +175,18 @@ func TestInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitForBMC(ctx, t, c, "install-a", "web1", config.Data["bmcImage"], &logs)
+	// The installed host policy (deploy/hostpolicy) admits the controller's
+	// own Ingress: its host is in the VM's namespace's zone.
+	poll.Until(t, "web1's Ingress", func() error {
+		in := &networkingv1.Ingress{}
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "install-a", Name: "bmc-web1"}, in); err != nil {
+			return fmt.Errorf("%w; logs:\n%s", err, logs.String())
+		}
+		if want := "web1.install-a." + config.Data["domain"]; in.Spec.Rules[0].Host != want {
+			t.Fatalf("Ingress host %s, want %s", in.Spec.Rules[0].Host, want)
+		}
+		return nil
+	})
 	// It reconciles as the leader: the installed Role let it take the Lease.
 	lease := &coordinationv1.Lease{}
 	if err := c.Get(ctx, types.NamespacedName{Namespace: installNamespace, Name: "bmc-controller.virtmetal.io"}, lease); err != nil {
