@@ -27,21 +27,39 @@ import (
 // virtmetal VMs to their wanted state, and reports them to Kubernetes:
 //
 //   - a machine whose power address names a virtmetal BMC under Domain only
-//     claims a VM: the VM's owner controls the SMBIOS serial the address
-//     comes from. The claim counts when the VM is enrolled (it has a
-//     VirtualMachineBMC) and the machine's hardware proves it (see prove):
-//     one of its interface MACs is one of the VM's, and its hardware UUID,
-//     where MaaS and the VM both know one, is the VM's firmware UUID. Until
-//     then the machine gets no credentials, pool, name or commission, and the
-//     VirtualMachineBMC's MaaSMachine condition and an Event say why. Of
-//     several machines claiming one VM the best-proven one keeps it (a UUID
-//     match beats a MAC-only match; on a tie the one already reported); the
-//     others are reported as duplicates and never get credentials;
+//     claims a VM: anyone can enlist a machine in MaaS (enlistment is
+//     anonymous) with any address, and the SMBIOS serial, UUID and MACs a
+//     machine shows derive from the VM's name or are broadcast. The claim
+//     counts when the VM is enrolled (it has a VirtualMachineBMC) and the
+//     machine is proven to be the VM (see judge and readProofs): the
+//     bmc-config script's output MaaS stored for it (Client.BMCConfigOutput,
+//     read before anything is written to the machine) carries the VM's
+//     machine proof, a random secret only the controller and the VM's guest
+//     know (EnrolledVM.Proof), and its hardware fits (hardwareFits: every
+//     MAC is the VM's; the hardware UUID, where both sides know one, the
+//     VM's firmware UUID). Until then the machine gets no credentials,
+//     pool, name or commission, and the VirtualMachineBMC's MaaSMachine
+//     condition and an Event say why; a VM with no proof yet gets no new
+//     machine. The machine bound first (the one status.maas names, proven
+//     by its proof or bound before machine proofs) keeps the VM while it
+//     still claims it and its hardware fits, without its output being read
+//     again; a machine proven later never displaces it. Of several machines
+//     proven with none bound before, none gets the VM. The other claimants
+//     are reported as duplicates and detached, never given credentials;
+//   - a machine is commissioned only once the VM's status names it
+//     (recordBinding): commissioning replaces the output that proved it;
+//   - credentials are written together with the power type, address and
+//     node id they belong with, so they never land next to an address
+//     someone changed since the cycle's list; the read-back checks the
+//     machine's own address, and a machine the VM's status names that no
+//     longer names the VM's BMC has its user and password blanked;
 //   - power_user/power_pass (and node_id) follow the VM's BMC Secret, in every
 //     status: a rotated password must reach Ready and Deployed machines too,
 //     or MaaS loses power control;
-//   - hostname "<vm>-<namespace>" and the resource pool named after the
-//     namespace (created when missing) are set while the machine is New, and
+//   - hostname "<vm>-<namespace>" (else its hashed form, else, when other
+//     machines hold both, "<vm>-<namespace>-<system id>", which no one can
+//     predict before the machine enlists) and the resource pool named after
+//     the namespace (created when missing) are set while the machine is New, and
 //     while it is Ready once its VM's BMC Secret is found: MaaS commissions
 //     at enlistment by default (enlist_commissioning), so a machine may be
 //     Ready before the reconciler first sees it. A Ready machine renamed or
@@ -59,9 +77,10 @@ import (
 // One cycle costs one machine list and one bulk power-parameters request
 // in MaaS, and three lists in Kubernetes (Cluster.Enrolled; a fourth,
 // Cluster.InstanceMACs, only while a claimed VM sets no MAC in its spec),
-// plus a pool list only when some machine needs moving, plus one request per
-// change and, in a cycle that wrote credentials, one bulk power-parameters
-// read-back: machines that need nothing cost nothing. Machines of other tools
+// plus one stored-output read per claimant that needs proving (none for a
+// bound machine), a pool list only when some machine needs moving, one
+// request per change and, in a cycle that wrote credentials, one bulk
+// power-parameters read-back: machines that need nothing cost nothing. Machines of other tools
 // and physical servers are left alone.
 //
 // A machine's problems (a refused commission, a rejected address, other
