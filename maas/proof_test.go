@@ -137,7 +137,7 @@ func TestProvenLaterNeverDisplaces(t *testing.T) {
 func TestMigrationKeepsBindings(t *testing.T) {
 	for _, vmHasProof := range []bool{true, false} {
 		t.Run(map[bool]string{true: "VM stamped since", false: "VM without proof"}[vmHasProof], func(t *testing.T) {
-			old := withCredentials(ours("m1", vmA, maassim.StatusReady), "pw")
+			old := withPassword(ours("m1", vmA, maassim.StatusReady), "pw")
 			old.Commissioning = nil // commissioned before the script reported proofs
 			old.Hostname, old.Pool = maas.Hostname(vmA), vmA.Namespace
 			s := maassim.New(t).WithPool(vmA.Namespace).WithMachine(old)
@@ -165,9 +165,9 @@ func TestMigrationKeepsBindings(t *testing.T) {
 	}
 }
 
-// withCredentials gives a machine the credentials the fake cluster's VMs
+// withPassword gives a machine the credentials the fake cluster's VMs
 // have.
-func withCredentials(m maassim.Machine, password string) maassim.Machine {
+func withPassword(m maassim.Machine, password string) maassim.Machine {
 	m.PowerParameters[maas.PowerUser] = "admin"
 	m.PowerParameters[maas.PowerPass] = password
 	return m

@@ -112,11 +112,6 @@ func TestRules(t *testing.T) {
 		m.Hostname, m.Pool = hostname, pool
 		return m
 	}
-	withPassword := func(m maassim.Machine, password string) maassim.Machine {
-		m.PowerParameters[maas.PowerUser] = "admin"
-		m.PowerParameters[maas.PowerPass] = password
-		return m
-	}
 	dotted := maas.VMRef{Namespace: "ns", Name: "web.prod"}
 	type want struct {
 		hostname, pool, password string
