@@ -424,12 +424,10 @@ func (r *Reconciler) cycle(ctx context.Context) (CycleResult, error) {
 
 	holders := make(map[string]string, len(machines)) // hostname → system_id
 	inMaaS := make(map[string]bool, len(machines))
-	listed := make(map[string]Machine, len(machines))
 	claims := map[VMRef][]managedMachine{}
 	for _, m := range machines {
 		holders[m.Hostname] = m.SystemID
 		inMaaS[m.SystemID] = true
-		listed[m.SystemID] = m
 		if m.PowerType != PowerTypeRedfish {
 			continue
 		}
@@ -472,7 +470,7 @@ func (r *Reconciler) cycle(ctx context.Context) (CycleResult, error) {
 			fmt.Fprintln(r.Out, "would "+c.String())
 		}
 	}
-	result.Failures = append(result.Failures, r.blankStrayed(ctx, bindings, listed, params, record)...)
+	result.Failures = append(result.Failures, r.blankStrayed(ctx, bindings, machines, inMaaS, params, record)...)
 	current, failures := r.reconcileBound(ctx, bindings, holders, now, record)
 	for _, b := range bindings {
 		var failure error
@@ -822,22 +820,30 @@ func (r *Reconciler) blankCredentials(ctx context.Context, m Machine, vm VMRef, 
 // blankStrayed blanks the credentials of each VM's incumbent machine that
 // no longer claims it (its power address names another BMC, or none) while
 // it still holds the VM's credentials. One request per such machine, once:
-// afterwards it holds none.
-func (r *Reconciler) blankStrayed(ctx context.Context, bindings []binding, listed map[string]Machine, params map[string]PowerParameters, record func(Change)) []MachineFailure {
-	var failures []MachineFailure
+// afterwards it holds none. The machine list is searched only when some
+// incumbent strayed.
+func (r *Reconciler) blankStrayed(ctx context.Context, bindings []binding, machines []Machine, inMaaS map[string]bool, params map[string]PowerParameters, record func(Change)) []MachineFailure {
+	strayed := map[string]*EnrolledVM{}
 	for _, b := range bindings {
 		id := incumbent(b.vm)
-		m, inMaaS := listed[id]
-		if id == "" || !inMaaS || m.PowerType != PowerTypeRedfish || b.vm.CredentialsErr != nil ||
-			slices.ContainsFunc(b.claims, func(c claim) bool { return c.m.SystemID == id }) {
+		if id == "" || !inMaaS[id] || b.vm.CredentialsErr != nil || slices.ContainsFunc(b.claims, func(c claim) bool { return c.m.SystemID == id }) {
 			continue
 		}
-		p := params[id]
-		if p.String(PowerPass) != b.vm.Credentials.Password && p.String(PowerUser) != b.vm.Credentials.Username {
+		if params[id].String(PowerPass) == b.vm.Credentials.Password {
+			strayed[id] = b.vm
+		}
+	}
+	if len(strayed) == 0 {
+		return nil
+	}
+	var failures []MachineFailure
+	for _, m := range machines {
+		vm, ok := strayed[m.SystemID]
+		if !ok || m.PowerType != PowerTypeRedfish {
 			continue
 		}
-		if err := r.blankCredentials(ctx, m, b.vm.VM, p, record); err != nil {
-			failures = append(failures, MachineFailure{SystemID: id, VM: b.vm.VM, Err: err})
+		if err := r.blankCredentials(ctx, m, vm.VM, params[m.SystemID], record); err != nil {
+			failures = append(failures, MachineFailure{SystemID: m.SystemID, VM: vm.VM, Err: err})
 		}
 	}
 	return failures
