@@ -381,6 +381,9 @@ func decide(b binding) binding {
 		b.winner = proven[0]
 	default:
 		b.tie = true
+		for _, i := range proven {
+			b.claims[i].why = "it carries the VM's machine proof too"
+		}
 	}
 	return b
 }
