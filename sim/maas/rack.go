@@ -272,7 +272,8 @@ func (s *Rack) runBMCConfig(ctx context.Context, b guest.NetBoot) (map[string]st
 	err = cmd.Run()
 	result.Stdout, result.Stderr, result.ExitStatus = stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
 	if err != nil {
-		return nil, result, fmt.Errorf("%s: %w: %s%s", filepath.Base(s.opts.Script), err, result.Stdout, result.Stderr)
+		// stderr only: stdout may hold the machine proof, a secret.
+		return nil, result, fmt.Errorf("%s: %w: %s", filepath.Base(s.opts.Script), err, result.Stderr)
 	}
 	result.Status = ScriptPassed
 	data, err := os.ReadFile(configPath)
