@@ -2,6 +2,7 @@ package maas_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -247,33 +248,73 @@ func TestAttackAddressSwappedAroundTheCredentialWrite(t *testing.T) {
 
 // TestAttackSquattedHostnames plays issue 35's item 6: both names the VM's
 // machine can get are predictable, so two anonymous enlistments take them
-// first. The VM's machine must still be named, pooled and commissioned,
-// and the squatters left alone.
+// first. The VM's machine must still be named, pooled and commissioned.
+// Squatters that claim the VM's BMC unproven and are New give the names
+// back (renamed after their system IDs); others (not claimants, or
+// deployed) keep theirs, and the VM's machine takes a name from its own
+// system ID, which no one could predict.
 func TestAttackSquattedHostnames(t *testing.T) {
-	s := maassim.New(t)
-	squatters := []string{
-		enlistAnonymously(t, s, maas.Hostname(vmB), []string{"02:ee:00:00:00:01"}, maas.PowerTypeManual, nil),
-		enlistAnonymously(t, s, maas.HashedHostname(vmB), []string{"02:ee:00:00:00:02"}, maas.PowerTypeManual, nil),
-	}
-	s.WithMachine(ours("m-b", vmB, maassim.StatusNew))
-	cluster := newFakeCluster().withVM(vmB, "pw")
-	r := newReconciler(t, s, cluster)
-	for range 2 {
-		if result := reconcile(t, r); len(result.Failures) != 0 {
-			t.Errorf("failures %v", result.Failures)
+	claimant := func(powerType string) map[string]string {
+		if powerType == maas.PowerTypeManual {
+			return nil
 		}
+		return map[string]string{maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name}
 	}
-	m, _ := s.Machine("m-b")
-	if m.Hostname != maas.SystemHostname(vmB, "m-b") || m.Pool != vmB.Namespace || m.Status != maassim.StatusCommissioning {
-		t.Errorf("B's machine = %+v, want named %q, pooled and commissioning", m, maas.SystemHostname(vmB, "m-b"))
+	tests := []struct {
+		name         string
+		powerType    string // the squatters'
+		status       int    // the squatters'
+		wantHostname func(squatters []string) string
+		wantRenamed  bool
+	}{
+		{
+			name: "squatters that claim nothing", powerType: maas.PowerTypeManual, status: maassim.StatusNew,
+			wantHostname: func([]string) string { return maas.SystemHostname(vmB, "m-b") },
+		},
+		{
+			name: "unproven New claimants", powerType: maas.PowerTypeRedfish, status: maassim.StatusNew,
+			wantHostname: func([]string) string { return maas.Hostname(vmB) }, wantRenamed: true,
+		},
+		{
+			name: "unproven deployed claimants", powerType: maas.PowerTypeRedfish, status: maassim.StatusDeployed,
+			wantHostname: func([]string) string { return maas.SystemHostname(vmB, "m-b") },
+		},
 	}
-	if st, c := cluster.status(vmB); st.SystemID != "m-b" || c.Reason != maas.ReasonBound {
-		t.Errorf("status %+v, condition %+v", st, c)
-	}
-	for i, id := range squatters {
-		got, _ := s.Machine(id)
-		if want := []string{maas.Hostname(vmB), maas.HashedHostname(vmB)}[i]; got.Hostname != want || got.Pool != maassim.DefaultPool || got.Status != maassim.StatusNew {
-			t.Errorf("squatter %s = %+v, want left alone", id, got)
-		}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := maassim.New(t)
+			names := []string{maas.Hostname(vmB), maas.HashedHostname(vmB)}
+			var squatters []string
+			for i, name := range names {
+				id := enlistAnonymously(t, s, name, []string{fmt.Sprintf("02:ee:00:00:00:%02x", i)}, tt.powerType, claimant(tt.powerType))
+				s.Update(id, func(m *maassim.Machine) { m.Status = tt.status })
+				squatters = append(squatters, id)
+			}
+			s.WithMachine(ours("m-b", vmB, maassim.StatusNew))
+			cluster := newFakeCluster().withVM(vmB, "pw")
+			r := newReconciler(t, s, cluster)
+			for range 2 {
+				if result := reconcile(t, r); len(result.Failures) != 0 {
+					t.Errorf("failures %v", result.Failures)
+				}
+			}
+			m, _ := s.Machine("m-b")
+			if want := tt.wantHostname(squatters); m.Hostname != want || m.Pool != vmB.Namespace || m.Status != maassim.StatusCommissioning {
+				t.Errorf("B's machine = %+v, want named %q, pooled and commissioning", m, want)
+			}
+			if st, c := cluster.status(vmB); st.SystemID != "m-b" {
+				t.Errorf("status %+v, condition %+v", st, c)
+			}
+			for i, id := range squatters {
+				got, _ := s.Machine(id)
+				want := names[i]
+				if tt.wantRenamed {
+					want = "unproven-" + id
+				}
+				if got.Hostname != want || got.Pool != maassim.DefaultPool || got.Status != tt.status || slices.Contains(s.PasswordsHeld(id), "pw") {
+					t.Errorf("squatter %s = %+v, want hostname %q and otherwise left alone", id, got, want)
+				}
+			}
+		})
 	}
 }

@@ -58,7 +58,8 @@ import (
 //     or MaaS loses power control;
 //   - hostname "<vm>-<namespace>" (else its hashed form, else, when other
 //     machines hold both, "<vm>-<namespace>-<system id>", which no one can
-//     predict before the machine enlists) and the resource pool named after
+//     predict before the machine enlists; an unproven New machine claiming
+//     the VM is renamed rather, see renameSquatters) and the resource pool named after
 //     the namespace (created when missing) are set while the machine is New, and
 //     while it is Ready once its VM's BMC Secret is found: MaaS commissions
 //     at enlistment by default (enlist_commissioning), so a machine may be
@@ -143,9 +144,12 @@ const (
 	// no longer names its BMC.
 	ActionBlankCredentials = "blank power credentials"
 	ActionDetach           = "detach from the VM's BMC"
-	ActionSetIdentity      = "set hostname and pool"
-	ActionCommission       = "commission"
-	ActionReport           = "report status"
+	// ActionRenameSquatter: an unproven New machine claiming the VM held
+	// one of the VM's hostnames.
+	ActionRenameSquatter = "rename an unproven machine"
+	ActionSetIdentity    = "set hostname and pool"
+	ActionCommission     = "commission"
+	ActionReport         = "report status"
 )
 
 // Reasons of the MaaSMachine condition.
@@ -618,6 +622,7 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		if ownsIdentity(x) {
 			identities = append(identities, x)
 			if poolErrs[x.m.vm.Namespace] == nil {
+				r.renameSquatters(ctx, x.m, x.others, holders, record)
 				x.hostname, x.hostnameErr = claimHostname(x.m, holders)
 			}
 		}
@@ -953,6 +958,37 @@ func hostnameRefused(err error) bool {
 	var apiErr *APIError
 	return errors.As(err, &apiErr) && apiErr.StatusCode == http.StatusBadRequest &&
 		strings.Contains(apiErr.Message, `"hostname"`)
+}
+
+// renameSquatters gives the VM's predictable names back to its proven
+// machine m: another machine claiming the VM that is not proven (detached
+// from the VM's BMC this cycle or before) and still New, holding one of
+// them, is renamed after its own system ID ("unproven-<id>"). A machine
+// in any other status keeps its name (it may be deployed under it), and
+// so does a machine that does not claim the VM (a physical server, say):
+// claimHostname then falls back to a name no one can predict. holders is
+// updated.
+func (r *Reconciler) renameSquatters(ctx context.Context, m managedMachine, others []managedMachine, holders map[string]string, record func(Change)) {
+	candidates := hostnames(m)
+	if slices.Contains(candidates, m.Hostname) {
+		return
+	}
+	for _, o := range others {
+		if o.Status != StatusNew || !slices.Contains(candidates[:2], o.Hostname) || holders[o.Hostname] != o.SystemID {
+			continue
+		}
+		name := "unproven-" + strings.ToLower(o.SystemID)
+		record(Change{Action: ActionRenameSquatter, SystemID: o.SystemID, VM: m.vm,
+			Detail: fmt.Sprintf("hostname %q → %q: it claims the VM's BMC unproven, and machine %s is the VM", o.Hostname, name, m.SystemID)})
+		if !r.DryRun {
+			if _, err := r.MaaS.UpdateMachine(ctx, o.SystemID, MachineUpdate{Hostname: name}); err != nil {
+				r.logFor(o).Error(err, "could not rename the unproven machine holding the VM's hostname")
+				continue
+			}
+		}
+		delete(holders, o.Hostname)
+		holders[name] = o.SystemID
+	}
 }
 
 // hostnames are the names the VM's machine may take, in order of
