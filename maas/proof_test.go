@@ -99,36 +99,52 @@ func TestAttackAnonymousEnlistmentFirst(t *testing.T) {
 
 // TestProvenLaterNeverDisplaces: the machine bound first keeps its VM
 // against a machine proven later, and its stored output is not read again;
-// once it stops proving itself (it carries a MAC the VM lacks, or it left
-// MaaS) the proven one takes the VM.
+// once it stops proving itself (it carries a MAC the VM lacks, it left
+// MaaS, or its address names another BMC) the proven one takes the VM.
 func TestProvenLaterNeverDisplaces(t *testing.T) {
-	s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
-	cluster := newFakeCluster().withVM(vmA, "pw")
-	r := newReconciler(t, s, cluster)
-	reconcile(t, r)
-	s.Step()
-	s.WithMachine(ours("m2", vmA, maassim.StatusNew)) // carries the proof too
-	s.ResetRequests()
-	for range 2 {
-		reconcile(t, r)
-	}
-	if st, _ := cluster.status(vmA); st.SystemID != "m1" {
-		t.Fatalf("status names %q, want m1, bound first", st.SystemID)
-	}
-	if m, _ := s.Machine("m2"); m.PowerParameters[maas.PowerPass] == "pw" || m.PowerType != maas.PowerTypeManual {
-		t.Errorf("m2 = %+v, want detached without the password", m)
-	}
-	if n := s.Count(maassim.Match{Path: "nodes/m1/results/current-commissioning/"}); n != 0 {
-		t.Errorf("the bound machine's output was read %d times", n)
-	}
+	for _, stop := range []struct {
+		name string
+		do   func(s *maassim.Server)
+	}{
+		{"it carries a MAC the VM lacks", func(s *maassim.Server) {
+			s.Update("m1", func(m *maassim.Machine) { m.MACs = append(m.MACs, "02:ff:00:00:00:09") })
+		}},
+		{"it left MaaS", func(s *maassim.Server) { s.Delete("m1") }},
+		{"it names another BMC", func(s *maassim.Server) {
+			s.Update("m1", func(m *maassim.Machine) { m.PowerParameters[maas.PowerAddress] = "other.tenant-x." + testDomain })
+		}},
+	} {
+		t.Run(stop.name, func(t *testing.T) {
+			s := maassim.New(t).WithMachine(ours("m1", vmA, maassim.StatusNew))
+			cluster := newFakeCluster().withVM(vmA, "pw")
+			r := newReconciler(t, s, cluster)
+			reconcile(t, r)
+			s.Step()
+			s.WithMachine(ours("m2", vmA, maassim.StatusNew)) // carries the proof too
+			s.ResetRequests()
+			for range 2 {
+				reconcile(t, r)
+			}
+			if st, _ := cluster.status(vmA); st.SystemID != "m1" {
+				t.Fatalf("status names %q, want m1, bound first", st.SystemID)
+			}
+			if m, _ := s.Machine("m2"); m.PowerParameters[maas.PowerPass] == "pw" || m.PowerType != maas.PowerTypeManual {
+				t.Errorf("m2 = %+v, want detached without the password", m)
+			}
+			if n := s.Count(maassim.Match{Path: "nodes/m1/results/current-commissioning/"}); n != 0 {
+				t.Errorf("the bound machine's output was read %d times", n)
+			}
 
-	// m1 now carries a MAC the VM does not have: it no longer proves
-	// itself, and a machine proven by its output takes the VM.
-	s.Update("m1", func(m *maassim.Machine) { m.MACs = append(m.MACs, "02:ff:00:00:00:09") })
-	s.WithMachine(ours("m3", vmA, maassim.StatusNew))
-	reconcile(t, r)
-	if st, _ := cluster.status(vmA); st.SystemID != "m3" {
-		t.Errorf("status names %q, want m3 once m1 stopped proving itself", st.SystemID)
+			stop.do(s)
+			s.WithMachine(ours("m3", vmA, maassim.StatusNew))
+			reconcile(t, r)
+			if st, _ := cluster.status(vmA); st.SystemID != "m3" {
+				t.Errorf("status names %q, want m3 once m1 stopped proving itself", st.SystemID)
+			}
+			if m, ok := s.Machine("m1"); ok && m.PowerParameters[maas.PowerPass] == "pw" && m.PowerParameters[maas.PowerAddress] != maas.BMCAddress(vmA, testDomain) {
+				t.Errorf("m1 keeps the VM's password next to address %q", m.PowerParameters[maas.PowerAddress])
+			}
+		})
 	}
 }
 
