@@ -193,7 +193,9 @@ func isSelf(vm *kubevirtv1.VirtualMachine, other *kubevirtv1.VirtualMachine) boo
 
 // Stamp makes vm's identity right in place: the serial, the UUID (a user's
 // kept unless another enrolled VM has it), a MAC for each interface
-// without one, and a machine proof unless it has a value of a proof's form. It returns admission warnings for user values it replaced.
+// without one, and a machine proof unless it has a value of a proof's form
+// (so a VM keeps its proof). It returns admission warnings for user values
+// it replaced.
 // Idempotent: a second call changes nothing and warns nothing. The caller
 // decides that vm is enrolled; Stamp does not ask.
 func (s *Stamper) Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) ([]string, error) {
