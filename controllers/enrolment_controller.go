@@ -234,7 +234,7 @@ func (r *EnrolmentReconciler) repairIdentity(ctx context.Context, vm *kubevirtv1
 	}
 	r.patchedFrom[client.ObjectKeyFromObject(vm)] = vm.ResourceVersion
 	r.mu.Unlock()
-	note := "set SMBIOS serial, UUID and MACs"
+	note := "set SMBIOS serial, UUID, MACs and machine proof"
 	if len(warnings) > 0 {
 		note += ": " + strings.Join(warnings, "; ")
 	}

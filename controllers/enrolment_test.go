@@ -2,15 +2,19 @@ package controllers_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
@@ -49,6 +53,33 @@ func TestEnrolment(t *testing.T) {
 		key := types.NamespacedName{Namespace: preexistingNS, Name: "old"}
 		poll.Until(t, "enrolment", func() error { return enrolledSet(key) })
 		poll.Until(t, "serial", func() error { return serialIs(key, "old."+preexistingNS) })
+	})
+
+	t.Run("a VM enrolled before machine proofs gets one, and keeps it", func(t *testing.T) {
+		key := types.NamespacedName{Namespace: preexistingNS, Name: "old"}
+		var proof string
+		poll.Until(t, "a machine proof", func() error {
+			var err error
+			proof, err = proofOf(key)
+			return err
+		})
+		// Another repair (an edited serial) keeps it.
+		update(t, key, &kubevirtv1.VirtualMachine{}, func(obj client.Object) {
+			obj.(*kubevirtv1.VirtualMachine).Spec.Template.Spec.Domain.Firmware.Serial = "victim.team-b"
+		})
+		poll.Until(t, "serial repaired", func() error { return serialIs(key, "old."+preexistingNS) })
+		if got, err := proofOf(key); err != nil || got != proof {
+			t.Fatalf("proof changed by a repair (%v)", err)
+		}
+		var list eventsv1.EventList
+		if err := admin.List(ctx, &list, client.InNamespace(preexistingNS)); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range list.Items {
+			if strings.Contains(e.Note, proof) {
+				t.Errorf("the proof in Event %s: %s", e.Reason, e.Note)
+			}
+		}
 	})
 
 	t.Run("a new VM in an opted-in namespace", func(t *testing.T) {
@@ -175,6 +206,19 @@ func TestEnrolment(t *testing.T) {
 		poll.Until(t, "its workload", func() error { return workloadExists(key) })
 		requireNever(t, "removal of a user's VirtualMachineBMC", "enrolment", since, func() error { return gone(key, &v1beta1.VirtualMachineBMC{}) })
 	})
+}
+
+// proofOf is the VM's machine proof, or why it has none.
+func proofOf(key types.NamespacedName) (string, error) {
+	vm := &kubevirtv1.VirtualMachine{}
+	if err := get(key, vm); err != nil {
+		return "", err
+	}
+	chassis := vm.Spec.Template.Spec.Domain.Chassis
+	if chassis == nil || !bmcspec.IsMachineProof(chassis.Asset) {
+		return "", errors.New("no machine proof at chassis.asset")
+	}
+	return chassis.Asset, nil
 }
 
 func serialIs(key types.NamespacedName, want string) error {

@@ -32,7 +32,7 @@ func TestEventsSayWhatHappened(t *testing.T) {
 	vm := client.ObjectKeyFromObject(createVM(t, newVM(ns, "web1")))
 	poll.Until(t, "workload", func() error { return workloadExists(vm) })
 	poll.Until(t, "the Enrolled Event of the VM whose serial was replaced", func() error {
-		return eventWith(ns, "Enrolled", `created VirtualMachineBMC web2 and credentials Secret web2-bmc; set SMBIOS serial, UUID and MACs: spec.template.spec.domain.firmware.serial "someone-else" replaced`)
+		return eventWith(ns, "Enrolled", `created VirtualMachineBMC web2 and credentials Secret web2-bmc; set SMBIOS serial, UUID, MACs and machine proof: spec.template.spec.domain.firmware.serial "someone-else" replaced`)
 	})
 	deleteObj(t, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{})
 	poll.Until(t, "the CredentialsCreated Event", func() error {

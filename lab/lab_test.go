@@ -12,6 +12,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/lab"
 	"github.com/virtmetal/virtmetal/maas"
@@ -162,6 +163,18 @@ func checkReadyMachine(t *testing.T, ctx context.Context, l *lab.Lab, vm maas.VM
 	// because the power-on failed (it then returns the machine to New).
 	if n, want := countApplied(l, maassim.Match{Method: http.MethodPost, Path: "machines/" + m.SystemID + "/", Op: "commission"}), 1+l.CommissioningStartFailures(m.SystemID); n != want {
 		t.Errorf("machine %s commissioned %d times, want %d", m.SystemID, n, want)
+	}
+	// Bound by its machine proof: the reconciler read what MaaS stored of
+	// the bmc-config script's run before it wrote anything.
+	if n := countApplied(l, maassim.Match{Method: http.MethodGet, Path: "nodes/" + m.SystemID + "/results/current-commissioning/"}); n == 0 {
+		t.Errorf("machine %s was bound without its stored commissioning output read", m.SystemID)
+	}
+	var bmc v1beta1.VirtualMachineBMC
+	if err := l.Client.Get(ctx, client.ObjectKey{Namespace: vm.Namespace, Name: vm.Name}, &bmc); err != nil {
+		t.Fatal(err)
+	}
+	if bmc.Status.MaaS == nil || bmc.Status.MaaS.SystemID != m.SystemID {
+		t.Errorf("VirtualMachineBMC status.maas %+v, want machine %s", bmc.Status.MaaS, m.SystemID)
 	}
 	pools := 0
 	for _, p := range l.MaaS.Pools() {

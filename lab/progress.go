@@ -9,6 +9,7 @@ import (
 
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/maas"
 	maassim "github.com/virtmetal/virtmetal/sim/maas"
 )
@@ -126,8 +127,8 @@ func (l *Lab) watchProgress(ctx context.Context) {
 				if !l.progress.seen(ref, StepVMCreated) {
 					continue
 				}
-				if mac, serial := identity(&vm); mac != "" && serial != "" {
-					l.progress.record(ref, StepIdentity, fmt.Sprintf("MAC %s, serial %s", mac, serial))
+				if mac, serial, proof := identity(&vm); mac != "" && serial != "" && proof {
+					l.progress.record(ref, StepIdentity, fmt.Sprintf("MAC %s, serial %s, a machine proof", mac, serial))
 				}
 			}
 		}
@@ -142,8 +143,9 @@ func (l *Lab) watchProgress(ctx context.Context) {
 	}
 }
 
-// identity is the VM's first MAC and its SMBIOS serial, as stamped.
-func identity(vm *kubevirtv1.VirtualMachine) (mac, serial string) {
+// identity is the VM's first MAC and its SMBIOS serial, as stamped, and
+// whether it has a machine proof (never the proof: it is a secret).
+func identity(vm *kubevirtv1.VirtualMachine) (mac, serial string, proof bool) {
 	spec := vm.Spec.Template.Spec.Domain
 	if len(spec.Devices.Interfaces) > 0 {
 		mac = spec.Devices.Interfaces[0].MacAddress
@@ -151,7 +153,8 @@ func identity(vm *kubevirtv1.VirtualMachine) (mac, serial string) {
 	if spec.Firmware != nil {
 		serial = spec.Firmware.Serial
 	}
-	return mac, serial
+	proof = spec.Chassis != nil && bmcspec.IsMachineProof(spec.Chassis.Asset)
+	return mac, serial, proof
 }
 
 func (l *Lab) logf(format string, args ...any) {

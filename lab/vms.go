@@ -102,8 +102,8 @@ func (l *Lab) CreateVM(ctx context.Context, vm maas.VMRef, opts VMOptions) error
 	// The admission webhook stamps the identity into the VM as created;
 	// record it now, before the VM can boot (watchProgress notices VMs the
 	// reconcile loop stamps later).
-	if mac, serial := identity(object); mac != "" && serial != "" {
-		l.progress.record(vm, StepIdentity, fmt.Sprintf("MAC %s, serial %s", mac, serial))
+	if mac, serial, proof := identity(object); mac != "" && serial != "" && proof {
+		l.progress.record(vm, StepIdentity, fmt.Sprintf("MAC %s, serial %s, a machine proof", mac, serial))
 	}
 	return nil
 }
@@ -145,8 +145,8 @@ func (l *Lab) WaitIdentity(ctx context.Context, vm maas.VMRef) error {
 		if err := l.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}, &got); err != nil {
 			return false, client404(err)
 		}
-		mac, serial := identity(&got)
-		return mac != "" && serial != "", nil
+		mac, serial, proof := identity(&got)
+		return mac != "" && serial != "" && proof, nil
 	})
 }
 

@@ -257,6 +257,37 @@ func (c *Client) Commission(ctx context.Context, systemID string, opts Commissio
 	return m, err
 }
 
+// BMCConfigScript is the name of virtmetal's commissioning script in MaaS
+// (deploy/maas/virtmetal-bmc-config.py's metadata).
+const BMCConfigScript = "50-virtmetal-bmc-config"
+
+// BMCConfigOutput is what MaaS stored as the standard output of the
+// bmc-config script in the machine's current commissioning script set
+// (GET nodes/<id>/results/current-commissioning/), where the guest
+// reported its machine proof. It is "" when the set has no such result or
+// the result has no output (a skipped or pending run); an error wrapping
+// ErrNotFound when the machine has no commissioning script set (an
+// anonymous enlistment). The one place that knows where MaaS keeps it.
+func (c *Client) BMCConfigOutput(ctx context.Context, systemID string) (string, error) {
+	var set struct {
+		Results []struct {
+			Name   string `json:"name"`
+			Stdout []byte `json:"stdout"` // base64 in the JSON
+		} `json:"results"`
+	}
+	query := url.Values{"include_output": {"1"}, "filters": {BMCConfigScript}}
+	if err := c.do(ctx, http.MethodGet, "nodes/"+url.PathEscape(systemID)+"/results/current-commissioning/", query, nil, &set); err != nil {
+		return "", err
+	}
+	output := ""
+	for _, result := range set.Results {
+		if result.Name == BMCConfigScript {
+			output = string(result.Stdout)
+		}
+	}
+	return output, nil
+}
+
 func machinePath(systemID string) string {
 	return "machines/" + systemID + "/"
 }

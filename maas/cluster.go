@@ -48,6 +48,10 @@ type EnrolledVM struct {
 	// FirmwareUUID is the VM's SMBIOS system UUID (spec firmware.uuid), ""
 	// when not set.
 	FirmwareUUID string
+	// Proof is the VM's machine proof (spec chassis.asset, see
+	// bmcspec.NewMachineProof), "" while it has none. A secret: never
+	// logged, reported or put in an error.
+	Proof string
 	// Reported is what the VirtualMachineBMC's status holds of the
 	// reconciler's part: the maas block and the MaaSMachine condition.
 	Reported MachineStatus
@@ -174,7 +178,7 @@ func (k KubeCluster) Enrolled(ctx context.Context) (map[VMRef]*EnrolledVM, error
 		e.Credentials, e.CredentialsErr = credentialsFor(bmc, secretsByKey)
 		if vm, ok := vmsByRef[ref]; ok {
 			e.VMFound = true
-			e.MACs, e.FirmwareUUID = specIdentity(vm)
+			e.MACs, e.FirmwareUUID, e.Proof = specIdentity(vm)
 		}
 		enrolled[ref] = e
 	}
@@ -232,9 +236,9 @@ func credentialsFrom(secret *corev1.Secret, namespace, name string) (Credentials
 	return Credentials{Username: username, Password: password}, nil
 }
 
-func specIdentity(vm *kubevirtv1.VirtualMachine) (macs []string, firmwareUUID string) {
+func specIdentity(vm *kubevirtv1.VirtualMachine) (macs []string, firmwareUUID, proof string) {
 	if vm.Spec.Template == nil {
-		return nil, ""
+		return nil, "", ""
 	}
 	domain := vm.Spec.Template.Spec.Domain
 	for _, iface := range domain.Devices.Interfaces {
@@ -245,7 +249,10 @@ func specIdentity(vm *kubevirtv1.VirtualMachine) (macs []string, firmwareUUID st
 	if domain.Firmware != nil {
 		firmwareUUID = NormalizeUUID(string(domain.Firmware.UUID))
 	}
-	return macs, firmwareUUID
+	if domain.Chassis != nil && bmcspec.IsMachineProof(domain.Chassis.Asset) {
+		proof = domain.Chassis.Asset
+	}
+	return macs, firmwareUUID, proof
 }
 
 func reportedStatus(bmc *v1beta1.VirtualMachineBMC) MachineStatus {

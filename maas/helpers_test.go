@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 
 	"github.com/virtmetal/virtmetal/maas"
 	maassim "github.com/virtmetal/virtmetal/sim/maas"
@@ -33,17 +34,33 @@ func uuidOf(vm maas.VMRef) string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", sum[0:4], sum[4:6], sum[6:8], sum[8:10], sum[10:16])
 }
 
+// proofOf is a VM's machine proof in these tests: random in the
+// controller, here fixed per VM so a test can tell whose a machine carries.
+func proofOf(vm maas.VMRef) string {
+	sum := sha256.Sum256([]byte("proof " + vm.String()))
+	return fmt.Sprintf("vmp1-%x", sum[:16])
+}
+
+// proofReport is the commissioning set MaaS stores when the bmc-config
+// script ran on a guest reporting proof.
+func proofReport(proof string) []maassim.ScriptResult {
+	return []maassim.ScriptResult{{Name: maas.BMCConfigScript, Status: maassim.ScriptPassed,
+		Stdout: "INFO: Redfish BMC configured\n" + bmcspec.ProofReportKey + ": " + proof + "\n"}}
+}
+
 // ours is a machine as it looks right after enlistment of the VM with the
 // virtmetal commissioning script: Redfish, our address, no credentials yet,
-// the VM's MAC and UUID.
+// the VM's MAC and UUID, and the VM's proof in its stored commissioning
+// output.
 func ours(systemID string, vm maas.VMRef, status int) maassim.Machine {
 	return maassim.Machine{
-		SystemID:     systemID,
-		Hostname:     "enlisted-" + systemID,
-		Status:       status,
-		PowerType:    maas.PowerTypeRedfish,
-		HardwareUUID: uuidOf(vm),
-		MACs:         []string{macOf(vm)},
+		SystemID:      systemID,
+		Hostname:      "enlisted-" + systemID,
+		Status:        status,
+		PowerType:     maas.PowerTypeRedfish,
+		HardwareUUID:  uuidOf(vm),
+		MACs:          []string{macOf(vm)},
+		Commissioning: proofReport(proofOf(vm)),
 		PowerParameters: map[string]string{
 			maas.PowerAddress: maas.BMCAddress(vm, testDomain),
 			maas.PowerUser:    "",
@@ -85,7 +102,7 @@ func newFakeCluster() *fakeCluster {
 func (f *fakeCluster) withVM(vm maas.VMRef, password string) *fakeCluster {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	e := &maas.EnrolledVM{VM: vm, VMFound: true, MACs: []string{macOf(vm)}, FirmwareUUID: uuidOf(vm)}
+	e := &maas.EnrolledVM{VM: vm, VMFound: true, MACs: []string{macOf(vm)}, FirmwareUUID: uuidOf(vm), Proof: proofOf(vm)}
 	if password != "" {
 		e.Credentials = maas.Credentials{Username: "admin", Password: password}
 	} else {

@@ -14,7 +14,8 @@ import (
 )
 
 // TestIdentityProof: a machine claiming an enrolled VM gets nothing until
-// its hardware proves it is the VM, and the VM's status says why.
+// the output MaaS stored for it carries the VM's machine proof and its
+// hardware fits the VM, and the VM's status says why.
 func TestIdentityProof(t *testing.T) {
 	otherMAC := "02:ff:ff:ff:ff:01"
 	tests := []struct {
@@ -26,25 +27,47 @@ func TestIdentityProof(t *testing.T) {
 		wantWhy    string // in the condition's message
 		wantLists  int    // instance lists
 	}{
-		{name: "MAC and UUID match", wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match"},
-		{name: "MAC matches, MaaS knows no UUID", machine: func(m *maassim.Machine) { m.HardwareUUID = "" }, wantReason: maas.ReasonBound, wantWhy: "MAC matches"},
-		{name: "MAC matches, VM sets no UUID", vm: func(vm *maas.EnrolledVM) { vm.FirmwareUUID = "" }, wantReason: maas.ReasonBound, wantWhy: "MAC matches"},
+		{name: "proof, MAC and UUID match", wantReason: maas.ReasonBound},
+		{name: "proof and MAC, MaaS knows no UUID", machine: func(m *maassim.Machine) { m.HardwareUUID = "" }, wantReason: maas.ReasonBound},
+		{name: "proof and MAC, VM sets no UUID", vm: func(vm *maas.EnrolledVM) { vm.FirmwareUUID = "" }, wantReason: maas.ReasonBound},
 		{
 			name: "MaaS spells MAC and UUID in upper case",
 			machine: func(m *maassim.Machine) {
 				m.MACs[0], m.HardwareUUID = strings.ToUpper(m.MACs[0]), strings.ToUpper(m.HardwareUUID)
 			},
-			wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match",
+			wantReason: maas.ReasonBound,
 		},
 		{
-			name:       "boot interface among others",
+			name:       "MAC and UUID match, no stored output (an anonymous enlistment)",
+			machine:    func(m *maassim.Machine) { m.Commissioning = nil },
+			wantReason: maas.ReasonUnverified, wantWhy: "MaaS stored no commissioning output",
+		},
+		{
+			name:       "MAC and UUID match, another VM's proof",
+			machine:    func(m *maassim.Machine) { m.Commissioning = proofReport(proofOf(vmB)) },
+			wantReason: maas.ReasonUnverified, wantWhy: "does not carry the VM's machine proof",
+		},
+		{
+			name: "MAC and UUID match, the script's run skipped",
+			machine: func(m *maassim.Machine) {
+				m.Commissioning = []maassim.ScriptResult{{Name: maas.BMCConfigScript, Status: maassim.ScriptSkipped}}
+			},
+			wantReason: maas.ReasonUnverified, wantWhy: "does not carry the VM's machine proof",
+		},
+		{
+			name:       "the VM has no proof yet",
+			vm:         func(vm *maas.EnrolledVM) { vm.Proof = "" },
+			wantReason: maas.ReasonUnverified, wantWhy: "no machine proof yet",
+		},
+		{
+			name:       "proof, and a MAC the VM does not have",
 			machine:    func(m *maassim.Machine) { m.MACs = []string{otherMAC, m.MACs[0]} },
-			wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match",
+			wantReason: maas.ReasonUnverified, wantWhy: "its MAC " + otherMAC + " is not one of the VM's",
 		},
-		{name: "no MAC matches", machine: func(m *maassim.Machine) { m.MACs = []string{otherMAC} }, wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs"},
-		{name: "machine has no interfaces", machine: func(m *maassim.Machine) { m.MACs = nil }, wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs"},
+		{name: "proof, no MAC matches", machine: func(m *maassim.Machine) { m.MACs = []string{otherMAC} }, wantReason: maas.ReasonUnverified, wantWhy: "is not one of the VM's"},
+		{name: "proof, machine has no interfaces", machine: func(m *maassim.Machine) { m.MACs = nil }, wantReason: maas.ReasonUnverified, wantWhy: "MaaS shows no MAC"},
 		{
-			name:       "UUID differs",
+			name:       "proof, UUID differs",
 			machine:    func(m *maassim.Machine) { m.HardwareUUID = "00000000-0000-4000-8000-000000000000" },
 			wantReason: maas.ReasonUnverified, wantWhy: "is not the VM's firmware UUID",
 		},
@@ -52,12 +75,12 @@ func TestIdentityProof(t *testing.T) {
 		{
 			name: "spec sets no MAC, the running instance's matches",
 			vm:   func(vm *maas.EnrolledVM) { vm.MACs = nil }, instances: []string{macOf(vmA)},
-			wantReason: maas.ReasonBound, wantWhy: "MAC and SMBIOS UUID match", wantLists: 1,
+			wantReason: maas.ReasonBound, wantLists: 1,
 		},
 		{
 			name: "spec sets no MAC, the running instance's differs",
 			vm:   func(vm *maas.EnrolledVM) { vm.MACs = nil }, instances: []string{otherMAC},
-			wantReason: maas.ReasonUnverified, wantWhy: "none of its MACs", wantLists: 1,
+			wantReason: maas.ReasonUnverified, wantWhy: "is not one of the VM's", wantLists: 1,
 		},
 		{
 			name:       "spec sets no MAC, no running instance",
@@ -85,6 +108,9 @@ func TestIdentityProof(t *testing.T) {
 			_, c := cluster.status(vmA)
 			if c.Reason != tt.wantReason || !strings.Contains(c.Message, tt.wantWhy) {
 				t.Fatalf("condition = %+v, want reason %s and %q", c, tt.wantReason, tt.wantWhy)
+			}
+			if strings.Contains(c.Message, "vmp1-") {
+				t.Errorf("a proof in the condition: %s", c.Message)
 			}
 			if cluster.instanceCalls != tt.wantLists {
 				t.Errorf("instance lists = %d, want %d", cluster.instanceCalls, tt.wantLists)
@@ -116,10 +142,11 @@ func TestIdentityProof(t *testing.T) {
 	}
 }
 
-// TestDuplicateClaims: of two machines claiming one VM the better-proven one
-// keeps it; on a tie the one already reported does; else neither.
+// TestDuplicateClaims: of two machines claiming one VM the one proven by
+// its stored output keeps it; the machine bound first keeps it against a
+// later proven one; two proven ones with none bound before get nothing.
 func TestDuplicateClaims(t *testing.T) {
-	withoutUUID := func(m maassim.Machine) maassim.Machine { m.HardwareUUID = ""; return m }
+	withoutOutput := func(m maassim.Machine) maassim.Machine { m.Commissioning = nil; return m }
 	tests := []struct {
 		name        string
 		machines    []maassim.Machine
@@ -129,29 +156,29 @@ func TestDuplicateClaims(t *testing.T) {
 		wantMention string
 	}{
 		{
-			name:      "UUID match beats MAC-only",
-			machines:  []maassim.Machine{withoutUUID(ours("a", vmA, maassim.StatusNew)), ours("b", vmA, maassim.StatusNew)},
-			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MAC matches)",
+			name:      "the proven machine beats one MaaS stored no output for",
+			machines:  []maassim.Machine{withoutOutput(ours("a", vmA, maassim.StatusNew)), ours("b", vmA, maassim.StatusNew)},
+			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MaaS stored no commissioning output",
 		},
 		{
-			name: "a matching machine beats an unverified one",
+			name: "a machine with a MAC the VM lacks is not proven",
 			machines: []maassim.Machine{ours("a", vmA, maassim.StatusNew), func() maassim.Machine {
 				m := ours("b", vmA, maassim.StatusNew)
-				m.MACs = []string{"02:ff:00:00:00:01"}
+				m.MACs = append(m.MACs, "02:ff:00:00:00:01")
 				return m
 			}()},
-			wantBound: "a", wantReason: maas.ReasonDuplicateClaim, wantMention: "b (none of its MACs",
+			wantBound: "a", wantReason: maas.ReasonDuplicateClaim, wantMention: "b (its MAC 02:ff:00:00:00:01",
 		},
 		{
-			name:       "tie, none reported: neither gets credentials",
-			machines:   []maassim.Machine{withoutUUID(ours("a", vmA, maassim.StatusNew)), withoutUUID(ours("b", vmA, maassim.StatusNew))},
-			wantReason: maas.ReasonDuplicateClaim, wantMention: "all claim this VM equally",
+			name:       "two proven, none bound before: neither gets credentials",
+			machines:   []maassim.Machine{ours("a", vmA, maassim.StatusNew), ours("b", vmA, maassim.StatusNew)},
+			wantReason: maas.ReasonDuplicateClaim, wantMention: "more than one carries its machine proof",
 		},
 		{
-			name:      "tie: the machine already reported keeps the VM",
-			machines:  []maassim.Machine{withoutUUID(ours("a", vmA, maassim.StatusNew)), withoutUUID(ours("b", vmA, maassim.StatusNew))},
+			name:      "the machine bound first keeps the VM",
+			machines:  []maassim.Machine{ours("a", vmA, maassim.StatusNew), withoutOutput(ours("b", vmA, maassim.StatusNew))},
 			reported:  "b",
-			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (MAC matches) also claim",
+			wantBound: "b", wantReason: maas.ReasonDuplicateClaim, wantMention: "a (another machine was bound to the VM first)",
 		},
 	}
 	for _, tt := range tests {
@@ -219,6 +246,7 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			evil := ours(tt.attackerID, vmB, tt.status) // B's address and MAC
 			evil.HardwareUUID = tt.attackerUUID
+			evil.Commissioning = proofReport(proofOf(attacker)) // its guest cannot read B's
 			s := maassim.New(t).WithMachine(evil).WithMachine(ours("m-b", vmB, maassim.StatusNew))
 			if s.BMCID(tt.attackerID) != s.BMCID("m-b") {
 				t.Fatal("the simulator does not share the BMC row of one redfish address")
@@ -279,7 +307,7 @@ func TestAttackClaimingAnotherTenantsVM(t *testing.T) {
 func TestDetachFailureWritesNoCredentials(t *testing.T) {
 	s := maassim.New(t).WithMachine(func() maassim.Machine {
 		m := ours("a-evil", vmB, maassim.StatusNew)
-		m.HardwareUUID = ""
+		m.HardwareUUID, m.Commissioning = "", nil
 		return m
 	}()).WithMachine(ours("m-b", vmB, maassim.StatusNew))
 	s.FailMatching(maassim.Match{Method: "PUT", Path: "machines/a-evil/"}, -1, maassim.FaultServerError)

@@ -118,3 +118,22 @@ func HashedHostname(vm VMRef) string {
 	}
 	return base + "-" + suffix
 }
+
+// SystemHostname is the VM's last-resort MaaS hostname, for when both
+// Hostname and HashedHostname are held by other machines: anyone can
+// predict those and enlist a machine holding them first, but not the system
+// ID MaaS gives the VM's machine when it enlists. "<vm>-<namespace>" cut
+// short, and the system ID.
+func SystemHostname(vm VMRef, systemID string) string {
+	id := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return -1
+	}, strings.ToLower(systemID))
+	base := strings.ToLower(strings.ReplaceAll(vm.Name, ".", "-") + "-" + vm.Namespace)
+	if keep := maxHostnameLength - len(id) - 1; len(base) > keep {
+		base = strings.TrimRight(base[:max(keep, 0)], "-")
+	}
+	return base + "-" + id
+}

@@ -3,6 +3,7 @@ package maas
 import (
 	"cmp"
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/bounded"
 )
 
@@ -25,21 +27,40 @@ import (
 // virtmetal VMs to their wanted state, and reports them to Kubernetes:
 //
 //   - a machine whose power address names a virtmetal BMC under Domain only
-//     claims a VM: the VM's owner controls the SMBIOS serial the address
-//     comes from. The claim counts when the VM is enrolled (it has a
-//     VirtualMachineBMC) and the machine's hardware proves it (see prove):
-//     one of its interface MACs is one of the VM's, and its hardware UUID,
-//     where MaaS and the VM both know one, is the VM's firmware UUID. Until
-//     then the machine gets no credentials, pool, name or commission, and the
-//     VirtualMachineBMC's MaaSMachine condition and an Event say why. Of
-//     several machines claiming one VM the best-proven one keeps it (a UUID
-//     match beats a MAC-only match; on a tie the one already reported); the
-//     others are reported as duplicates and never get credentials;
+//     claims a VM: anyone can enlist a machine in MaaS (enlistment is
+//     anonymous) with any address, and the SMBIOS serial, UUID and MACs a
+//     machine shows derive from the VM's name or are broadcast. The claim
+//     counts when the VM is enrolled (it has a VirtualMachineBMC) and the
+//     machine is proven to be the VM (see judge and readProofs): the
+//     bmc-config script's output MaaS stored for it (Client.BMCConfigOutput,
+//     read before anything is written to the machine) carries the VM's
+//     machine proof, a random secret only the controller and the VM's guest
+//     know (EnrolledVM.Proof), and its hardware fits (hardwareFits: every
+//     MAC is the VM's; the hardware UUID, where both sides know one, the
+//     VM's firmware UUID). Until then the machine gets no credentials,
+//     pool, name or commission, and the VirtualMachineBMC's MaaSMachine
+//     condition and an Event say why; a VM with no proof yet gets no new
+//     machine. The machine bound first (the one status.maas names, proven
+//     by its proof or bound before machine proofs) keeps the VM while it
+//     still claims it and its hardware fits, without its output being read
+//     again; a machine proven later never displaces it. Of several machines
+//     proven with none bound before, none gets the VM. The other claimants
+//     are reported as duplicates and detached, never given credentials;
+//   - a machine is commissioned only once the VM's status names it
+//     (recordBinding): commissioning replaces the output that proved it;
+//   - credentials are written together with the power type, address and
+//     node id they belong with, so they never land next to an address
+//     someone changed since the cycle's list; the read-back checks the
+//     machine's own address, and a machine the VM's status names that no
+//     longer names the VM's BMC has its user and password blanked;
 //   - power_user/power_pass (and node_id) follow the VM's BMC Secret, in every
 //     status: a rotated password must reach Ready and Deployed machines too,
 //     or MaaS loses power control;
-//   - hostname "<vm>-<namespace>" and the resource pool named after the
-//     namespace (created when missing) are set while the machine is New, and
+//   - hostname "<vm>-<namespace>" (else its hashed form, else, when other
+//     machines hold both, "<vm>-<namespace>-<system id>", which no one can
+//     predict before the machine enlists; an unproven New machine claiming
+//     the VM is renamed rather, see renameSquatters) and the resource pool named after
+//     the namespace (created when missing) are set while the machine is New, and
 //     while it is Ready once its VM's BMC Secret is found: MaaS commissions
 //     at enlistment by default (enlist_commissioning), so a machine may be
 //     Ready before the reconciler first sees it. A Ready machine renamed or
@@ -57,9 +78,10 @@ import (
 // One cycle costs one machine list and one bulk power-parameters request
 // in MaaS, and three lists in Kubernetes (Cluster.Enrolled; a fourth,
 // Cluster.InstanceMACs, only while a claimed VM sets no MAC in its spec),
-// plus a pool list only when some machine needs moving, plus one request per
-// change and, in a cycle that wrote credentials, one bulk power-parameters
-// read-back: machines that need nothing cost nothing. Machines of other tools
+// plus one stored-output read per claimant that needs proving (none for a
+// bound machine), a pool list only when some machine needs moving, one
+// request per change and, in a cycle that wrote credentials, one bulk
+// power-parameters read-back: machines that need nothing cost nothing. Machines of other tools
 // and physical servers are left alone.
 //
 // A machine's problems (a refused commission, a rejected address, other
@@ -118,7 +140,13 @@ type Change struct {
 const (
 	ActionCreatePool     = "create pool"
 	ActionSetCredentials = "set power credentials"
-	ActionDetach         = "detach from the VM's BMC"
+	// ActionBlankCredentials: a machine that held the VM's credentials
+	// no longer names its BMC.
+	ActionBlankCredentials = "blank power credentials"
+	ActionDetach           = "detach from the VM's BMC"
+	// ActionRenameSquatter: an unproven New machine claiming the VM held
+	// one of the VM's hostnames.
+	ActionRenameSquatter = "rename an unproven machine"
 	ActionSetIdentity    = "set hostname and pool"
 	ActionCommission     = "commission"
 	ActionReport         = "report status"
@@ -205,23 +233,18 @@ type managedMachine struct {
 	params PowerParameters
 }
 
-// proof is how well a machine's hardware shows it is a VM.
-type proof int
-
-const (
-	proofNone       proof = iota // does not match, or cannot be compared
-	proofMAC                     // a MAC matches; one side knows no UUID
-	proofMACAndUUID              // a MAC and the SMBIOS UUID match
-)
-
-// prove compares a machine's hardware with the enrolled VM it claims, and
-// says why in words for the condition.
-func prove(m Machine, vm *EnrolledVM) (proof, string) {
+// hardwareFits checks what a claimant's hardware says against the VM it
+// claims. Neither is a proof (MACs and the SMBIOS UUID are derived from
+// names and broadcast), but a machine that fails them is not the VM
+// whatever it reports: all its MACs must be the VM's (a machine that also
+// carries another's MAC may be the other's guest reporting through it), and
+// its hardware UUID, where MaaS and the VM both know one, the VM's.
+func hardwareFits(m Machine, vm *EnrolledVM) (bool, string) {
 	if !vm.VMFound {
-		return proofNone, "the VirtualMachine does not exist"
+		return false, "the VirtualMachine does not exist"
 	}
 	if len(vm.MACs) == 0 {
-		return proofNone, "the VM's MACs are unknown (none in its spec, no running instance)"
+		return false, "the VM's MACs are unknown (none in its spec, no running instance)"
 	}
 	var machineMACs []string
 	for _, mac := range m.MACs() {
@@ -229,24 +252,28 @@ func prove(m Machine, vm *EnrolledVM) (proof, string) {
 			machineMACs = append(machineMACs, mac)
 		}
 	}
-	if !slices.ContainsFunc(machineMACs, func(mac string) bool { return slices.Contains(vm.MACs, mac) }) {
-		return proofNone, fmt.Sprintf("none of its MACs %v is one of the VM's %v", machineMACs, vm.MACs)
+	if len(machineMACs) == 0 {
+		return false, "MaaS shows no MAC of it"
 	}
-	hardwareUUID := NormalizeUUID(m.HardwareUUID)
-	if hardwareUUID == "" || vm.FirmwareUUID == "" {
-		return proofMAC, "MAC matches"
+	for _, mac := range machineMACs {
+		if !slices.Contains(vm.MACs, mac) {
+			return false, fmt.Sprintf("its MAC %s is not one of the VM's %v", mac, vm.MACs)
+		}
 	}
-	if hardwareUUID != vm.FirmwareUUID {
-		return proofNone, fmt.Sprintf("its hardware UUID %s is not the VM's firmware UUID %s", hardwareUUID, vm.FirmwareUUID)
+	if hardwareUUID := NormalizeUUID(m.HardwareUUID); hardwareUUID != "" && vm.FirmwareUUID != "" && hardwareUUID != vm.FirmwareUUID {
+		return false, fmt.Sprintf("its hardware UUID %s is not the VM's firmware UUID %s", hardwareUUID, vm.FirmwareUUID)
 	}
-	return proofMACAndUUID, "MAC and SMBIOS UUID match"
+	return true, ""
 }
 
 // claim is one machine's claim on an enrolled VM and how it was judged.
 type claim struct {
-	m     managedMachine
-	proof proof
-	why   string
+	m      managedMachine
+	proven bool
+	why    string
+	// needsProof: the claim is judged by the output MaaS stored for the
+	// machine, read before anything is written (readProofs).
+	needsProof bool
 }
 
 // binding is what a cycle decided for one enrolled VM.
@@ -254,42 +281,114 @@ type binding struct {
 	vm     *EnrolledVM
 	claims []claim // sorted by system ID
 	winner int     // index into claims; -1 when no machine is the VM's
-	tie    bool    // several machines are equally proven
+	tie    bool    // several machines carry the VM's proof
 }
 
-// bind picks, among the machines claiming vm, the one that is the VM's.
-func bind(vm *EnrolledVM, machines []managedMachine) binding {
+// incumbent is the machine the VM's status says was bound to it: the
+// reconciler writes status.maas only for the machine it bound.
+func incumbent(vm *EnrolledVM) string {
+	if vm.Reported.MaaS == nil {
+		return ""
+	}
+	return vm.Reported.MaaS.SystemID
+}
+
+// judge starts the binding of vm among the machines claiming it. The
+// machine bound first (the incumbent, whether it proved itself by the
+// machine proof or, bound before machine proofs, by its hardware) keeps
+// the VM while it still claims it and its hardware fits: a machine proven
+// later never displaces it, and its stored output is not read again. Without
+// one, every claimant whose hardware fits is to be proven by the output MaaS
+// stored for it (readProofs, then decide); none is while the VM has no
+// proof.
+func judge(vm *EnrolledVM, machines []managedMachine) binding {
 	b := binding{vm: vm, winner: -1}
-	best := proofNone
+	current := incumbent(vm)
 	for _, m := range machines {
-		p, why := prove(m.Machine, vm)
-		b.claims = append(b.claims, claim{m: m, proof: p, why: why})
-		best = max(best, p)
-	}
-	if best == proofNone {
-		return b
-	}
-	var top []int
-	for i, c := range b.claims {
-		if c.proof == best {
-			top = append(top, i)
+		c := claim{m: m}
+		fits, why := hardwareFits(m.Machine, vm)
+		switch {
+		case !fits:
+			c.why = why
+		case m.SystemID == current:
+			c.proven = true
+		case vm.Proof == "":
+			c.why = "the VM has no machine proof yet (spec.template.spec.domain.chassis.asset, which the controller stamps), so no machine can prove it is the VM"
+		default:
+			c.needsProof = true
 		}
+		b.claims = append(b.claims, c)
 	}
-	if len(top) == 1 {
-		b.winner = top[0]
-		return b
-	}
-	// Equally proven: the machine already reported keeps the VM, so a
-	// newcomer cannot take it; without one, nobody gets the credentials.
-	if reported := vm.Reported.MaaS; reported != nil {
-		for _, i := range top {
-			if b.claims[i].m.SystemID == reported.SystemID {
-				b.winner = i
-				return b
+	for i, c := range b.claims {
+		if c.proven {
+			b.winner = i
+			for j := range b.claims {
+				if b.claims[j].needsProof {
+					b.claims[j].needsProof = false
+					b.claims[j].why = "another machine was bound to the VM first"
+				}
 			}
 		}
 	}
-	b.tie = true
+	return b
+}
+
+// readProofs reads, for every claim judge left to prove, the bmc-config
+// output MaaS stored for the machine, and proves it when it carries the
+// VM's proof. It runs before anything is written to any machine, and only
+// for claimants: an idle fleet of bound machines costs no read.
+func (r *Reconciler) readProofs(ctx context.Context, bindings []binding) {
+	var pending []*claim
+	var proofs []string
+	for i := range bindings {
+		for j := range bindings[i].claims {
+			if c := &bindings[i].claims[j]; c.needsProof {
+				pending = append(pending, c)
+				proofs = append(proofs, bindings[i].vm.Proof)
+			}
+		}
+	}
+	r.eachConcurrently(len(pending), func(i int) {
+		c := pending[i]
+		output, err := r.MaaS.BMCConfigOutput(ctx, c.m.SystemID)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			c.why = "MaaS stored no commissioning output for it (" + BMCConfigScript + " never ran on it)"
+		case err != nil:
+			c.why = "its commissioning output could not be read: " + err.Error()
+		case subtle.ConstantTimeCompare([]byte(bmcspec.ProofFromReport(output)), []byte(proofs[i])) == 1:
+			c.proven = true
+		default:
+			// Never what it reported: a wrong proof is someone's guess,
+			// and the message reaches the VM's status.
+			c.why = "its commissioning output does not carry the VM's machine proof"
+		}
+		c.needsProof = false
+	})
+}
+
+// decide picks the winner of a binding judge could not decide alone: the
+// one claimant proven by its output; several are a tie and none wins.
+func decide(b binding) binding {
+	if b.winner >= 0 {
+		return b
+	}
+	var proven []int
+	for i, c := range b.claims {
+		if c.proven {
+			proven = append(proven, i)
+		}
+	}
+	switch len(proven) {
+	case 0:
+	case 1:
+		b.winner = proven[0]
+	default:
+		b.tie = true
+		for _, i := range proven {
+			b.claims[i].why = "it carries the VM's machine proof too"
+		}
+	}
 	return b
 }
 
@@ -360,7 +459,11 @@ func (r *Reconciler) cycle(ctx context.Context) (CycleResult, error) {
 			continue
 		}
 		slices.SortFunc(claims[ref], func(a, b managedMachine) int { return cmp.Compare(a.SystemID, b.SystemID) })
-		bindings = append(bindings, bind(vm, claims[ref]))
+		bindings = append(bindings, judge(vm, claims[ref]))
+	}
+	r.readProofs(ctx, bindings)
+	for i := range bindings {
+		bindings[i] = decide(bindings[i])
 	}
 	for _, ref := range slices.SortedFunc(maps.Keys(enrolled), compareVMRefs) {
 		if _, claimed := claims[ref]; !claimed {
@@ -374,6 +477,7 @@ func (r *Reconciler) cycle(ctx context.Context) (CycleResult, error) {
 			fmt.Fprintln(r.Out, "would "+c.String())
 		}
 	}
+	result.Failures = append(result.Failures, r.blankStrayed(ctx, bindings, machines, inMaaS, params, record)...)
 	current, failures := r.reconcileBound(ctx, bindings, holders, now, record)
 	for _, b := range bindings {
 		var failure error
@@ -494,7 +598,7 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		params, err := r.MaaS.PowerParameters(ctx)
 		for _, x := range written {
 			if err == nil {
-				x.err = r.detachOtherHolders(ctx, x.m, x.vm.Credentials, params)
+				x.err = cmp.Or(r.checkOwnAddress(ctx, x.m, params[x.m.SystemID], record), r.detachOtherHolders(ctx, x.m, x.vm.Credentials, params))
 			} else {
 				x.err = fmt.Errorf("read back power parameters: %w", err)
 			}
@@ -518,6 +622,7 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 		if ownsIdentity(x) {
 			identities = append(identities, x)
 			if poolErrs[x.m.vm.Namespace] == nil {
+				r.renameSquatters(ctx, x.m, x.others, holders, record)
 				x.hostname, x.hostnameErr = claimHostname(x.m, holders)
 			}
 		}
@@ -525,7 +630,8 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	r.eachConcurrently(len(identities), func(i int) {
 		x := identities[i]
 		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
-		m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, x.hostname, x.hostnameErr, poolErrs, now, recordOwn)
+		recordBinding := func(m Machine) error { return r.recordBinding(ctx, x.vm, m, now) }
+		m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, x.hostname, x.hostnameErr, poolErrs, now, recordBinding, recordOwn)
 		x.m.Machine, x.err = m, cmp.Or(err, x.err)
 	})
 	recordAll(identities)
@@ -589,7 +695,7 @@ func (r *Reconciler) logFor(m managedMachine) logr.Logger {
 // machine whose credentials are in place, commissions it, unless MaaS
 // refused that and the wait the VM's status reports has not ended. It
 // returns the machine as MaaS last showed it.
-func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, reported MachineStatus, credentialsSet bool, hostname string, hostnameErr error, poolErrs map[string]error, now metav1.Time, record func(Change)) (Machine, error) {
+func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, reported MachineStatus, credentialsSet bool, hostname string, hostnameErr error, poolErrs map[string]error, now metav1.Time, recordBinding func(Machine) error, record func(Change)) (Machine, error) {
 	current, identitySet, err := r.reconcileIdentity(ctx, log, m, hostname, hostnameErr, poolErrs, record)
 	if err != nil || !identitySet || m.Status != StatusNew {
 		return current, err
@@ -607,6 +713,9 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 	if r.DryRun {
 		return current, nil
 	}
+	if err := recordBinding(current); err != nil {
+		return current, err
+	}
 	// The power parameters are right already, so the bmc-config scripts must
 	// not run again: MaaS would store their YAML and blank the password.
 	commissioned, err := r.MaaS.Commission(ctx, m.SystemID, CommissionOptions{SkipBMCConfig: true})
@@ -619,6 +728,25 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 	}
 	log.Info("commissioning started", "hostname", commissioned.Hostname)
 	return commissioned, nil
+}
+
+// recordBinding writes the VM's status naming m before m is commissioned,
+// unless it names m already: commissioning replaces the script output that
+// proved m, so from then on only the status tells it is the VM's machine
+// (the incumbent). When the write fails, m is not commissioned this cycle.
+func (r *Reconciler) recordBinding(ctx context.Context, vm *EnrolledVM, m Machine, now metav1.Time) error {
+	if incumbent(vm) == m.SystemID {
+		return nil
+	}
+	status := MachineStatus{
+		MaaS: &v1beta1.MaaSStatus{SystemID: m.SystemID, StatusName: statusName(m), Hostname: m.Hostname, Pool: m.Pool.Name, LastUpdateTime: &now},
+		Condition: &metav1.Condition{Type: v1beta1.ConditionMaaSMachine, Status: metav1.ConditionTrue, Reason: ReasonBound,
+			Message: boundMessage(m.SystemID), LastTransitionTime: now},
+	}
+	if err := r.Cluster.ReportStatus(ctx, vm.VM, status); err != nil {
+		return fmt.Errorf("not commissioned: the binding could not be recorded first (commissioning replaces the output that proves it): %w", err)
+	}
+	return nil
 }
 
 // detach moves every machine but the proven one off the VM's BMC: power type
@@ -664,6 +792,71 @@ func (r *Reconciler) detachOtherHolders(ctx context.Context, m managedMachine, c
 	return nil
 }
 
+// checkOwnAddress checks, in the power parameters read back after a
+// credential write, that the machine still names its VM's BMC: when its
+// address changed after the write, MaaS would send the VM's password to
+// that other address, so it is blanked and the write counts as failed.
+func (r *Reconciler) checkOwnAddress(ctx context.Context, m managedMachine, readBack PowerParameters, record func(Change)) error {
+	address := readBack.String(PowerAddress)
+	if address == BMCAddress(m.vm, r.Domain) {
+		return nil
+	}
+	err := fmt.Errorf("machine %s's power address changed to %q while its credentials were written", m.SystemID, address)
+	if blankErr := r.blankCredentials(ctx, m.Machine, m.vm, readBack, record); blankErr != nil {
+		return fmt.Errorf("%w; blanking them failed: %w", err, blankErr)
+	}
+	return fmt.Errorf("%w; blanked", err)
+}
+
+// blankCredentials blanks a machine's power user and password, sending its
+// power type, address and node id with them as every credential write
+// does: it no longer names vm's BMC but may hold vm's credentials.
+func (r *Reconciler) blankCredentials(ctx context.Context, m Machine, vm VMRef, params PowerParameters, record func(Change)) error {
+	record(Change{Action: ActionBlankCredentials, SystemID: m.SystemID, VM: vm,
+		Detail: fmt.Sprintf("its power address %q no longer names the VM's BMC", params.String(PowerAddress))})
+	if r.DryRun {
+		return nil
+	}
+	blank := map[string]string{PowerAddress: params.String(PowerAddress), PowerNodeID: params.String(PowerNodeID), PowerUser: "", PowerPass: ""}
+	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: blank}); err != nil {
+		return fmt.Errorf("blank power credentials of %s: %w", m.SystemID, err)
+	}
+	r.Log.Info("power credentials blanked: the machine no longer names its VM's BMC", "systemID", m.SystemID, "namespace", vm.Namespace, "vm", vm.Name)
+	return nil
+}
+
+// blankStrayed blanks the credentials of each VM's incumbent machine that
+// no longer claims it (its power address names another BMC, or none) while
+// it still holds the VM's credentials. One request per such machine, once:
+// afterwards it holds none. The machine list is searched only when some
+// incumbent strayed.
+func (r *Reconciler) blankStrayed(ctx context.Context, bindings []binding, machines []Machine, inMaaS map[string]bool, params map[string]PowerParameters, record func(Change)) []MachineFailure {
+	strayed := map[string]*EnrolledVM{}
+	for _, b := range bindings {
+		id := incumbent(b.vm)
+		if id == "" || !inMaaS[id] || b.vm.CredentialsErr != nil || slices.ContainsFunc(b.claims, func(c claim) bool { return c.m.SystemID == id }) {
+			continue
+		}
+		if params[id].String(PowerPass) == b.vm.Credentials.Password {
+			strayed[id] = b.vm
+		}
+	}
+	if len(strayed) == 0 {
+		return nil
+	}
+	var failures []MachineFailure
+	for _, m := range machines {
+		vm, ok := strayed[m.SystemID]
+		if !ok || m.PowerType != PowerTypeRedfish {
+			continue
+		}
+		if err := r.blankCredentials(ctx, m, vm.VM, params[m.SystemID], record); err != nil {
+			failures = append(failures, MachineFailure{SystemID: m.SystemID, VM: vm.VM, Err: err})
+		}
+	}
+	return failures
+}
+
 // reconcileCredentials copies the BMC Secret into the power parameters when
 // they differ. It reports whether MaaS has (or, in a dry run, would have) the
 // Secret's credentials, and whether it wrote them (the caller reads them
@@ -673,21 +866,24 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 		return false, false, vm.CredentialsErr
 	}
 	creds := vm.Credentials
-	changed := map[string]string{}
-	if m.params.String(PowerUser) != creds.Username {
-		changed[PowerUser] = creds.Username
+	// Credentials travel with the address they are for: every write sends
+	// the whole set, so a machine whose address someone changed since the
+	// cycle's list gets the VM's address back with the VM's password, never
+	// the password next to another address.
+	want := map[string]string{
+		PowerAddress: BMCAddress(m.vm, r.Domain),
+		PowerUser:    creds.Username,
+		PowerPass:    creds.Password,
+		PowerNodeID:  m.vm.Name,
 	}
-	if m.params.String(PowerPass) != creds.Password {
-		changed[PowerPass] = creds.Password
-	}
-	if m.params.String(PowerNodeID) != m.vm.Name {
-		changed[PowerNodeID] = m.vm.Name
-	}
-	// An address of an older commissioning script (https://, a port, a
-	// slash) is rewritten to the form every MaaS version stores: MaaS 3.4
+	// changed names what differs, for the record. An address of an older
+	// commissioning script (https://, a port, a slash) differs too: MaaS 3.4
 	// refuses any power change of a machine whose address has a scheme.
-	if want := BMCAddress(m.vm, r.Domain); m.params.String(PowerAddress) != want {
-		changed[PowerAddress] = want
+	changed := map[string]string{}
+	for key, value := range want {
+		if m.params.String(key) != value {
+			changed[key] = value
+		}
 	}
 	if len(changed) == 0 {
 		return true, false, nil
@@ -696,7 +892,7 @@ func (r *Reconciler) reconcileCredentials(ctx context.Context, log logr.Logger, 
 	if r.DryRun {
 		return true, false, nil
 	}
-	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: changed}); err != nil {
+	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: want}); err != nil {
 		err = fmt.Errorf("set power credentials of %s: %w", m.SystemID, err)
 		if addressRejected(err) {
 			return false, false, &failureKind{reason: ReasonAddressRejected, err: err}
@@ -733,11 +929,12 @@ func (r *Reconciler) reconcileIdentity(ctx context.Context, log logr.Logger, m m
 		return m.Machine, true, nil
 	}
 	updated, err := r.MaaS.UpdateMachine(ctx, m.SystemID, update)
-	if hostnameRefused(err) && update.Hostname == Hostname(m.vm) {
-		// A node the machine list does not show (a device, a controller)
-		// holds the name: take the VM's other name.
-		log.Info("hostname taken by another node, using the hashed one", "hostname", update.Hostname, "reason", err.Error())
-		hostname = HashedHostname(m.vm)
+	// A node the machine list does not show (a device, a controller) may
+	// hold the name: take the VM's next one.
+	candidates := hostnames(m)
+	for next := slices.Index(candidates, update.Hostname) + 1; hostnameRefused(err) && next > 0 && next < len(candidates); next++ {
+		log.Info("hostname taken by another node, using the next one", "hostname", update.Hostname, "reason", err.Error())
+		hostname = candidates[next]
 		update.Hostname = hostname
 		updated, err = r.MaaS.UpdateMachine(ctx, m.SystemID, update)
 	}
@@ -763,12 +960,52 @@ func hostnameRefused(err error) bool {
 		strings.Contains(apiErr.Message, `"hostname"`)
 }
 
-// claimHostname picks the machine's hostname: it keeps either of its VM's
+// renameSquatters gives the VM's predictable names back to its proven
+// machine m: another machine claiming the VM that is not proven (detached
+// from the VM's BMC this cycle or before) and still New, holding one of
+// them, is renamed after its own system ID ("unproven-<id>"). A machine
+// in any other status keeps its name (it may be deployed under it), and
+// so does a machine that does not claim the VM (a physical server, say):
+// claimHostname then falls back to a name no one can predict. holders is
+// updated.
+func (r *Reconciler) renameSquatters(ctx context.Context, m managedMachine, others []managedMachine, holders map[string]string, record func(Change)) {
+	candidates := hostnames(m)
+	if slices.Contains(candidates, m.Hostname) {
+		return
+	}
+	for _, o := range others {
+		if o.Status != StatusNew || !slices.Contains(candidates[:2], o.Hostname) || holders[o.Hostname] != o.SystemID {
+			continue
+		}
+		name := "unproven-" + strings.ToLower(o.SystemID)
+		record(Change{Action: ActionRenameSquatter, SystemID: o.SystemID, VM: m.vm,
+			Detail: fmt.Sprintf("hostname %q → %q: it claims the VM's BMC unproven, and machine %s is the VM", o.Hostname, name, m.SystemID)})
+		if !r.DryRun {
+			if _, err := r.MaaS.UpdateMachine(ctx, o.SystemID, MachineUpdate{Hostname: name}); err != nil {
+				r.logFor(o).Error(err, "could not rename the unproven machine holding the VM's hostname")
+				continue
+			}
+		}
+		delete(holders, o.Hostname)
+		holders[name] = o.SystemID
+	}
+}
+
+// hostnames are the names the VM's machine may take, in order of
+// preference.
+func hostnames(m managedMachine) []string {
+	return []string{Hostname(m.vm), HashedHostname(m.vm), SystemHostname(m.vm, m.SystemID)}
+}
+
+// claimHostname picks the machine's hostname: it keeps any of its VM's
 // names if it has one already (so a name never flips), else takes the first
-// one no other machine holds. holders is updated so two machines of one
-// cycle cannot pick the same name.
+// one no other machine holds. The first two are predictable from the VM's
+// name, so another machine (an anonymous enlistment) may hold both; the
+// last has the machine's own system ID, which no one knows before it
+// enlists. holders is updated so two machines of one cycle cannot pick the
+// same name.
 func claimHostname(m managedMachine, holders map[string]string) (string, error) {
-	candidates := []string{Hostname(m.vm), HashedHostname(m.vm)}
+	candidates := hostnames(m)
 	if slices.Contains(candidates, m.Hostname) {
 		return m.Hostname, nil
 	}
@@ -778,8 +1015,8 @@ func claimHostname(m managedMachine, holders map[string]string) (string, error) 
 			return name, nil
 		}
 	}
-	return "", fmt.Errorf("machine %s: hostnames %q are held by other machines (a second MaaS machine for vm %s?): %w",
-		m.SystemID, candidates, m.vm, ErrConflict)
+	return "", fmt.Errorf("machine %s: hostnames %q are held by other machines: %w",
+		m.SystemID, candidates, ErrConflict)
 }
 
 // wantedStatus is what the VM's VirtualMachineBMC status should say of its
@@ -798,27 +1035,33 @@ func (r *Reconciler) wantedStatus(b binding, current map[string]Machine, failure
 			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonNoMachine, "no MaaS machine's power address names this VM's BMC")}
 		case b.tie:
 			return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonDuplicateClaim,
-				"machines "+strings.Join(others, ", ")+" all claim this VM equally; none gets its credentials until the others are deleted from MaaS")}
+				"machines "+strings.Join(others, ", ")+" claim this VM and more than one carries its machine proof; none gets its credentials until the others are deleted from MaaS")}
 		}
 		return MachineStatus{Condition: condition(metav1.ConditionFalse, ReasonUnverified,
 			"no machine claiming this VM is proven to be it, so none gets its credentials: "+strings.Join(others, ", "))}
 	}
-	winner := b.claims[b.winner]
-	m := current[winner.m.SystemID]
+	m := current[b.claims[b.winner].m.SystemID]
 	problems := r.problems(b, m, failure, inMaaS, now)
 	status := MachineStatus{MaaS: &v1beta1.MaaSStatus{SystemID: m.SystemID, StatusName: statusName(m), Hostname: m.Hostname, Pool: m.Pool.Name, Problems: problems}}
 	if len(problems) == 0 {
-		status.Condition = condition(metav1.ConditionTrue, ReasonBound, "machine "+m.SystemID+" is this VM: "+winner.why)
+		status.Condition = condition(metav1.ConditionTrue, ReasonBound, boundMessage(m.SystemID))
 		return status
 	}
 	// Every problem is named: a refusal must not hide that the VM is also
 	// claimed.
-	messages := []string{"machine " + m.SystemID + " is this VM (" + winner.why + ")"}
+	messages := []string{boundMessage(m.SystemID)}
 	for _, p := range problems {
 		messages = append(messages, p.Reason+": "+p.Message)
 	}
 	status.Condition = condition(metav1.ConditionFalse, problems[0].Reason, strings.Join(messages, "; "))
 	return status
+}
+
+// boundMessage says which machine is the VM's; the same whether it proved
+// itself this cycle or was bound before, so a bound VM's status is not
+// rewritten.
+func boundMessage(systemID string) string {
+	return "machine " + systemID + " is this VM (proven by its machine proof, or bound before machine proofs)"
 }
 
 func statusName(m Machine) string {

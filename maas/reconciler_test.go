@@ -112,11 +112,6 @@ func TestRules(t *testing.T) {
 		m.Hostname, m.Pool = hostname, pool
 		return m
 	}
-	withPassword := func(m maassim.Machine, password string) maassim.Machine {
-		m.PowerParameters[maas.PowerUser] = "admin"
-		m.PowerParameters[maas.PowerPass] = password
-		return m
-	}
 	dotted := maas.VMRef{Namespace: "ns", Name: "web.prod"}
 	type want struct {
 		hostname, pool, password string
@@ -467,13 +462,17 @@ func TestClusterFailures(t *testing.T) {
 		cluster.reportErr[vmA.Namespace] = maas.ErrForbidden
 		r := newReconciler(t, s, cluster)
 		result := reconcile(t, r)
-		if len(result.Failures) != 1 || result.Failures[0].VM != vmA || !errors.Is(result.Failures[0], maas.ErrForbidden) {
-			t.Fatalf("failures = %v, want vm A's status write only", result.Failures)
+		// A's binding could not be recorded, so A's machine is not
+		// commissioned: that would replace the output that proves it.
+		if len(result.Failures) != 2 || result.Failures[0].SystemID != "m1" || result.Failures[1].VM != vmA ||
+			!errors.Is(result.Failures[0], maas.ErrForbidden) || !errors.Is(result.Failures[1], maas.ErrForbidden) {
+			t.Fatalf("failures = %v, want vm A's status writes only", result.Failures)
 		}
-		for _, id := range []string{"m1", "m2"} {
-			if m, _ := s.Machine(id); m.Status != maassim.StatusCommissioning {
-				t.Errorf("%s status = %d, want commissioned", id, m.Status)
-			}
+		if m, _ := s.Machine("m1"); m.Status != maassim.StatusNew || m.Hostname != maas.Hostname(vmA) {
+			t.Errorf("m1 = %+v, want named but New", m)
+		}
+		if m, _ := s.Machine("m2"); m.Status != maassim.StatusCommissioning {
+			t.Errorf("m2 status = %d, want commissioned", m.Status)
 		}
 		if st, _ := cluster.status(vmB); st.SystemID != "m2" {
 			t.Errorf("vm B status = %+v", st)

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/maas"
@@ -169,6 +170,9 @@ var namespaces atomic.Int64
 
 const testMAC, testUUID = "02:00:00:00:00:01", "6f1e2a9c-0000-4000-8000-000000000001"
 
+// testProof is the test VM's machine proof.
+const testProof = "vmp1-0123456789abcdef0123456789abcdef"
+
 // enrolledVM creates, in a fresh namespace, a VM and what the controller
 // gives it: a credentials Secret and a VirtualMachineBMC.
 func enrolledVM(t *testing.T) maas.VMRef {
@@ -182,6 +186,7 @@ func enrolledVM(t *testing.T) maas.VMRef {
 			Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
 				Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{
 					Firmware: &kubevirtv1.Firmware{UUID: testUUID},
+					Chassis:  &kubevirtv1.Chassis{Asset: testProof},
 					Devices: kubevirtv1.Devices{Interfaces: []kubevirtv1.Interface{{
 						Name: "default", MacAddress: testMAC,
 						InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}},
@@ -223,6 +228,9 @@ func machineOf(systemID string, vm maas.VMRef) maassim.Machine {
 	return maassim.Machine{
 		SystemID: systemID, Hostname: "enlisted-" + systemID, PowerType: "redfish",
 		HardwareUUID: testUUID, MACs: []string{testMAC},
+		// Its guest reported the VM's machine proof when it enlisted.
+		Commissioning: []maassim.ScriptResult{{Name: maas.BMCConfigScript, Status: maassim.ScriptPassed,
+			Stdout: bmcspec.ProofReportKey + ": " + testProof + "\n"}},
 		PowerParameters: map[string]string{"power_address": maas.BMCAddress(vm, "bmc.example.org"), "node_id": vm.Name},
 	}
 }
@@ -247,7 +255,7 @@ func TestRunOnce(t *testing.T) {
 	if st := maasStatus(t, vm); st == nil || st.SystemID != "m1" || st.StatusName != "Commissioning" {
 		t.Errorf("status.maas = %+v", st)
 	}
-	if strings.Contains(stderr.String(), "tokensecret") || strings.Contains(stderr.String(), `"pw"`) {
+	if strings.Contains(stderr.String(), "tokensecret") || strings.Contains(stderr.String(), `"pw"`) || strings.Contains(stderr.String(), testProof) {
 		t.Errorf("log leaks a secret:\n%s", stderr.String())
 	}
 	if !strings.Contains(stderr.String(), `"systemID":"m1"`) {

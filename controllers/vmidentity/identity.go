@@ -1,7 +1,9 @@
 // Package vmidentity gives every enrolled KubeVirt VirtualMachine an
 // identity its guest (and MaaS, which reads it from SMBIOS and PXE) can
 // trust: the SMBIOS serial "<vm>.<namespace>", an SMBIOS UUID unique in the
-// cluster, and stable MAC addresses from a configured range. It refuses, in
+// cluster, stable MAC addresses from a configured range, and a machine
+// proof (bmcspec.NewMachineProof) as the SMBIOS chassis asset tag: the
+// secret its MaaS machine is bound by. It refuses, in
 // every namespace, a VM that claims an enrolled VM's identity, so a tenant
 // cannot pose as another tenant's machine.
 //
@@ -26,6 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
@@ -188,8 +192,10 @@ func isSelf(vm *kubevirtv1.VirtualMachine, other *kubevirtv1.VirtualMachine) boo
 }
 
 // Stamp makes vm's identity right in place: the serial, the UUID (a user's
-// kept unless another enrolled VM has it) and a MAC for each interface
-// without one. It returns admission warnings for user values it replaced.
+// kept unless another enrolled VM has it), a MAC for each interface
+// without one, and a machine proof unless it has a value of a proof's form
+// (so a VM keeps its proof). It returns admission warnings for user values
+// it replaced.
 // Idempotent: a second call changes nothing and warns nothing. The caller
 // decides that vm is enrolled; Stamp does not ask.
 func (s *Stamper) Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) ([]string, error) {
@@ -210,6 +216,10 @@ func (s *Stamper) Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) ([]s
 		fw.Serial = want
 	}
 
+	if warning := stampProof(domain); warning != "" {
+		warnings = append(warnings, warning)
+	}
+
 	uuidWarning, err := s.stampUUID(ctx, vm, fw)
 	if err != nil {
 		return nil, err
@@ -224,6 +234,28 @@ func (s *Stamper) Stamp(ctx context.Context, vm *kubevirtv1.VirtualMachine) ([]s
 		}
 	}
 	return warnings, nil
+}
+
+// proofPath is where a VM keeps its machine proof.
+const proofPath = "spec.template.spec.domain.chassis.asset"
+
+// stampProof gives the domain a fresh machine proof at chassis.asset unless
+// it holds a value of a proof's form, and returns the warning for a value
+// it replaced. Neither value is ever in a warning: the proof is a secret,
+// and what held its place may be one of the user's.
+func stampProof(domain *kubevirtv1.DomainSpec) string {
+	if domain.Chassis == nil {
+		domain.Chassis = &kubevirtv1.Chassis{}
+	}
+	if bmcspec.IsMachineProof(domain.Chassis.Asset) {
+		return ""
+	}
+	warning := ""
+	if domain.Chassis.Asset != "" {
+		warning = proofPath + " replaced by a machine proof: virtmetal keeps there the secret that binds the VM's MaaS machine"
+	}
+	domain.Chassis.Asset = bmcspec.NewMachineProof()
+	return warning
 }
 
 func (s *Stamper) stampUUID(ctx context.Context, vm *kubevirtv1.VirtualMachine, fw *kubevirtv1.Firmware) (string, error) {

@@ -16,6 +16,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 var errInjected = errors.New("injected failure")
@@ -462,5 +464,64 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate error = %v, want %v", err, tc.wantError)
 			}
 		})
+	}
+}
+
+// TestStampMachineProof: Stamp gives a VM without one a fresh machine
+// proof, keeps one of the proof's form (Stamp is idempotent, and the repair
+// path must not rotate it), replaces anything else with a warning that
+// names neither value, and gives two VMs two proofs.
+func TestStampMachineProof(t *testing.T) {
+	ctx := context.Background()
+	s := newStamper(t, testRange, interceptor.Funcs{})
+	kept := bmcspec.NewMachineProof()
+	tests := []struct {
+		name        string
+		asset       string
+		want        string // "" for a fresh proof
+		wantWarning bool
+	}{
+		{name: "none"},
+		{name: "a proof is kept", asset: kept, want: kept},
+		{name: "a user's asset tag is replaced", asset: "ACME-0001", wantWarning: true},
+		{name: "an upper-case look-alike is replaced", asset: strings.ToUpper(kept), wantWarning: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			vm := newVM("team-a", "web1")
+			if tc.asset != "" {
+				vm.Spec.Template.Spec.Domain.Chassis = &kubevirtv1.Chassis{Asset: tc.asset}
+			}
+			warnings, err := s.Stamp(ctx, vm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := vm.Spec.Template.Spec.Domain.Chassis.Asset
+			if !bmcspec.IsMachineProof(got) || (tc.want != "" && got != tc.want) || (tc.want == "" && got == kept) {
+				t.Errorf("asset = %q, want %q (fresh when empty)", got, tc.want)
+			}
+			if (len(warnings) == 1) != tc.wantWarning {
+				t.Errorf("warnings %q", warnings)
+			}
+			for _, w := range warnings {
+				if strings.Contains(w, got) || (tc.asset != "" && strings.Contains(w, tc.asset)) {
+					t.Errorf("a value in the warning %q", w)
+				}
+			}
+			again, err := s.Stamp(ctx, vm)
+			if err != nil || len(again) != 0 || vm.Spec.Template.Spec.Domain.Chassis.Asset != got {
+				t.Errorf("second Stamp changed the proof or warned: %q, %v", again, err)
+			}
+		})
+	}
+	a, b := newVM("team-a", "web1"), newVM("team-b", "web1")
+	if _, err := s.Stamp(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Stamp(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if a.Spec.Template.Spec.Domain.Chassis.Asset == b.Spec.Template.Spec.Domain.Chassis.Asset {
+		t.Error("web1 in two namespaces got one proof: it must not derive from names")
 	}
 }

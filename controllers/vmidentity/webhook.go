@@ -12,6 +12,8 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // Webhook paths, as in the markers below and the generated configurations.
@@ -105,7 +107,14 @@ func (s *Stamper) mutate(ctx context.Context, req admission.Request, vm *kubevir
 	if !enrolled {
 		return admission.Allowed("not enrolled")
 	}
+	proofWarning, err := carryProof(req, vm)
+	if err != nil {
+		return admission.Errored(http.StatusBadRequest, err)
+	}
 	warnings, err := s.Stamp(ctx, vm)
+	if proofWarning != "" {
+		warnings = append(warnings, proofWarning)
+	}
 	switch {
 	case errors.Is(err, ErrInvalidVM):
 		return admission.Denied(err.Error())
@@ -117,6 +126,47 @@ func (s *Stamper) mutate(ctx context.Context, req admission.Request, vm *kubevir
 		return admission.Errored(http.StatusBadRequest, err)
 	}
 	return admission.PatchResponseFromRaw(req.Object.Raw, patched).WithWarnings(warnings...)
+}
+
+// carryProof decides which machine proof vm may keep before Stamp: on
+// create none (a VM's YAML copied from another must not bring its proof,
+// nor may a user choose one: Stamp gives a fresh one); on update the old
+// object's, whatever the request says, so a client that omits it (a GitOps
+// apply) neither drops nor rotates it, and none when the old object had
+// none. It returns the warning for a value it replaced, without the value.
+func carryProof(req admission.Request, vm *kubevirtv1.VirtualMachine) (string, error) {
+	if vm.Spec.Template == nil {
+		return "", nil // Stamp refuses it
+	}
+	domain := &vm.Spec.Template.Spec.Domain
+	sent := ""
+	if domain.Chassis != nil {
+		sent = domain.Chassis.Asset
+	}
+	kept := ""
+	if req.Operation == admissionv1.Update && len(req.OldObject.Raw) > 0 {
+		old := &kubevirtv1.VirtualMachine{}
+		if err := json.Unmarshal(req.OldObject.Raw, old); err != nil {
+			return "", fmt.Errorf("decoding the old VirtualMachine: %w", err)
+		}
+		if old.Spec.Template != nil && old.Spec.Template.Spec.Domain.Chassis != nil && bmcspec.IsMachineProof(old.Spec.Template.Spec.Domain.Chassis.Asset) {
+			kept = old.Spec.Template.Spec.Domain.Chassis.Asset
+		}
+	}
+	if kept == "" && sent == "" {
+		return "", nil
+	}
+	if domain.Chassis == nil {
+		domain.Chassis = &kubevirtv1.Chassis{}
+	}
+	domain.Chassis.Asset = kept
+	if sent == "" || sent == kept {
+		return "", nil
+	}
+	if kept != "" {
+		return proofPath + " is kept: a VM's machine proof never changes once given", nil
+	}
+	return proofPath + " replaced by a fresh machine proof: each VM gets its own, so a copied VM never carries another's", nil
 }
 
 // applyIdentity writes vm's identity fields into the raw object, leaving
@@ -136,6 +186,11 @@ func applyIdentity(raw []byte, vm *kubevirtv1.VirtualMachine) ([]byte, error) {
 	}
 	firmware["serial"] = fw.Serial
 	firmware["uuid"] = string(fw.UUID)
+	chassis, err := objectAt(obj, append(domainPath, "chassis")...)
+	if err != nil {
+		return nil, err
+	}
+	chassis["asset"] = vm.Spec.Template.Spec.Domain.Chassis.Asset
 	if ifaces := vm.Spec.Template.Spec.Domain.Devices.Interfaces; len(ifaces) > 0 {
 		devices, err := objectAt(obj, append(domainPath, "devices")...)
 		if err != nil {

@@ -9,6 +9,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 // warningCollector records the warnings the API server passes on.
@@ -75,6 +77,19 @@ func TestWebhooks(t *testing.T) {
 		}
 	})
 
+	t.Run("enrolled VM gets a machine proof on create; a copy of its YAML gets its own", func(t *testing.T) {
+		proof := webA.Spec.Template.Spec.Domain.Chassis
+		if proof == nil || !bmcspec.IsMachineProof(proof.Asset) {
+			t.Fatalf("chassis = %+v, want a machine proof", proof)
+		}
+		copied := clusterVM("team-a", "web1-copy", "", "")
+		copied.Spec.Template.Spec.Domain.Chassis = &kubevirtv1.Chassis{Asset: proof.Asset}
+		got := created(t, s.env.Client, copied).Spec.Template.Spec.Domain.Chassis
+		if got == nil || !bmcspec.IsMachineProof(got.Asset) || got.Asset == proof.Asset {
+			t.Fatalf("the copy carries %+v, want a proof of its own", got)
+		}
+	})
+
 	t.Run("web1 in another enrolled namespace gets its own UUID and MAC", func(t *testing.T) {
 		webB := created(t, s.env.Client, clusterVM("team-b", "web1", "", ""))
 		fa, fb := webA.Spec.Template.Spec.Domain.Firmware, webB.Spec.Template.Spec.Domain.Firmware
@@ -119,6 +134,23 @@ func TestWebhooks(t *testing.T) {
 		}
 		if vm.Spec.Template.Spec.Domain.Firmware.UUID != webA.Spec.Template.Spec.Domain.Firmware.UUID || macs(vm)[0] != macs(webA)[0] {
 			t.Fatalf("identity changed on update: %+v %v", vm.Spec.Template.Spec.Domain.Firmware, macs(vm))
+		}
+		if *vm.Spec.Template.Spec.Domain.Chassis != *webA.Spec.Template.Spec.Domain.Chassis {
+			t.Fatal("machine proof changed on update")
+		}
+	})
+
+	t.Run("an update that omits the machine proof keeps it", func(t *testing.T) {
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := s.env.Client.Get(ctx, client.ObjectKeyFromObject(webA), vm); err != nil {
+			t.Fatal(err)
+		}
+		vm.Spec.Template.Spec.Domain.Chassis = nil // as a GitOps apply of the original YAML sends it
+		if err := s.env.Client.Update(ctx, vm); err != nil {
+			t.Fatalf("updating team-a/web1: %v", err)
+		}
+		if got := vm.Spec.Template.Spec.Domain.Chassis; got == nil || *got != *webA.Spec.Template.Spec.Domain.Chassis {
+			t.Fatal("machine proof dropped or rotated on update")
 		}
 	})
 

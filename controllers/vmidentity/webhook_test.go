@@ -14,6 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 func admissionRequest(op admissionv1.Operation, namespace, name string, raw []byte) admission.Request {
@@ -92,10 +94,67 @@ func TestMutatingHandler(t *testing.T) {
 		}
 	})
 	t.Run("stamped VM needs no patch", func(t *testing.T) {
-		raw := vmJSON("team-a", "web1", `{"futureField":{"keep":true},"firmware":{"serial":"web1.team-a","uuid":"`+DerivedUUID("team-a", "web1", 0)+`"}}`)
-		resp := h.Handle(ctx, admissionRequest(admissionv1.Update, "team-a", "web1", raw))
+		proof := bmcspec.NewMachineProof()
+		raw := vmJSON("team-a", "web1", `{"futureField":{"keep":true},"chassis":{"asset":"`+proof+`"},"firmware":{"serial":"web1.team-a","uuid":"`+DerivedUUID("team-a", "web1", 0)+`"}}`)
+		req := admissionRequest(admissionv1.Update, "team-a", "web1", raw)
+		req.OldObject.Raw = raw
+		resp := h.Handle(ctx, req)
 		if !resp.Allowed || len(resp.Patches) != 0 || resp.PatchType != nil {
 			t.Fatalf("response %+v, patches %v", resp.AdmissionResponse, resp.Patches)
+		}
+	})
+	t.Run("machine proof", func(t *testing.T) {
+		own, copied := bmcspec.NewMachineProof(), bmcspec.NewMachineProof()
+		withAsset := func(asset string) []byte {
+			if asset == "" {
+				return vmJSON("team-a", "web1", `{"futureField":{"keep":true}}`)
+			}
+			return vmJSON("team-a", "web1", `{"futureField":{"keep":true},"chassis":{"asset":"`+asset+`","serial":"c1"}}`)
+		}
+		tests := []struct {
+			name        string
+			op          admissionv1.Operation
+			old, sent   string // chassis.asset of the old object (update) and of the request
+			want        string // "" for a fresh proof
+			wantWarning string
+		}{
+			{name: "create without one gets a fresh one", op: admissionv1.Create},
+			{name: "create with another VM's (a copied YAML) gets a fresh one", op: admissionv1.Create, sent: copied, wantWarning: "replaced by a fresh machine proof"},
+			{name: "create with a user's asset tag gets a fresh one", op: admissionv1.Create, sent: "ACME-0001", wantWarning: "replaced by a fresh machine proof"},
+			{name: "update that omits it keeps the old one", op: admissionv1.Update, old: own, want: own},
+			{name: "update with another keeps the old one", op: admissionv1.Update, old: own, sent: copied, want: own, wantWarning: "is kept"},
+			{name: "update of a VM from before proofs gets a fresh one", op: admissionv1.Update, old: "ACME-0001", sent: "ACME-0001", wantWarning: "replaced by a fresh machine proof"},
+			{name: "update of a VM from before proofs ignores a proof sent", op: admissionv1.Update, sent: copied, wantWarning: "replaced by a fresh machine proof"},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				raw := withAsset(tc.sent)
+				req := admissionRequest(tc.op, "team-a", "web1", raw)
+				if tc.op == admissionv1.Update {
+					req.OldObject.Raw = withAsset(tc.old)
+				}
+				resp := h.Handle(ctx, req)
+				if !resp.Allowed {
+					t.Fatalf("response %+v", resp.AdmissionResponse)
+				}
+				got := applyPatch(t, raw, resp).Spec.Template.Spec.Domain.Chassis
+				if got == nil || !bmcspec.IsMachineProof(got.Asset) || (tc.want != "" && got.Asset != tc.want) ||
+					(tc.want == "" && (got.Asset == copied || got.Asset == own)) {
+					t.Errorf("chassis = %+v, want %q (fresh when empty)", got, tc.want)
+				}
+				if tc.sent != "" && got.Serial != "c1" {
+					t.Errorf("the chassis' other fields were not kept: %+v", got)
+				}
+				warnings := strings.Join(resp.Warnings, "\n")
+				if tc.wantWarning != "" && !strings.Contains(warnings, tc.wantWarning) || tc.wantWarning == "" && warnings != "" {
+					t.Errorf("warnings %q, want %q", warnings, tc.wantWarning)
+				}
+				for _, secret := range []string{own, copied, got.Asset, "vmp1-"} {
+					if strings.Contains(warnings, secret) {
+						t.Errorf("a proof in the warnings: %q", warnings)
+					}
+				}
+			})
 		}
 	})
 

@@ -22,6 +22,16 @@ It writes no password: the virtmetal reconciler copies the real BMC
 credentials from the VM's Kubernetes Secret into MAAS afterwards. So the
 script carries no per-VM secret and no MAAS API key.
 
+It prints the VM's machine proof, "virtmetal-machine-proof: vmp1-<32 hex>",
+read from the SMBIOS chassis asset tag, where virtmetal puts 128 random bits
+only this VM's guest can read. MAAS stores this script's output, and the
+virtmetal reconciler binds a machine to a VM (and hands it the VM's BMC
+credentials) only when the output MAAS stored for that machine carries the
+VM's proof: everything else a machine reports (serial, UUID, MACs) can be
+derived from the VM's name or is broadcast, and MAAS enlistment is
+anonymous. So the output is the binding secret: it is printed only when it
+has the proof's form, and nothing else of the asset tag is.
+
 Outcomes:
   exit 0, nothing written  not a KubeVirt VM (physical servers untouched),
                            dmidecode unavailable, a KubeVirt VM without a
@@ -56,6 +66,10 @@ DMIDECODE_TIMEOUT_SECONDS = 60
 UNSET_SERIALS = {"", "not specified", "none", "to be filled by o.e.m."}
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+# The machine proof's form (internal/bmcspec) and the line that reports it.
+MACHINE_PROOF = re.compile(r"^vmp1-[0-9a-f]{32}$")
+PROOF_REPORT_KEY = "virtmetal-machine-proof"
 
 
 class ConfigError(Exception):
@@ -139,6 +153,15 @@ def skip(reason):
     return 0
 
 
+def report_proof():
+    """Print the VM's machine proof for MAAS to store, if it has one."""
+    asset = dmidecode("chassis-asset-tag")
+    if asset is not None and MACHINE_PROOF.match(asset):
+        print(f"{PROOF_REPORT_KEY}: {asset}")
+    else:
+        print("INFO: the chassis asset tag holds no virtmetal machine proof")
+
+
 def main():
     manufacturer = dmidecode("system-manufacturer")
     if manufacturer is None:
@@ -149,6 +172,7 @@ def main():
     serial = dmidecode("system-serial-number")
     if serial is None or serial.lower() in UNSET_SERIALS:
         return skip("KubeVirt VM without a serial, so not a virtmetal VM")
+    report_proof()
 
     bmc_config_path = os.environ.get("BMC_CONFIG_PATH")
     if not bmc_config_path:

@@ -49,9 +49,9 @@ class BMCConfigScriptTest(unittest.TestCase):
         with open(self.script, "w", encoding="utf-8") as f:
             f.write(source.replace(PLACEHOLDER, DOMAIN))
 
-    def fake_dmidecode(self, manufacturer, serial, exit_code=0, preamble=""):
+    def fake_dmidecode(self, manufacturer, serial, exit_code=0, preamble="", asset="Not Specified"):
         """Install a dmidecode that answers -s with the given strings."""
-        answers = json.dumps({"system-manufacturer": manufacturer, "system-serial-number": serial})
+        answers = json.dumps({"system-manufacturer": manufacturer, "system-serial-number": serial, "chassis-asset-tag": asset})
         path = os.path.join(self.bin, "dmidecode")
         with open(path, "w", encoding="utf-8") as f:
             f.write(textwrap.dedent(f"""\
@@ -104,6 +104,34 @@ class BMCConfigScriptTest(unittest.TestCase):
             },
         )
         self.assertFalse(os.path.exists(self.result_path), "a configured BMC is not a skipped script")
+
+    def test_machine_proof_is_reported(self):
+        proof = "vmp1-" + "0123456789abcdef" * 2
+        self.fake_dmidecode("KubeVirt", "vm-0.tenant-a", asset=proof)
+        proc = self.run_script()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(
+            [line for line in proc.stdout.splitlines() if line.startswith("virtmetal-machine-proof")],
+            [f"virtmetal-machine-proof: {proof}"],
+        )
+        self.assertTrue(os.path.exists(self.bmc_config_path))
+
+    def test_asset_tag_without_proof_form_is_not_reported(self):
+        for asset in ["Not Specified", "vmp1-" + "0123456789ABCDEF" * 2, "vmp1-0123", "a secret of the user", ""]:
+            with self.subTest(asset=asset):
+                self.fake_dmidecode("KubeVirt", "vm-0.tenant-a", asset=asset)
+                proc = self.run_script()
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertNotIn("virtmetal-machine-proof", proc.stdout)
+                if asset:
+                    self.assertNotIn(asset, proc.stdout + proc.stderr, "only a proof's form is ever printed")
+                os.remove(self.bmc_config_path)
+
+    def test_proof_of_other_kubevirt_vms_is_not_read(self):
+        self.fake_dmidecode("KubeVirt", "", asset="vmp1-" + "0123456789abcdef" * 2)
+        proc = self.run_script()
+        self.assertNotIn("virtmetal-machine-proof", proc.stdout)
+        self.assert_skipped(proc)
 
     def test_dotted_vm_name_splits_at_last_dot(self):
         self.fake_dmidecode("KubeVirt", "web.prod.tenant-a")

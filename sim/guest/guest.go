@@ -58,6 +58,10 @@ type NetBoot struct {
 	// Serial and UUID are the firmware's SMBIOS serial and system UUID;
 	// "" when the spec has none.
 	Serial, UUID string
+	// ChassisAsset is the SMBIOS chassis asset tag (spec chassis.asset),
+	// where virtmetal puts the VM's machine proof; "" when the spec has
+	// none. Only the guest reads it: it is in no boot request.
+	ChassisAsset string
 }
 
 // NetBootOf is the network boot the instance makes.
@@ -71,26 +75,34 @@ func NetBootOf(vmi *kubevirtv1.VirtualMachineInstance) NetBoot {
 	if fw := vmi.Spec.Domain.Firmware; fw != nil {
 		b.Serial, b.UUID = fw.Serial, string(fw.UUID)
 	}
+	if chassis := vmi.Spec.Domain.Chassis; chassis != nil {
+		b.ChassisAsset = chassis.Asset
+	}
 	return b
 }
 
 // Dmidecode is a dmidecode for the guest's hardware, as a shell script:
-// -s system-manufacturer, system-serial-number and system-uuid answer as
-// KubeVirt's SMBIOS does (manufacturer "KubeVirt" unless the cluster
-// configures another; dmidecode's placeholders where the spec has no serial
-// or UUID); any other keyword fails as dmidecode does.
+// -s system-manufacturer, system-serial-number, system-uuid and
+// chassis-asset-tag answer as KubeVirt's SMBIOS does (manufacturer
+// "KubeVirt" unless the cluster configures another; dmidecode's
+// placeholders where the spec has no serial, UUID or asset tag); any other
+// keyword fails as dmidecode does.
 func (b NetBoot) Dmidecode() string {
-	serial, uuid := "Not Specified", "Not Settable"
+	serial, uuid, asset := "Not Specified", "Not Settable", "Not Specified"
 	if b.Serial != "" {
 		serial = b.Serial
 	}
 	if b.UUID != "" {
 		uuid = b.UUID
 	}
+	if b.ChassisAsset != "" {
+		asset = b.ChassisAsset
+	}
 	return "#!/bin/sh\n[ \"$1\" = -s ] || exit 2\ncase \"$2\" in\n" +
 		"system-manufacturer) echo 'KubeVirt' ;;\n" +
 		"system-serial-number) echo '" + shellSafe(serial) + "' ;;\n" +
 		"system-uuid) echo '" + shellSafe(uuid) + "' ;;\n" +
+		"chassis-asset-tag) echo '" + shellSafe(asset) + "' ;;\n" +
 		"*) echo \"Invalid string keyword: $2\" >&2; exit 2 ;;\nesac\n"
 }
 

@@ -36,16 +36,30 @@
 //     for NonAdminAPIKey);
 //   - machine JSON has hardware_uuid (null when unknown), interface_set with
 //     each interface's mac_address, and boot_interface, as MaaS 3.x shows
-//     them.
+//     them;
+//   - each machine has a current commissioning script set (Machine's
+//     Commissioning): the rack stores the bmc-config script's result there
+//     at enlistment and at each commissioning, a commission replaces it
+//     (the bmc-config result skipped with skip_bmc_config), and GET
+//     nodes/{id}/results/current-commissioning/ serves it with
+//     include_output (base64 output, stdout, stderr, result) and filters
+//     (script names), 404 for a machine with none. This model is to be
+//     confirmed on a real MaaS 3.4 region;
+//   - POST machines/ without a key is MaaS's anonymous enlistment: it takes
+//     hostname, mac_addresses, power_type and power_parameters (JSON) and
+//     makes a New machine with no script results (storing those needs the
+//     machine's own credentials). MAC uniqueness is not checked.
 //
 // Faults (5xx, 409, malformed JSON, dropped connections) can be injected for
-// the next N requests or for matching requests, and every request is
-// recorded so tests can count what a client did.
+// the next N requests or for matching requests, a change can be made just
+// before matching requests are handled (Before: another client's write
+// between a reader's list and its write), and every request is recorded so
+// tests can count what a client did.
 //
 // Rack answers the network boots of guests (sim/guest) and runs
 // commissionings: an unknown guest is enlisted as New with its MACs and
 // firmware UUID, and the real bmc-config commissioning script runs on its
-// SMBIOS; a commissioning the region accepted powers the machine on with a
+// SMBIOS (its stdout, with the machine proof, stored as its result); a commissioning the region accepted powers the machine on with a
 // PXE boot through a power driver it is given, waits for that boot, runs
 // the script unless skip_bmc_config, powers the machine off and marks it
 // Ready.

@@ -206,10 +206,12 @@ func (s *Rack) enlistMachine(vm maasclient.VMRef, b guest.NetBoot, macs []string
 	return id, nil
 }
 
-// runEnlistmentScripts runs the bmc-config script and stores the power
-// configuration it writes.
+// runEnlistmentScripts runs the bmc-config script and stores its result
+// (the enlistment's scripts are the machine's commissioning set) and the
+// power configuration it writes.
 func (s *Rack) runEnlistmentScripts(ctx context.Context, systemID string, vm maasclient.VMRef, b guest.NetBoot) {
-	config, err := s.runBMCConfig(ctx, b)
+	config, result, err := s.runBMCConfig(ctx, b)
+	s.storeResult(systemID, result)
 	if err != nil {
 		s.logf("enlistment scripts of %s: %v", systemID, err)
 		return
@@ -240,22 +242,24 @@ func petname() string {
 
 // runBMCConfig runs the real commissioning script as MaaS does, on the
 // guest's "hardware": its dmidecode tells the guest's SMBIOS. It returns
-// the configuration the script wrote, nil when it wrote none.
-func (s *Rack) runBMCConfig(ctx context.Context, b guest.NetBoot) (map[string]string, error) {
+// the configuration the script wrote (nil when it wrote none) and its
+// result as MaaS stores it: stdout and stderr apart.
+func (s *Rack) runBMCConfig(ctx context.Context, b guest.NetBoot) (map[string]string, ScriptResult, error) {
+	result := ScriptResult{Name: maasclient.BMCConfigScript, Status: ScriptFailed}
 	dir, err := os.MkdirTemp(s.opts.Dir, "run-")
 	if err != nil {
-		return nil, err
+		return nil, result, err
 	}
 	defer os.RemoveAll(dir)
 	if err := os.WriteFile(filepath.Join(dir, "dmidecode"), []byte(b.Dmidecode()), 0o700); err != nil {
-		return nil, err
+		return nil, result, err
 	}
 	configPath := filepath.Join(dir, "bmc-config.yaml")
 	ctx, cancel := context.WithTimeout(ctx, time.Minute) // the script's own timeout
 	defer cancel()
 	python, err := s.interpreter()
 	if err != nil {
-		return nil, err
+		return nil, result, err
 	}
 	cmd := exec.CommandContext(ctx, python, s.opts.Script)
 	cmd.Env = []string{
@@ -263,22 +267,35 @@ func (s *Rack) runBMCConfig(ctx context.Context, b guest.NetBoot) (map[string]st
 		"BMC_CONFIG_PATH=" + configPath,
 		"RESULT_PATH=" + filepath.Join(dir, "result.yaml"),
 	}
-	out, err := cmd.CombinedOutput()
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	result.Stdout, result.Stderr, result.ExitStatus = stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %s", filepath.Base(s.opts.Script), err, out)
+		// stderr only: stdout may hold the machine proof, a secret.
+		return nil, result, fmt.Errorf("%s: %w: %s", filepath.Base(s.opts.Script), err, result.Stderr)
 	}
+	result.Status = ScriptPassed
 	data, err := os.ReadFile(configPath)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, result, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, result, err
 	}
 	config := map[string]string{}
 	if err := yaml.Unmarshal(data, &config); err != nil {
-		return nil, fmt.Errorf("BMC_CONFIG_PATH: %w", err)
+		return nil, result, fmt.Errorf("BMC_CONFIG_PATH: %w", err)
 	}
-	return config, nil
+	return config, result, nil
+}
+
+// storeResult makes the script's result the machine's current commissioning
+// set, as the region does when the script reports. Only the rack does:
+// results need the machine's own credentials, which an anonymous
+// enlistment through the API never gets.
+func (s *Rack) storeResult(systemID string, result ScriptResult) {
+	s.opts.Region.Update(systemID, func(m *Machine) { m.Commissioning = []ScriptResult{result} })
 }
 
 // systemPython is where Debian and Ubuntu, MaaS's ephemeral environment
@@ -365,7 +382,8 @@ func (s *Rack) commission(ctx context.Context, systemID string, vm maasclient.VM
 	}
 	s.tell(vm, RackCommissioningBoot, systemID, "")
 	if !s.opts.Region.SkipsBMCConfig(systemID) {
-		config, err := s.runBMCConfig(ctx, b)
+		config, result, err := s.runBMCConfig(ctx, b)
+		s.storeResult(systemID, result)
 		if err != nil {
 			fail(err)
 			return

@@ -2,6 +2,7 @@ package maas
 
 import (
 	"cmp"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -119,7 +120,31 @@ type Machine struct {
 	// parameters with it when it completes, as MaaS does with the
 	// BMC_CONFIG_PATH YAML.
 	BMCConfig map[string]string
+	// Commissioning is the machine's current commissioning script set, as
+	// MaaS keeps it: one result per script, what ran in the enlistment
+	// counting as one; nil when the machine has none (an anonymous
+	// enlistment through the API). Each new enlistment or commissioning
+	// replaces it.
+	Commissioning []ScriptResult
 }
+
+// ScriptResult is what MaaS stores of one script of a script set.
+type ScriptResult struct {
+	Name       string
+	Status     string // ScriptPending, ScriptPassed, ScriptFailed, ScriptSkipped
+	ExitStatus int
+	// Stdout and Stderr are what the script printed; MaaS's "output" is
+	// both, as it records them.
+	Stdout, Stderr string
+}
+
+// Script result statuses, as MaaS names them (status_name, lower case).
+const (
+	ScriptPending = "pending"
+	ScriptPassed  = "passed"
+	ScriptFailed  = "failed"
+	ScriptSkipped = "skipped"
+)
 
 // machineState is a machine as the server keeps it: its Machine's
 // PowerType and PowerParameters are not used, they are its BMC row's.
@@ -225,6 +250,7 @@ type Server struct {
 	requests   []Request
 	faults     []*faultRule
 	holds      []*hold
+	hooks      []requestHook
 	latency    time.Duration // before each request is handled
 	inFlight   int           // requests being handled now
 	maxFlight  int           // the most at once since the last ResetRequests
@@ -383,6 +409,7 @@ func (s *Server) view(state *machineState) Machine {
 	}
 	m.BMCConfig = maps.Clone(m.BMCConfig)
 	m.MACs = slices.Clone(m.MACs)
+	m.Commissioning = slices.Clone(m.Commissioning)
 	return m
 }
 
@@ -414,7 +441,7 @@ func (s *Server) Enlist(m Machine) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m.SystemID == "" {
-		m.SystemID = fmt.Sprintf("m%05d", len(s.machines)+1)
+		m.SystemID = s.newSystemID()
 	}
 	if m.Pool == "" {
 		m.Pool = DefaultPool
@@ -432,6 +459,7 @@ func (s *Server) Enlist(m Machine) (string, error) {
 	m.PowerType, m.PowerParameters = "", nil
 	m.BMCConfig = maps.Clone(m.BMCConfig)
 	m.MACs = slices.Clone(m.MACs)
+	m.Commissioning = slices.Clone(m.Commissioning)
 	state := &machineState{Machine: m}
 	s.machines[m.SystemID] = state
 	s.setPower(state, powerType, params)
@@ -541,6 +569,24 @@ func (s *Server) FailMatching(match Match, n int, fault Fault) *Server {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.faults = append(s.faults, &faultRule{match: match, remaining: n, fault: fault})
+	return s
+}
+
+// requestHook is a change made to the region just before a matching
+// request is handled.
+type requestHook struct {
+	match  Match
+	before func()
+}
+
+// Before makes before run, without the server's lock, each time a request
+// that matches arrives, just before it is handled: what another client
+// changes between the reconciler's reads and its writes. before may call
+// Update.
+func (s *Server) Before(match Match, before func()) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hooks = append(s.hooks, requestHook{match: match, before: before})
 	return s
 }
 
@@ -734,6 +780,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.write(w, r, path, op, textError(http.StatusNotFound, "Not Found"))
 		return
 	}
+	if r.Header.Get("Authorization") == "" && r.Method == http.MethodPost && path == "machines/" && op == "" {
+		// MaaS's anonymous machines handler: enlistment needs no key.
+		s.mu.Lock()
+		rep := s.enlistAnonymously(r)
+		s.mu.Unlock()
+		rep.applied = rep.status == http.StatusOK
+		s.write(w, r, path, op, rep)
+		return
+	}
 	admin, rep, ok := s.authenticate(r)
 	if !ok {
 		s.write(w, r, path, op, rep)
@@ -768,6 +823,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		held.waiting--
 		s.mu.Unlock()
+	}
+	s.mu.Lock()
+	var hooks []func()
+	for _, h := range s.hooks {
+		if h.match.matches(r.Method, path, op) {
+			hooks = append(hooks, h.before)
+		}
+	}
+	s.mu.Unlock()
+	for _, before := range hooks {
+		before()
 	}
 	s.mu.Lock()
 	fault := s.takeFault(r.Method, path, op)
@@ -966,6 +1032,7 @@ func percentDecode(s string) (string, error) {
 }
 
 var (
+	resultsPath = regexp.MustCompile(`^nodes/([^/]+)/results/current-commissioning/$`)
 	machinePath = regexp.MustCompile(`^machines/([^/]+)/$`)
 	poolPath    = regexp.MustCompile(`^resourcepool/([0-9]+)/$`)
 )
@@ -999,6 +1066,12 @@ func (s *Server) route(r *http.Request, path, op string) reply {
 			return s.commission(m, r)
 		}
 		return unrecognised
+	case resultsPath.MatchString(path) && r.Method == http.MethodGet && op == "":
+		m, ok := s.machines[resultsPath.FindStringSubmatch(path)[1]]
+		if !ok {
+			return textError(http.StatusNotFound, "No Node matches the given query.")
+		}
+		return s.currentCommissioning(m, r.URL.Query())
 	case path == "resourcepools/":
 		switch {
 		case r.Method == http.MethodGet && op == "":
@@ -1197,7 +1270,106 @@ func (s *Server) commission(m *machineState, r *http.Request) reply {
 	skip := r.PostForm.Get("skip_bmc_config")
 	m.skipBMCConfig = skip == "1" || strings.EqualFold(skip, "true")
 	m.PreviousStatus, m.Status = m.Status, StatusCommissioning
+	// A new script set replaces the current one; MaaS marks the bmc-config
+	// scripts of a commissioning with skip_bmc_config skipped.
+	bmcConfig := ScriptResult{Name: maasclient.BMCConfigScript, Status: ScriptPending}
+	if m.skipBMCConfig {
+		bmcConfig.Status = ScriptSkipped
+	}
+	m.Commissioning = []ScriptResult{bmcConfig}
 	return jsonReply(s.machineJSON(m))
+}
+
+// currentCommissioning answers GET nodes/{id}/results/current-commissioning/
+// as MaaS does: the script set with its results, filtered by script name
+// (filters=a,b), each result's output base64 with include_output=1.
+func (s *Server) currentCommissioning(m *machineState, query map[string][]string) reply {
+	if m.Commissioning == nil {
+		return textError(http.StatusNotFound, "No ScriptSet matches the given query.")
+	}
+	var filters []string
+	for _, f := range query["filters"] {
+		filters = append(filters, strings.Split(f, ",")...)
+	}
+	withOutput := slices.Contains(query["include_output"], "1") || slices.Contains(query["include_output"], "true")
+	results := []map[string]any{}
+	for i, sr := range m.Commissioning {
+		if len(filters) > 0 && !slices.Contains(filters, sr.Name) {
+			continue
+		}
+		result := map[string]any{
+			"id": i + 1, "name": sr.Name, "status_name": sr.Status,
+			"status": scriptStatusCodes[sr.Status], "exit_status": sr.ExitStatus,
+		}
+		if withOutput {
+			encode := func(text string) string { return base64.StdEncoding.EncodeToString([]byte(text)) }
+			result["output"], result["stdout"], result["stderr"] = encode(sr.Stdout+sr.Stderr), encode(sr.Stdout), encode(sr.Stderr)
+			result["result"] = encode("")
+		}
+		results = append(results, result)
+	}
+	return jsonReply(map[string]any{
+		"system_id": m.SystemID, "type": 0, "type_name": "commissioning",
+		"results": results,
+	})
+}
+
+// scriptStatusCodes are MaaS's SCRIPT_STATUS values.
+var scriptStatusCodes = map[string]int{ScriptPending: 0, ScriptPassed: 2, ScriptFailed: 3, ScriptSkipped: 9}
+
+// enlistAnonymously is POST machines/ without a key, as MaaS's anonymous
+// handler takes it from a booting machine's enlistment: hostname,
+// mac_addresses, power_type and power_parameters (JSON) are the caller's;
+// the machine is New, with no hardware UUID and no script results (a key
+// is needed to store those). s.mu is held.
+func (s *Server) enlistAnonymously(r *http.Request) reply {
+	form := r.PostForm
+	var macs []string
+	for _, mac := range form["mac_addresses"] {
+		if mac = maasclient.NormalizeMAC(mac); mac == "" {
+			return formError("mac_addresses", "One or more MAC addresses is invalid.")
+		}
+		macs = append(macs, mac)
+	}
+	if len(macs) == 0 {
+		return formError("mac_addresses", "This field is required.")
+	}
+	hostname := form.Get("hostname")
+	if hostname == "" {
+		hostname = petname()
+	}
+	if !validHostname(hostname) {
+		return formError("hostname", fmt.Sprintf("Label contains disallowed characters: %q.", hostname))
+	}
+	if s.hostnameHolder(hostname) != "" {
+		return formError("hostname", "Node with this Hostname already exists.")
+	}
+	powerType := cmp.Or(form.Get("power_type"), "manual")
+	if !slices.Contains(powerTypes, powerType) {
+		return formError("power_type", fmt.Sprintf("Select a valid choice. %s is not one of the available choices.", powerType))
+	}
+	params := map[string]string{}
+	if raw := form.Get("power_parameters"); raw != "" {
+		if err := json.Unmarshal([]byte(raw), &params); err != nil {
+			return formError("power_parameters", "Enter a valid JSON object of strings.")
+		}
+	}
+	if text := s.addressError(powerType, params); text != "" {
+		return textError(http.StatusInternalServerError, text)
+	}
+	state := &machineState{Machine: Machine{SystemID: s.newSystemID(), Hostname: hostname, Status: StatusNew, Pool: DefaultPool, MACs: macs}}
+	s.machines[state.SystemID] = state
+	s.setPower(state, powerType, params)
+	return jsonReply(s.machineJSON(state))
+}
+
+// newSystemID is a system_id no machine has. s.mu is held.
+func (s *Server) newSystemID() string {
+	for n := len(s.machines) + 1; ; n++ {
+		if id := fmt.Sprintf("m%05d", n); s.machines[id] == nil {
+			return id
+		}
+	}
 }
 
 func (s *Server) createPool(r *http.Request) reply {

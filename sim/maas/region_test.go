@@ -447,3 +447,89 @@ func TestUnrecognisedOperation(t *testing.T) {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
 	}
 }
+
+// TestCommissioningResults: the client reads the bmc-config output of a
+// machine's current commissioning set; a commission replaces the set (the
+// script skipped with skip_bmc_config); a machine without a set is 404;
+// the raw answer has MaaS's fields, output base64.
+func TestCommissioningResults(t *testing.T) {
+	ctx := context.Background()
+	const stdout = "virtmetal-machine-proof: vmp1-00112233445566778899aabbccddeeff\n"
+	s := maassim.New(t).
+		WithMachine(maassim.Machine{SystemID: "a", Hostname: "a", Commissioning: []maassim.ScriptResult{
+			{Name: "20-maas-01-install-lldpd", Status: maassim.ScriptPassed, Stdout: "other"},
+			{Name: maas.BMCConfigScript, Status: maassim.ScriptPassed, Stdout: stdout, Stderr: "warning"},
+		}}).
+		WithMachine(maassim.Machine{SystemID: "b", Hostname: "b"})
+	c := s.Client(t)
+	if got, err := c.BMCConfigOutput(ctx, "a"); err != nil || got != stdout {
+		t.Fatalf("output %q, %v", got, err)
+	}
+	if _, err := c.BMCConfigOutput(ctx, "b"); !errors.Is(err, maas.ErrNotFound) {
+		t.Errorf("machine without a set: %v, want ErrNotFound", err)
+	}
+	if _, err := c.Commission(ctx, "a", maas.CommissionOptions{SkipBMCConfig: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.BMCConfigOutput(ctx, "a"); err != nil || got != "" {
+		t.Errorf("after a commission with skip_bmc_config: %q, %v; want no output", got, err)
+	}
+
+	s.Update("b", func(m *maassim.Machine) {
+		m.Commissioning = []maassim.ScriptResult{{Name: maas.BMCConfigScript, Status: maassim.ScriptPassed, Stdout: "out", Stderr: "err"}}
+	})
+	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/nodes/b/results/current-commissioning/?include_output=1&filters="+maas.BMCConfigScript, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", oauthHeader(validOAuth("results-nonce")))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var set struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&set); err != nil || len(set.Results) != 1 {
+		t.Fatalf("answer %+v, %v", set, err)
+	}
+	r := set.Results[0]
+	if r["name"] != maas.BMCConfigScript || r["status_name"] != "passed" || r["exit_status"] != 0.0 ||
+		r["stdout"] != "b3V0" || r["stderr"] != "ZXJy" || r["output"] != "b3V0ZXJy" {
+		t.Errorf("result %+v", r)
+	}
+}
+
+// TestAnonymousEnlistment: POST machines/ without a key makes a New
+// machine with the caller's hostname, MACs and power settings, and no
+// commissioning results; a taken hostname is refused.
+func TestAnonymousEnlistment(t *testing.T) {
+	s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "taken", Hostname: "web1-tenant-a"})
+	enlist := func(hostname string) *http.Response {
+		form := url.Values{"hostname": {hostname}, "architecture": {"amd64/generic"}, "mac_addresses": {"02:00:00:00:00:01"},
+			"power_type": {"redfish"}, "power_parameters": {`{"power_address":"web1.tenant-a.bmc.example.org"}`}}
+		resp, err := http.PostForm(s.URL()+"/api/2.0/machines/", form)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	if resp := enlist("web1-tenant-a"); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("taken hostname: HTTP %d", resp.StatusCode)
+	}
+	resp := enlist("squatter")
+	var m maas.Machine
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("HTTP %d, %v", resp.StatusCode, err)
+	}
+	got, _ := s.Machine(m.SystemID)
+	if got.Hostname != "squatter" || got.Status != maassim.StatusNew || got.PowerType != "redfish" ||
+		got.PowerParameters["power_address"] != "web1.tenant-a.bmc.example.org" || got.Commissioning != nil || got.HardwareUUID != "" {
+		t.Errorf("enlisted %+v", got)
+	}
+	if _, err := s.Client(t).BMCConfigOutput(context.Background(), m.SystemID); !errors.Is(err, maas.ErrNotFound) {
+		t.Errorf("results of an anonymous enlistment: %v, want ErrNotFound", err)
+	}
+}
