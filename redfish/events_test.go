@@ -55,8 +55,9 @@ func newEventsFixture(t *testing.T, tweak func(*redfish.Config)) *eventsFixture 
 	cfg := redfish.Config{
 		Backend:   backend,
 		Accounts:  []redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}},
-		Logger:    testr.New(t),
-		EventPoll: 10 * time.Millisecond,
+		Logger:              testr.New(t),
+		EventPoll:           10 * time.Millisecond,
+		DestinationResolver: imageHosts,
 	}
 	if tweak != nil {
 		tweak(&cfg)
