@@ -40,10 +40,13 @@ type Config struct {
 	// WorkloadShared.
 	Workload WorkloadMode
 	// EventDestinationsDenied are networks no bmc-server sends events to
-	// (its --event-destinations-denied): the cluster's pod and service
-	// networks, so that a tenant's event subscription cannot POST into
-	// another tenant's pods or the cluster's services.
+	// nor has images fetched from (its --destinations-denied): the
+	// cluster's pod and service networks, so that a tenant's event
+	// subscription or virtual media cannot reach into another tenant's
+	// pods or the cluster's services.
 	EventDestinationsDenied []netip.Prefix
+	// NetworkPolicy is the BMC pods' NetworkPolicy.
+	NetworkPolicy NetworkPolicyConfig
 }
 
 // WorkloadMode is how BMCs run.
@@ -72,7 +75,8 @@ const (
 	configKeyIPMIDefault       = "ipmiDefault"
 	configKeyBMCImage          = "bmcImage"
 	configKeyWorkload          = "workload"
-	// Comma-separated CIDRs.
+	// Comma-separated CIDRs; the second is the key's former name.
+	configKeyDestinationsDenied      = "destinationsDenied"
 	configKeyEventDestinationsDenied = "eventDestinationsDenied"
 )
 
@@ -173,10 +177,13 @@ func (c Config) overlay(data map[string]string) (Config, error) {
 			c.BMCImage = value
 		case configKeyWorkload:
 			c.Workload = WorkloadMode(value)
-		case configKeyEventDestinationsDenied:
+		case configKeyDestinationsDenied, configKeyEventDestinationsDenied:
 			err = parseInto(value, ParseNetworks, &c.EventDestinationsDenied)
 		default:
-			return c, fmt.Errorf("unknown key %q", key)
+			var handled bool
+			if handled, err = c.NetworkPolicy.overlay(key, value); !handled {
+				return c, fmt.Errorf("unknown key %q", key)
+			}
 		}
 		if err != nil {
 			return c, fmt.Errorf("%s: %w", key, err)

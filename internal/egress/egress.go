@@ -73,17 +73,35 @@ func New(o Options) *Policy {
 	return p
 }
 
-// metadataAddresses are cloud metadata services outside the link-local
-// range, which hold the node's credentials.
-var metadataAddresses = []netip.Addr{
-	netip.MustParseAddr("fd00:ec2::254"),   // AWS, IPv6
-	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
+// refusedNetworks are refused whatever the options: unspecified ("this
+// network", 0/8, which Linux connects to as the local host), link-local
+// (with it 169.254.169.254), multicast, the reserved 240/4 with the
+// broadcast address, and cloud metadata services outside link-local,
+// which hold the node's credentials.
+var refusedNetworks = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+	netip.MustParsePrefix("100.100.100.200/32"), // Alibaba Cloud
+	netip.MustParsePrefix("::/128"),
+	netip.MustParsePrefix("fe80::/10"),
+	netip.MustParsePrefix("ff00::/8"),
+	netip.MustParsePrefix("fd00:ec2::254/128"), // AWS, IPv6
 }
 
-// neverIPv4 are IPv4 networks no request goes to: "this network" (0/8,
-// which Linux connects to as the local host), and the reserved 240/4 with
-// the limited broadcast address.
-var neverIPv4 = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("240.0.0.0/4")}
+// loopbackNetworks are refused unless Options.AllowLoopback.
+var loopbackNetworks = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+
+// RefusedNetworks are the networks every Policy refuses (with loopback
+// unless allowLoopback), for what enforces the policy elsewhere: the
+// controller leaves them out of the BMC pods' NetworkPolicy.
+func RefusedNetworks(allowLoopback bool) []netip.Prefix {
+	if allowLoopback {
+		return slices.Clone(refusedNetworks)
+	}
+	return slices.Concat(refusedNetworks, loopbackNetworks)
+}
 
 // CheckAddr returns an error wrapping ErrRefused when addr is refused.
 func (p *Policy) CheckAddr(addr netip.Addr) error {
@@ -100,10 +118,7 @@ func (p *Policy) CheckAddr(addr netip.Addr) error {
 }
 
 func (p *Policy) checkOne(addr netip.Addr) error {
-	switch {
-	case !addr.IsValid() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLinkLocalUnicast() ||
-		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || slices.Contains(metadataAddresses, addr) ||
-		slices.ContainsFunc(neverIPv4, func(n netip.Prefix) bool { return n.Contains(addr) }):
+	if !addr.IsValid() || slices.ContainsFunc(refusedNetworks, func(n netip.Prefix) bool { return n.Contains(addr) }) {
 		return fmt.Errorf("%w: %s is unspecified, broadcast, multicast, link-local or a metadata service", ErrRefused, addr)
 	}
 	// What the operator denies wins over allowLoopback.
