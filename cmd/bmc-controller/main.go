@@ -12,7 +12,9 @@
 // webhook networking): identities are then set by the reconcile loop, before
 // a VM's next start. --config NAMESPACE/NAME names a ConfigMap whose keys
 // (namespaceSelector, domain, ingressClass, tlsIssuer, tlsClusterIssuer,
-// ipmiDefault, bmcImage, workload, eventDestinationsDenied) override the
+// ipmiDefault, bmcImage, workload, destinationsDenied, networkPolicy,
+// networkPolicyIngressNamespaces, networkPolicyAPIServer,
+// networkPolicyEventDestinations) override the
 // flags while the controller runs. --workload shared serves the Redfish-only BMCs of a namespace from
 // one bmc-server instead of one per VM.
 package main
@@ -102,11 +104,13 @@ func parseFlagsOf(v string, args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&c.IPMIDefault, "ipmi-default", false, "serve IPMI for VirtualMachineBMCs that do not say")
 	fs.StringVar(&c.BMCImage, "bmc-image", defaultBMCImage(v), "container image of bmc-server; the default is the one of this controller's version")
 	fs.StringVar((*string)(&c.Workload), "workload", string(controllers.WorkloadPodPerVM), `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
-	fs.Func("event-destinations-denied", "comma-separated CIDRs no bmc-server sends events to: the cluster's pod and service networks, so that a tenant's subscription cannot reach another's pods or the cluster's services", func(v string) error {
+	denied := func(v string) error {
 		networks, err := controllers.ParseNetworks(v)
 		c.EventDestinationsDenied = append(c.EventDestinationsDenied, networks...)
 		return err
-	})
+	}
+	fs.Func("destinations-denied", "comma-separated CIDRs no bmc-server sends events to nor has images fetched from: the cluster's pod and service networks, so that a tenant's subscription or virtual media cannot reach another's pods or the cluster's services", denied)
+	fs.Func("event-destinations-denied", "former name of --destinations-denied", denied)
 	fs.StringVar(&o.macRange, "mac-range", "02:00:00:00:00:00-02:00:00:ff:ff:ff", `locally administered MACs for interfaces without one, "START-END"; "" assigns none (KubeMacPool)`)
 	fs.StringVar(&o.configMap, "config", "", "NAMESPACE/NAME of a ConfigMap that overrides these flags at run time")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster, then $KUBECONFIG, then ~/.kube/config)")
