@@ -70,10 +70,7 @@ func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine,
 		*media = done.media
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	dv := &cdiv1beta1.DataVolume{}
-	err := b.api.cdi.Get().Namespace(b.namespace).Resource(dataVolumeResource).Name(b.mediaDataVolume()).Do(ctx).Into(dv)
+	dv, err := b.getMediaDataVolume(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
 		// Attached without its volume: deleted by someone else. The VM
@@ -88,6 +85,14 @@ func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine,
 		b.mediaDone.Store(&importDone{image: media.Image, generation: vm.Generation, media: *media})
 	}
 	return nil
+}
+
+// getMediaDataVolume reads the media DataVolume.
+func (b *Backend) getMediaDataVolume(ctx context.Context) (*cdiv1beta1.DataVolume, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	dv := &cdiv1beta1.DataVolume{}
+	return dv, b.api.cdi.Get().Namespace(b.namespace).Resource(dataVolumeResource).Name(b.mediaDataVolume()).Do(ctx).Into(dv)
 }
 
 // importState maps a DataVolume's status onto the media's: Succeeded is
@@ -259,10 +264,7 @@ var errNotOurs = errors.New("not made by the BMC")
 // nothing, if it does not. The delete is bound to the UID read, so a
 // DataVolume made under that name since is never the one deleted.
 func (b *Backend) deleteOwnMediaDataVolume(ctx context.Context, vmUID types.UID) error {
-	readCtx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	dv := &cdiv1beta1.DataVolume{}
-	err := b.api.cdi.Get().Namespace(b.namespace).Resource(dataVolumeResource).Name(b.mediaDataVolume()).Do(readCtx).Into(dv)
+	dv, err := b.getMediaDataVolume(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil
