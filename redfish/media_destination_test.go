@@ -2,6 +2,7 @@ package redfish_test
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -115,5 +116,28 @@ func TestSubscriptionToNAT64MetadataRefused(t *testing.T) {
 				t.Errorf("POST %s: %d %s, want 400 PropertyValueNotInList", destination, res.status, res.raw)
 			}
 		})
+	}
+}
+
+// timingOut is a resolver whose DNS server does not answer.
+type timingOut struct{}
+
+func (timingOut) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	return nil, &net.DNSError{Err: "i/o timeout", Name: host, IsTimeout: true}
+}
+
+// TestInsertMediaWhileDNSFails: an image whose name cannot be resolved
+// for now is a 503 with Retry-After, not a refusal, and reaches no
+// backend.
+func TestInsertMediaWhileDNSFails(t *testing.T) {
+	var counting *countingMachine
+	f := newFixture(t, func(cfg *redfish.Config, b *stubBackend) {
+		cfg.DestinationResolver = timingOut{}
+		counting = &countingMachine{Machine: b.Get("vm-0")}
+		b.replaced["vm-0"] = counting
+	})
+	res := f.do(asAdmin("POST", sysInsert0, `{"Image":"http://images.example/boot.iso"}`))
+	if res.status != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" || counting.inserts.Load() != 0 {
+		t.Errorf("%d %s (Retry-After %q), %d inserts; want 503 with Retry-After and none", res.status, res.raw, res.header.Get("Retry-After"), counting.inserts.Load())
 	}
 }
