@@ -3,7 +3,6 @@ package controllers
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -83,7 +82,7 @@ func bmcNetworkPolicy(meta metav1.ObjectMeta, ipmi bool, cfg Config) (*networkin
 	}
 	apiServer := networkingv1.NetworkPolicyEgressRule{To: ipBlocks(cfg.NetworkPolicy.APIServer)}
 	if len(cfg.NetworkPolicy.APIServer) == 0 {
-		apiServer.To = outside(slices.Concat(egress.RefusedNetworks(false), cfg.EventDestinationsDenied))
+		apiServer.To = outside(egress.RefusedNetworks(egress.Options{Denied: cfg.EventDestinationsDenied}))
 	}
 	for _, p := range apiServerPorts {
 		apiServer.Ports = append(apiServer.Ports, port(tcp, intstr.FromInt32(p)))

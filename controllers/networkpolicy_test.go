@@ -30,7 +30,7 @@ import (
 // networks, DNS, and the opted-in event destinations, nothing else.
 func TestNetworkPolicyRendered(t *testing.T) {
 	cfg := defaultConfig()
-	cfg.EventDestinationsDenied = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.96.0.0/12")}
+	cfg.EventDestinationsDenied = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("::ffff:10.96.0.0/108")}
 	cfg.NetworkPolicy = controllers.NetworkPolicyConfig{Enabled: true, IngressNamespaces: labels.SelectorFromSet(labels.Set{"kubernetes.io/metadata.name": "ingress"}),
 		EventDestinations: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}}
 	for _, ipmi := range []bool{false, true} {

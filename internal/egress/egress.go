@@ -93,14 +93,16 @@ var refusedNetworks = []netip.Prefix{
 // loopbackNetworks are refused unless Options.AllowLoopback.
 var loopbackNetworks = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 
-// RefusedNetworks are the networks every Policy refuses (with loopback
-// unless allowLoopback), for what enforces the policy elsewhere: the
-// controller leaves them out of the BMC pods' NetworkPolicy.
-func RefusedNetworks(allowLoopback bool) []netip.Prefix {
-	if allowLoopback {
-		return slices.Clone(refusedNetworks)
+// RefusedNetworks are the networks a Policy with these options refuses
+// (denied ones as compared, IPv4-mapped prefixes as IPv4), for what
+// enforces the policy elsewhere: the controller leaves them out of the
+// BMC pods' NetworkPolicy.
+func RefusedNetworks(o Options) []netip.Prefix {
+	refused := slices.Concat(refusedNetworks, unmappedPrefixes(o.Denied))
+	if !o.AllowLoopback {
+		refused = append(refused, loopbackNetworks...)
 	}
-	return slices.Concat(refusedNetworks, loopbackNetworks)
+	return refused
 }
 
 // CheckAddr returns an error wrapping ErrRefused when addr is refused.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/virtmetal/virtmetal/internal/egress"
@@ -192,4 +193,38 @@ type failing struct{ err error }
 
 func (f failing) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
 	return nil, f.err
+}
+
+// TestRefusedNetworksAreRefused: the networks told to whoever enforces
+// the policy elsewhere are ones the policy refuses, first and last
+// address, with and without loopback.
+func TestRefusedNetworksAreRefused(t *testing.T) {
+	for _, o := range []egress.Options{
+		{Denied: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("::ffff:10.96.0.0/108")}},
+		{AllowLoopback: true},
+	} {
+		o.OwnAddresses, o.Resolver = func() []netip.Addr { return nil }, resolver{}
+		policy := egress.New(o)
+		networks := egress.RefusedNetworks(o)
+		if !slices.Contains(networks, netip.MustParsePrefix("127.0.0.0/8")) == !o.AllowLoopback {
+			t.Errorf("allow loopback %v: networks %v", o.AllowLoopback, networks)
+		}
+		for _, n := range networks {
+			for _, addr := range []netip.Addr{n.Addr(), lastAddr(n)} {
+				if err := policy.CheckAddr(addr); !errors.Is(err, egress.ErrRefused) {
+					t.Errorf("%s of %s: %v, want refused", addr, n, err)
+				}
+			}
+		}
+	}
+}
+
+// lastAddr is the last address of n.
+func lastAddr(n netip.Prefix) netip.Addr {
+	b := n.Masked().Addr().AsSlice()
+	for i := n.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	addr, _ := netip.AddrFromSlice(b)
+	return addr
 }
