@@ -18,11 +18,12 @@ import (
 )
 
 // ErrRefused: the destination is one the BMC never sends to, nor has
-// anything fetch from.
+// anything fetched from.
 var ErrRefused = errors.New("destination refused")
 
 // ErrUnresolved: the destination's name did not resolve, so whether it is
-// refused cannot be told. Temporary says whether asking again may help.
+// refused cannot be told; UnresolvedError.Temporary says whether asking
+// again may help.
 var ErrUnresolved = errors.New("destination does not resolve")
 
 // Resolver resolves host names; *net.Resolver is one, and tests inject
