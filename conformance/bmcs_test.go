@@ -6,6 +6,7 @@ import (
 	stdlog "log"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -17,6 +18,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/virtmetal/virtmetal/internal/egress"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -123,6 +125,10 @@ func serveBMC(t testing.TB, backend machine.Backend) *httptest.Server {
 	return serveBMCWith(t, backend, nil)
 }
 
+// testImageHosts resolves the tests' image host names to a documentation
+// address, asking no DNS server.
+var testImageHosts = egress.FixedResolver{netip.MustParseAddr("192.0.2.80")}
+
 // serveBMCWith is serveBMC with edit applied to the configuration.
 func serveBMCWith(t testing.TB, backend machine.Backend, edit func(*redfish.Config)) *httptest.Server {
 	t.Helper()
@@ -137,6 +143,10 @@ func serveBMCThrough(t testing.TB, backend machine.Backend, edit func(*redfish.C
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: maasUser, Password: maasPass, Role: redfish.RoleAdministrator}},
 		Logger:   logr.Discard(),
+		// The flows' images are on loopback or named images.test, which
+		// resolves here without asking DNS; nothing fetches them.
+		EventDestinationsAllowLoopback: true,
+		DestinationResolver:            testImageHosts,
 	}
 	if edit != nil {
 		edit(&cfg)

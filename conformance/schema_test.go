@@ -45,6 +45,8 @@ func TestRedfishSchemaConformance(t *testing.T) {
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: "admin", Password: "password", Role: redfish.RoleAdministrator}},
 		Logger:   logr.Discard(),
+		// The inserts' images are on loopback; nothing fetches them.
+		EventDestinationsAllowLoopback: true,
 		// The name bmc-controller's Ingress gives, so that HostName and
 		// FQDN are crawled too.
 		NetworkProtocol: redfish.NetworkProtocol{FQDN: "vm.team-a.bmc.example.org"},

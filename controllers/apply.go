@@ -82,6 +82,11 @@ func upToDate(desired, actual client.Object) bool {
 		if a, ok := actual.(*rbacv1.ClusterRole); !ok || !equality.Semantic.DeepEqual(d.Rules, a.Rules) {
 			return false
 		}
+	case *networkingv1.NetworkPolicy:
+		// A peer or port too many is a way in or out too many.
+		if a, ok := actual.(*networkingv1.NetworkPolicy); !ok || !equality.Semantic.DeepEqual(d.Spec, a.Spec) {
+			return false
+		}
 	case *networkingv1.Ingress:
 		// Likewise a host too many: the shared Ingress's rules and
 		// certificates are as many as wanted (each compared below).

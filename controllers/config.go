@@ -40,9 +40,10 @@ type Config struct {
 	// WorkloadShared.
 	Workload WorkloadMode
 	// EventDestinationsDenied are networks no bmc-server sends events to
-	// (its --event-destinations-denied): the cluster's pod and service
-	// networks, so that a tenant's event subscription cannot POST into
-	// another tenant's pods or the cluster's services.
+	// nor has images fetched from (its --destinations-denied): the
+	// cluster's pod and service networks, so that a tenant's event
+	// subscription or virtual media cannot reach into another tenant's
+	// pods or the cluster's services.
 	EventDestinationsDenied []netip.Prefix
 	// TrustedProxies are the Ingress controller's addresses (its pods',
 	// or its nodes' with hostNetwork): every bmc-server's
@@ -50,6 +51,8 @@ type Config struct {
 	// behind the Ingress rather than per Ingress. See
 	// validateTrustedProxies for the networks refused.
 	TrustedProxies []netip.Prefix
+	// NetworkPolicy is the BMC pods' NetworkPolicy.
+	NetworkPolicy NetworkPolicyConfig
 }
 
 // WorkloadMode is how BMCs run.
@@ -78,7 +81,8 @@ const (
 	configKeyIPMIDefault       = "ipmiDefault"
 	configKeyBMCImage          = "bmcImage"
 	configKeyWorkload          = "workload"
-	// Comma-separated CIDRs.
+	// Comma-separated CIDRs; the second is the key's former name.
+	configKeyDestinationsDenied      = "destinationsDenied"
 	configKeyEventDestinationsDenied = "eventDestinationsDenied"
 	configKeyTrustedProxies          = "trustedProxies"
 )
@@ -154,7 +158,7 @@ func validateTrustedProxies(trusted, denied []netip.Prefix) error {
 		for _, d := range denied {
 			if d = unmapped(d); p.Bits() <= d.Bits() && p.Contains(d.Addr()) {
 				return fmt.Errorf("%s %s covers %s, a pod or service network (%s): list the Ingress controller's addresses only",
-					configKeyTrustedProxies, p, d, configKeyEventDestinationsDenied)
+					configKeyTrustedProxies, p, d, configKeyDestinationsDenied)
 			}
 		}
 	}
@@ -222,12 +226,15 @@ func (c Config) overlay(data map[string]string) (Config, error) {
 			c.BMCImage = value
 		case configKeyWorkload:
 			c.Workload = WorkloadMode(value)
-		case configKeyEventDestinationsDenied:
+		case configKeyDestinationsDenied, configKeyEventDestinationsDenied:
 			err = parseInto(value, ParseNetworks, &c.EventDestinationsDenied)
 		case configKeyTrustedProxies:
 			err = parseInto(value, ParseNetworks, &c.TrustedProxies)
 		default:
-			return c, fmt.Errorf("unknown key %q", key)
+			var handled bool
+			if handled, err = c.NetworkPolicy.overlay(key, value); !handled {
+				return c, fmt.Errorf("unknown key %q", key)
+			}
 		}
 		if err != nil {
 			return c, fmt.Errorf("%s: %w", key, err)

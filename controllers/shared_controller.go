@@ -328,6 +328,15 @@ func (r *SharedReconciler) apply(ctx context.Context, cfg Config, namespace stri
 		}),
 		bmcService(meta, []corev1.ServicePort{redfishServicePortSpec()}),
 	)
+	if cfg.NetworkPolicy.Enabled {
+		policy, err := bmcNetworkPolicy(meta, false, cfg)
+		if err != nil {
+			return 0, err
+		}
+		objects = append(objects, policy)
+	} else if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, &networkingv1.NetworkPolicy{}); err != nil {
+		return 0, err
+	}
 	if ingress := sharedIngress(meta, vms); ingress != nil {
 		objects = append(objects, ingress)
 	} else if err := r.deleteShared(ctx, types.NamespacedName{Namespace: namespace, Name: sharedName}, &networkingv1.Ingress{}); err != nil {

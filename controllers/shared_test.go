@@ -897,9 +897,10 @@ func TestSharedWritesInBatches(t *testing.T) {
 	}
 }
 
-// TestEventDestinationsDeniedReachEveryBMC: the ConfigMap's denied event
-// networks are on the command line of every bmc-server, one VM's and a
-// namespace's shared one, so that no tenant's subscription can POST into
+// TestEventDestinationsDeniedReachEveryBMC: the ConfigMap's denied
+// networks (destinationsDenied, or its former name eventDestinationsDenied)
+// are on the command line of every bmc-server, one VM's and a namespace's
+// shared one, so that no tenant's subscription or image can reach into
 // the cluster's networks.
 func TestEventDestinationsDeniedReachEveryBMC(t *testing.T) {
 	vm := enrolledVM(t, "denied-nets", "web1")
@@ -911,13 +912,13 @@ func TestEventDestinationsDeniedReachEveryBMC(t *testing.T) {
 				return err
 			}
 			got := strings.Join(d.Spec.Template.Spec.Containers[0].Args, " ")
-			if !strings.Contains(got, "--event-destinations-denied "+denied) {
+			if !strings.Contains(got, "--destinations-denied "+denied) {
 				return fmt.Errorf("args %s", got)
 			}
 			return nil
 		}
 	}
-	setConfig(t, map[string]string{"eventDestinationsDenied": "10.244.0.0/16, 10.96.0.0/12"})
+	setConfig(t, map[string]string{"destinationsDenied": "10.244.0.0/16, 10.96.0.0/12"})
 	poll.Until(t, "the denied networks on the VM's bmc-server", args(workloadKey(vm)))
 	setConfig(t, map[string]string{"eventDestinationsDenied": denied, "workload": "shared"})
 	poll.Until(t, "the denied networks on the shared bmc-server", args(sharedKey(vm.Namespace)))

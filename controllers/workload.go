@@ -79,7 +79,7 @@ type Workload struct {
 // objects, to read into.
 func workloadKinds() []client.Object {
 	return []client.Object{&appsv1.Deployment{}, &corev1.Service{}, &networkingv1.Ingress{},
-		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}}
+		&corev1.ServiceAccount{}, &rbacv1.Role{}, &rbacv1.RoleBinding{}, &networkingv1.NetworkPolicy{}}
 }
 
 // clusterRBACKinds are the kinds of a BMC's cluster-scoped RBAC, named
@@ -197,6 +197,13 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 	if len(servicePorts) > 0 {
 		w.Objects = append(w.Objects, bmcService(meta(workloadName(b.Spec.VMName)), servicePorts))
 	}
+	if cfg.NetworkPolicy.Enabled {
+		policy, err := bmcNetworkPolicy(meta(workloadName(b.Spec.VMName)), ipmi, cfg)
+		if err != nil {
+			return w, err
+		}
+		w.Objects = append(w.Objects, policy)
+	}
 
 	w.Objects = append(w.Objects, stateSecret(meta(bmc.StateSecretName(b.Spec.VMName))))
 
@@ -297,7 +304,7 @@ func bmcArgs(p bmcPod) []string {
 		p.args,
 		[]string{"--metrics-listen", fmt.Sprintf(":%d", metricsContainerPort)})
 	if len(p.eventDestinationsDenied) > 0 {
-		args = append(args, "--event-destinations-denied", networksArg(p.eventDestinationsDenied))
+		args = append(args, "--destinations-denied", networksArg(p.eventDestinationsDenied))
 	}
 	if len(p.trustedProxies) > 0 {
 		args = append(args, "--trusted-proxies", networksArg(p.trustedProxies))

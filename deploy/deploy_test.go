@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -71,6 +72,14 @@ func TestConfigIsWhatTheControllerReads(t *testing.T) {
 	}
 	if cfg.NamespaceSelector.String() != "virtmetal.io/enabled=true" || cfg.IPMIDefault || cfg.Workload != controllers.WorkloadPodPerVM {
 		t.Errorf("config = %+v", cfg)
+	}
+	// The pod and service networks are denied, and BMC pods fenced, out
+	// of the box.
+	if got := fmt.Sprint(cfg.EventDestinationsDenied); got != "[10.244.0.0/16 10.96.0.0/12]" {
+		t.Errorf("denied destinations %s, want kubeadm's pod and service networks", got)
+	}
+	if np := cfg.NetworkPolicy; !np.Enabled || np.IngressNamespaces.String() != controllers.DefaultIngressNamespaces || len(np.APIServer) != 0 || len(np.EventDestinations) != 0 {
+		t.Errorf("NetworkPolicy config %+v", np)
 	}
 	var d appsv1.Deployment
 	find(t, objects, "Deployment", "virtmetal-controller", &d)

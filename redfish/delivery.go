@@ -11,12 +11,10 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
-	"slices"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/egress"
 	"github.com/virtmetal/virtmetal/internal/events"
 )
 
@@ -44,94 +42,9 @@ type EventDeliveryObserver interface {
 	ObserveEventDelivery(outcome string)
 }
 
-// errDestinationRefused: the destination's address is one events are
-// never sent to.
-var errDestinationRefused = errors.New("event destination address refused")
-
-// metadataAddresses are cloud metadata services outside the link-local
-// range, which hold the node's credentials.
-var metadataAddresses = []netip.Addr{
-	netip.MustParseAddr("fd00:ec2::254"),   // AWS, IPv6
-	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud
-}
-
-// destinationGuard decides which addresses a subscription may reach, so
-// that a subscription cannot be used to POST into what only the BMC can
-// reach: link-local (and with it 169.254.169.254), metadata services,
-// this host's own addresses and loopback, and what the operator denies.
-// It is checked on the address each connection dials, after resolution,
-// so a host name that resolves to a refused address is refused too.
-type destinationGuard struct {
-	allowLoopback bool
-	denied        []netip.Prefix // IPv4 ones as IPv4, as refuses compares
-	ownAddresses  func() []netip.Addr
-}
-
-// unmappedPrefixes writes an IPv4-mapped IPv6 prefix (::ffff:10.0.0.0/104)
-// as the IPv4 prefix it means, since addresses are compared unmapped.
-func unmappedPrefixes(prefixes []netip.Prefix) []netip.Prefix {
-	out := make([]netip.Prefix, len(prefixes))
-	for i, p := range prefixes {
-		if p.Addr().Is4In6() && p.Bits() >= 96 {
-			p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
-		}
-		out[i] = p.Masked()
-	}
-	return out
-}
-
-func (g *destinationGuard) refuses(addr netip.Addr) error {
-	addr = addr.Unmap()
-	switch {
-	case !addr.IsValid() || addr.IsUnspecified() || addr.IsMulticast() || addr.IsLinkLocalUnicast() ||
-		addr.IsLinkLocalMulticast() || addr.IsInterfaceLocalMulticast() || slices.Contains(metadataAddresses, addr):
-		return fmt.Errorf("%w: %s is unspecified, multicast, link-local or a metadata service", errDestinationRefused, addr)
-	}
-	// What the operator denies wins over allowLoopback.
-	for _, p := range g.denied {
-		if p.Contains(addr) {
-			return fmt.Errorf("%w: %s is in the denied %s", errDestinationRefused, addr, p)
-		}
-	}
-	if addr.IsLoopback() {
-		if g.allowLoopback {
-			return nil
-		}
-		return fmt.Errorf("%w: %s is loopback", errDestinationRefused, addr)
-	}
-	if slices.Contains(g.ownAddresses(), addr) {
-		return fmt.Errorf("%w: %s is this BMC's own address", errDestinationRefused, addr)
-	}
-	return nil
-}
-
-// control is the dialer's check of the address it is about to connect to.
-func (g *destinationGuard) control(_, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errDestinationRefused, err)
-	}
-	return g.refuses(ap.Addr())
-}
-
-// interfaceAddresses are this host's addresses.
-func interfaceAddresses() []netip.Addr {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil
-	}
-	var own []netip.Addr
-	for _, a := range addrs {
-		if prefix, err := netip.ParsePrefix(a.String()); err == nil {
-			own = append(own, prefix.Addr().Unmap())
-		}
-	}
-	return own
-}
-
 // deliveryClients POST events: one client that verifies the destination's
 // certificate, one that does not (VerifyCertificate false). Neither uses
-// a proxy from the environment, which would dial on the guard's behalf,
+// a proxy from the environment, which would dial on the policy's behalf,
 // nor follows redirects. Each is made at its first delivery: most services
 // have no push subscription, and a shared bmc-server has thousands.
 type deliveryClients struct {
@@ -140,9 +53,9 @@ type deliveryClients struct {
 	retryInterval       time.Duration
 }
 
-func newDeliveryClients(guard *destinationGuard, roots *x509.CertPool, attempts int, interval time.Duration) deliveryClients {
+func newDeliveryClients(policy *egress.Policy, roots *x509.CertPool, attempts int, interval time.Duration) deliveryClients {
 	client := func(verify bool) *http.Client {
-		dialer := &net.Dialer{Timeout: 5 * time.Second, Control: guard.control}
+		dialer := &net.Dialer{Timeout: 5 * time.Second, Control: policy.Control}
 		return &http.Client{
 			Timeout: deliveryTimeout,
 			Transport: &http.Transport{
@@ -337,7 +250,7 @@ func (s *Server) observeDelivery(err error) {
 	switch {
 	case err == nil:
 		o.ObserveEventDelivery("delivered")
-	case errors.Is(err, errDestinationRefused):
+	case errors.Is(err, egress.ErrRefused):
 		o.ObserveEventDelivery("refused")
 	default:
 		o.ObserveEventDelivery("failed")

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/virtmetal/virtmetal/internal/egress"
 	"github.com/virtmetal/virtmetal/machine"
 )
 
@@ -243,6 +244,28 @@ type operation struct {
 	// conflictsWith is the URI of the resource whose state a conflicting
 	// PATCH value meets (the empty virtual CD a Cd boot needs), or "".
 	conflictsWith string
+}
+
+// refusedDestinationResolution says why a destination was refused without
+// saying what its name resolved to, which the client need not learn.
+const refusedDestinationResolution = "The service does not send to, nor has anything fetched from, link-local, " +
+	"metadata, loopback or its own addresses, nor the networks its operator denies, in any IPv4 or IPv6 form, " +
+	"whether named directly or through a host name. Use an address outside them."
+
+// mapDestinationError turns egress.Policy's refusal of an action's URL
+// parameter (InsertMedia's Image) into its answer: the value is not one
+// the service accepts; a name whose resolution failed for now is a 503,
+// one that does not resolve is refused as well.
+func (s *Server) mapDestinationError(err error, op operation) *apiError {
+	var unresolved *egress.UnresolvedError
+	if errors.As(err, &unresolved) && unresolved.Temporary() {
+		e := s.retryLater(msgServiceTemporarilyUnavailable, strconv.Itoa(int(s.retryAfter/time.Second)))
+		e.cause = err
+		return e
+	}
+	s.log.Info("destination refused", "resource", op.resourceType, "parameter", op.parameter, "value", op.value, "reason", err.Error())
+	m := message{key: msgActionParameterValueNotInList, args: []string{op.value, op.parameter, op.action}, resolution: refusedDestinationResolution}
+	return &apiError{status: http.StatusBadRequest, messages: []message{m}, cause: err}
 }
 
 // mapBackendError is the one place that turns machine contract errors into

@@ -53,10 +53,11 @@ func newEventsFixture(t *testing.T, tweak func(*redfish.Config)) *eventsFixture 
 	t.Helper()
 	backend := memory.New(memory.Options{Machines: 2})
 	cfg := redfish.Config{
-		Backend:   backend,
-		Accounts:  []redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}},
-		Logger:    testr.New(t),
-		EventPoll: 10 * time.Millisecond,
+		Backend:             backend,
+		Accounts:            []redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}},
+		Logger:              testr.New(t),
+		EventPoll:           10 * time.Millisecond,
+		DestinationResolver: imageHosts,
 	}
 	if tweak != nil {
 		tweak(&cfg)

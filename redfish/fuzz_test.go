@@ -21,6 +21,8 @@ func fuzzServer(f *testing.F) (*redfish.Server, *memory.Backend) {
 		Backend:  backend,
 		Accounts: []redfish.Account{{Username: adminUser, Password: adminPass, Role: redfish.RoleAdministrator}, {Username: readerUser, Password: readerPass, Role: redfish.RoleReadOnly}},
 		Limiter:  throttle.Unlimited,
+		// Whatever host a fuzzed image names, no DNS server is asked.
+		DestinationResolver: imageHosts,
 	})
 	if err != nil {
 		f.Fatal(err)

@@ -65,6 +65,7 @@ func TestGoldenBodies(t *testing.T) {
 		{"insert_media_action_info", nil, get(sysCD0 + "/InsertMediaActionInfo"), 200},
 		{"reset_action_info", nil, get(system0 + "/ResetActionInfo"), 200},
 		{"task_service", nil, get("/redfish/v1/TaskService"), 200},
+		{"insert_media_refused_destination", nil, asAdmin("POST", sysInsert0, `{"Image":"http://[64:ff9b::a9fe:a9fe]/latest/meta-data/"}`), 400},
 		{"insert_media_accepted", slowMedia, asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), 202},
 		{"tasks", func(f *fixture) {
 			slowMedia(f)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 
+	"github.com/virtmetal/virtmetal/internal/egress"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
@@ -26,6 +28,11 @@ const (
 	readerUser, readerPass     = "reader", "reader-secret"
 	serviceUUID                = "0f5d4a52-6e3b-4c0e-9d3a-3c1f1d2b7a10"
 )
+
+// imageHosts resolves the tests' image host names (images.example) to a
+// documentation address the policy allows, asking no DNS server; the
+// memory backend fetches nothing.
+var imageHosts = egress.FixedResolver{netip.MustParseAddr("192.0.2.80")}
 
 // fakeClock is a settable clock shared by the server and the backend.
 type fakeClock struct {
@@ -129,9 +136,10 @@ func newFixture(t *testing.T, tweak func(*redfish.Config, *stubBackend)) *fixtur
 			{Username: operatorUser, Password: operatorPass, Role: redfish.RoleOperator},
 			{Username: readerUser, Password: readerPass, Role: redfish.RoleReadOnly},
 		},
-		Logger:      testr.New(t),
-		ServiceUUID: serviceUUID,
-		Now:         clock.Now,
+		Logger:              testr.New(t),
+		ServiceUUID:         serviceUUID,
+		Now:                 clock.Now,
+		DestinationResolver: imageHosts,
 	}
 	if tweak != nil {
 		tweak(&cfg, backend)

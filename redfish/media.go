@@ -1,8 +1,10 @@
 package redfish
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -158,6 +160,9 @@ func (s *Server) insertMedia(c *call) (result, error) {
 	if len(problems) > 0 {
 		return result{}, badRequest(problems...)
 	}
+	if apiErr := s.checkImageSource(c.ctx(), image); apiErr != nil {
+		return result{}, apiErr
+	}
 	if err := m.InsertMedia(c.ctx(), image); err != nil {
 		return result{}, s.mapBackendError(err, operation{
 			resourceType: "VirtualMedia", resourceID: cdMediaID,
@@ -176,6 +181,22 @@ func (s *Server) insertMedia(c *call) (result, error) {
 		return result{}, err
 	}
 	return s.accepted(t), nil
+}
+
+// checkImageSource holds the image URL's host to the destination policy
+// event deliveries follow: the backend's importer (KubeVirt's CDI) fetches
+// it inside the cluster on the BMC's behalf, so an image must not name
+// what only the cluster reaches (metadata, pods, services, the BMC). A
+// URL that is no http(s) one is left to the backend's own check.
+func (s *Server) checkImageSource(ctx context.Context, image string) *apiError {
+	u, err := url.Parse(image)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil
+	}
+	if err := s.destinations.CheckHost(ctx, u.Hostname()); err != nil {
+		return s.mapDestinationError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID, action: "InsertMedia", parameter: "Image", value: image})
+	}
+	return nil
 }
 
 // transferProtocolProblems checks a TransferProtocolType: HTTP or HTTPS,

@@ -20,6 +20,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
+	"github.com/virtmetal/virtmetal/internal/egress"
 	"github.com/virtmetal/virtmetal/internal/events"
 	"github.com/virtmetal/virtmetal/internal/throttle"
 	"github.com/virtmetal/virtmetal/machine"
@@ -87,13 +88,20 @@ type Config struct {
 	// EventDeliveryRetryInterval the wait between tries (default 30 s).
 	EventDeliveryRetryAttempts int
 	EventDeliveryRetryInterval time.Duration
-	// EventDestinationsDenied are networks events are never sent to, on
-	// top of link-local, metadata services, loopback and this host's own
-	// addresses: the cluster's pod and service networks, say.
+	// EventDestinationsDenied are networks neither events are sent to nor
+	// virtual media images are fetched from, on top of what egress.Policy
+	// always refuses (link-local, metadata services, loopback, this host's
+	// own addresses, and their NAT64, IPv4-mapped and 6to4 forms): the
+	// cluster's pod and service networks, say.
 	EventDestinationsDenied []netip.Prefix
-	// EventDestinationsAllowLoopback lets subscriptions send to loopback,
-	// for a receiver on the BMC's own host.
+	// EventDestinationsAllowLoopback lets event subscriptions send to, and
+	// images be fetched from, loopback, for a receiver on the BMC's own
+	// host.
 	EventDestinationsAllowLoopback bool
+	// DestinationResolver resolves the host names of image URLs, whose
+	// every address must pass the same policy (default
+	// net.DefaultResolver); tests inject one that asks no DNS server.
+	DestinationResolver egress.Resolver
 	// EventDestinationRoots verify destinations' certificates (default
 	// the system's roots).
 	EventDestinationRoots *x509.CertPool
@@ -143,7 +151,7 @@ type Server struct {
 	// streams.
 	subscriptions     subscriptionTable
 	subscriptionStore *subscriptionStore
-	destinations      *destinationGuard
+	destinations      *egress.Policy
 	delivery          deliveryClients
 
 	// rendered keeps GET answers until what they show changes.
@@ -250,7 +258,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s.subscriptions = subscriptionTable{max: orDefault(cfg.MaxEventSubscriptions, defaultMaxSubscriptions), byID: map[string]*subscription{}}
 	s.subscriptionStore = newSubscriptionStore(cfg.Backend, s.log.WithName("subscriptions"))
-	s.destinations = &destinationGuard{allowLoopback: cfg.EventDestinationsAllowLoopback, denied: unmappedPrefixes(cfg.EventDestinationsDenied), ownAddresses: interfaceAddresses}
+	s.destinations = egress.New(egress.Options{
+		AllowLoopback: cfg.EventDestinationsAllowLoopback, Denied: cfg.EventDestinationsDenied, Resolver: cfg.DestinationResolver,
+	})
 	s.delivery = newDeliveryClients(s.destinations, cfg.EventDestinationRoots,
 		orDefault(cfg.EventDeliveryRetryAttempts, defaultDeliveryRetryAttempts),
 		orDefault(cfg.EventDeliveryRetryInterval, defaultDeliveryRetryInterval))

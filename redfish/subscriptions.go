@@ -425,7 +425,7 @@ func readDestination(s *Server, sub *subscriptionDraft, raw json.RawMessage, poi
 	case u.Scheme != "http" && u.Scheme != "https":
 		return notInList(value, pointer)
 	}
-	if addr, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil && s.destinations.refuses(addr) != nil {
+	if addr, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil && s.destinations.CheckAddr(addr) != nil {
 		return notInList(value, pointer)
 	}
 	sub.destination = u

@@ -20,7 +20,7 @@ import (
 // (machine.StateStore): a provisioning stack subscribes once, not after
 // every restart of its BMC's pod. Each is kept as the properties its POST
 // would carry and is read back through the POST's own rules, so what is
-// restored is held to today's destination guard, not to the one it was
+// restored is held to today's destination policy, not to the one it was
 // made under. SSE members are not kept: their streams end with the
 // process.
 const subscriptionsStateKey = "redfish-subscriptions"

@@ -12,7 +12,9 @@
 // webhook networking): identities are then set by the reconcile loop, before
 // a VM's next start. --config NAMESPACE/NAME names a ConfigMap whose keys
 // (namespaceSelector, domain, ingressClass, tlsIssuer, tlsClusterIssuer,
-// ipmiDefault, bmcImage, workload, eventDestinationsDenied) override the
+// ipmiDefault, bmcImage, workload, destinationsDenied, networkPolicy,
+// networkPolicyIngressNamespaces, networkPolicyAPIServer,
+// networkPolicyEventDestinations) override the
 // flags while the controller runs. --workload shared serves the Redfish-only BMCs of a namespace from
 // one bmc-server instead of one per VM.
 package main
@@ -102,12 +104,14 @@ func parseFlagsOf(v string, args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&c.IPMIDefault, "ipmi-default", false, "serve IPMI for VirtualMachineBMCs that do not say")
 	fs.StringVar(&c.BMCImage, "bmc-image", defaultBMCImage(v), "container image of bmc-server; the default is the one of this controller's version")
 	fs.StringVar((*string)(&c.Workload), "workload", string(controllers.WorkloadPodPerVM), `how BMCs run: "pod-per-vm" (a bmc-server per VM) or "shared" (one per namespace for the VMs without IPMI)`)
-	fs.Func("event-destinations-denied", "comma-separated CIDRs no bmc-server sends events to: the cluster's pod and service networks, so that a tenant's subscription cannot reach another's pods or the cluster's services", func(v string) error {
+	denied := func(v string) error {
 		networks, err := controllers.ParseNetworks(v)
 		c.EventDestinationsDenied = append(c.EventDestinationsDenied, networks...)
 		return err
-	})
-	fs.Func("trusted-proxies", "comma-separated CIDRs of the Ingress controller (its pods, or its nodes with hostNetwork), at most /24 or /120 each and never covering a network of --event-destinations-denied: every bmc-server takes the client from their X-Forwarded-For, to throttle failed logins per client", func(v string) error {
+	}
+	fs.Func("destinations-denied", "comma-separated CIDRs no bmc-server sends events to nor has images fetched from: the cluster's pod and service networks, so that a tenant's subscription or virtual media cannot reach another's pods or the cluster's services", denied)
+	fs.Func("event-destinations-denied", "former name of --destinations-denied", denied)
+	fs.Func("trusted-proxies", "comma-separated CIDRs of the Ingress controller (its pods, or its nodes with hostNetwork), at most /24 or /120 each and never covering a network of --destinations-denied: every bmc-server takes the client from their X-Forwarded-For, to throttle failed logins per client", func(v string) error {
 		networks, err := controllers.ParseNetworks(v)
 		c.TrustedProxies = append(c.TrustedProxies, networks...)
 		return err

@@ -61,11 +61,12 @@ func TestParseFlags(t *testing.T) {
 		{"bad webhook port", append([]string{"--webhook-port", "70000"}, required...), "--webhook-port"},
 		{"no cache sync time", append([]string{"--cache-sync-timeout", "0s"}, required...), "--cache-sync-timeout"},
 		{"no shutdown time", append([]string{"--graceful-shutdown-timeout", "-1s"}, required...), "--graceful-shutdown-timeout"},
-		{"denied event networks", append([]string{"--event-destinations-denied", "10.244.0.0/16, 10.96.0.0/12", "--event-destinations-denied", "fd00::/8"}, required...), ""},
-		{"bad denied event network", append([]string{"--event-destinations-denied", "10.0.0.0/33"}, required...), "-event-destinations-denied"},
+		{"denied networks", append([]string{"--destinations-denied", "10.244.0.0/16, 10.96.0.0/12", "--event-destinations-denied", "fd00::/8"}, required...), ""},
+		{"bad denied network", append([]string{"--destinations-denied", "10.0.0.0/33"}, required...), "-destinations-denied"},
+		{"bad denied network, former name", append([]string{"--event-destinations-denied", "10.0.0.0/33"}, required...), "-event-destinations-denied"},
 		{"trusted proxies", append([]string{"--trusted-proxies", "10.244.3.0/24, 10.244.4.7/32", "--trusted-proxies", "fd00::/120"}, required...), ""},
 		{"trusted pod network", append([]string{"--trusted-proxies", "10.244.0.0/16"}, required...), "never a whole pod network"},
-		{"trusted proxies covering a denied network", append([]string{"--event-destinations-denied", "10.244.3.0/24", "--trusted-proxies", "10.244.3.0/24"}, required...), "covers 10.244.3.0/24"},
+		{"trusted proxies covering a denied network", append([]string{"--destinations-denied", "10.244.3.0/24", "--trusted-proxies", "10.244.3.0/24"}, required...), "covers 10.244.3.0/24"},
 		{"stray argument", append(required, "extra"), "unexpected arguments"},
 	}
 	for _, tc := range tests {

@@ -251,3 +251,51 @@ func TestSharedEventSubscriptions(t *testing.T) {
 		t.Errorf("the receiver was sent %v, want each VM's test event once", got)
 	}
 }
+
+// TestImageDestinationFlagsReachTheServer: InsertMedia's Image follows
+// the same flags as event destinations, under their names and their
+// former ones: the metadata service in any form, loopback unless allowed
+// and a denied network are refused with a 400 before the backend is
+// asked. Nothing is ever fetched: the memory backend fetches no image, and
+// the loopback receiver is told of none.
+func TestImageDestinationFlagsReachTheServer(t *testing.T) {
+	r := newEventReceiver(t)
+	const testNet = "http://192.0.2.7/boot.iso" // TEST-NET-1
+	tests := []struct {
+		name       string
+		flags      []string
+		image      string
+		wantStatus int
+	}{
+		{"metadata", nil, "http://169.254.169.254/latest/meta-data/", http.StatusBadRequest},
+		{"metadata through NAT64", nil, "http://[64:ff9b::a9fe:a9fe]/latest/meta-data/", http.StatusBadRequest},
+		{"metadata IPv4-mapped", nil, "http://[::ffff:169.254.169.254]/latest/meta-data/", http.StatusBadRequest},
+		{"metadata 6to4", nil, "http://[2002:a9fe:a9fe::]/latest/meta-data/", http.StatusBadRequest},
+		{"loopback refused by default", nil, r.ts.URL + "/boot.iso", http.StatusBadRequest},
+		{"loopback allowed", []string{"--destinations-allow-loopback"}, r.ts.URL + "/boot.iso", http.StatusNoContent},
+		{"a denied network", []string{"--destinations-denied", "10.244.0.0/16,192.0.2.0/24"}, testNet, http.StatusBadRequest},
+		{"a denied network, former flag name", []string{"--event-destinations-denied", "192.0.2.0/24"}, testNet, http.StatusBadRequest},
+		{"a denied network through NAT64", []string{"--destinations-denied", "192.0.2.0/24"}, "http://[64:ff9b::c000:207]/boot.iso", http.StatusBadRequest},
+		{"the same address, not denied", nil, testNet, http.StatusNoContent},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := startServer(t, append([]string{"--listen", "127.0.0.1:0", "--insecure-http"}, tt.flags...), bmcEnv, fastTuning)
+			res := doAtHost(t, insecureClient(), "POST", s.base+"/redfish/v1/Systems/vm-0/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia", "", "maas", "s3cret",
+				`{"Image":"`+tt.image+`"}`)
+			if res.status != tt.wantStatus {
+				t.Fatalf("InsertMedia %s: %d %s, want %d", tt.image, res.status, res.body, tt.wantStatus)
+			}
+			if res.status == http.StatusBadRequest && !strings.Contains(string(res.body), "ActionParameterValueNotInList") {
+				t.Errorf("the refusal %s is not ActionParameterValueNotInList", res.body)
+			}
+			cd := doAtHost(t, insecureClient(), "GET", s.base+"/redfish/v1/Systems/vm-0/VirtualMedia/Cd", "", "maas", "s3cret", "")
+			if inserted := strings.Contains(string(cd.body), `"Inserted":true`); inserted != (tt.wantStatus == http.StatusNoContent) {
+				t.Errorf("after InsertMedia %s: %s", tt.image, cd.body)
+			}
+		})
+	}
+	if got := r.received(); len(got) != 0 {
+		t.Errorf("the receiver was sent %v", got)
+	}
+}

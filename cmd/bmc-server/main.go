@@ -28,13 +28,18 @@
 // logins throttle the source address over both protocols. The process exits
 // non-zero if a listener fails.
 //
-// The EventService's push subscriptions never send to link-local, cloud
-// metadata, loopback or the BMC's own addresses, nor to the networks of
-// --event-destinations-denied: give it the cluster's pod and service
-// networks (unless the event receiver runs in the cluster), so that whoever
-// may subscribe cannot POST into the cluster from the BMC's pod.
-// --event-destinations-allow-loopback lifts the loopback refusal, for a
-// receiver on the BMC's own host.
+// Requests made on the BMC's behalf, the EventService's push deliveries
+// and the virtual media images the backend's importer fetches, never go
+// to link-local, cloud metadata, loopback or the BMC's own addresses (nor
+// their NAT64, IPv4-mapped or 6to4 forms), nor to the networks of
+// --destinations-denied: give it the cluster's pod and service networks
+// (unless the event receiver or image server runs in the cluster), so that
+// whoever may subscribe or insert media cannot reach into the cluster
+// from the BMC's pod or the importer's. An image's host name is resolved
+// first and every address must pass. --destinations-allow-loopback lifts
+// the loopback refusal, for a receiver on the BMC's own host. The flags'
+// former names, --event-destinations-denied and
+// --event-destinations-allow-loopback, still work.
 package main
 
 import (
@@ -119,10 +124,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.IPMIV15, "ipmi-v15", false, "also serve IPMI 1.5 sessions (ipmitool -I lan); off because their MD5 auth codes allow offline password guessing")
 	fs.DurationVar(&o.CredentialsGrace, "credentials-grace", 10*time.Minute, "how long the previous password keeps working after --credentials-dir, or a VM's file in --vms-dir, changes it")
 	fs.Func("trusted-proxies", "comma-separated CIDRs of reverse proxies whose X-Forwarded-For names the client", prefixList(&o.TrustedProxies))
-	fs.Func("event-destinations-denied", "comma-separated CIDRs that event subscriptions never send to, e.g. the cluster's pod and service networks "+
-		"(link-local, metadata services and the BMC's own addresses always are, loopback unless --event-destinations-allow-loopback)", prefixList(&o.EventDestinationsDenied))
-	fs.BoolVar(&o.EventDestinationsAllowLoopback, "event-destinations-allow-loopback", false,
-		"let event subscriptions send to loopback, for a receiver on the BMC's own host or the DMTF Protocol Validator run locally; in a pod, loopback reaches its sidecars")
+	fs.Func("destinations-denied", "comma-separated CIDRs that event subscriptions never send to and virtual media images are never fetched from, e.g. the cluster's pod and service networks "+
+		"(link-local, metadata services and the BMC's own addresses always are, loopback unless --destinations-allow-loopback)", prefixList(&o.EventDestinationsDenied))
+	fs.BoolVar(&o.EventDestinationsAllowLoopback, "destinations-allow-loopback", false,
+		"let event subscriptions send to, and images be fetched from, loopback, for a receiver on the BMC's own host or the DMTF Protocol Validator run locally; in a pod, loopback reaches its sidecars")
+	// The former names, from when only events were sent.
+	fs.Func("event-destinations-denied", "former name of --destinations-denied", prefixList(&o.EventDestinationsDenied))
+	fs.BoolVar(&o.EventDestinationsAllowLoopback, "event-destinations-allow-loopback", false, "former name of --destinations-allow-loopback")
 	fs.IntVar(&o.MaxConnectionsPerSource, "max-connections-per-source", 32, "connections one client address may hold open (trusted proxies are not capped)")
 	fs.StringVar(&o.MetricsListen, "metrics-listen", "", "address to serve Prometheus metrics on at /metrics, plain HTTP without credentials, e.g. :9100 (default: off)")
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity (1 logs every request)")

@@ -81,15 +81,18 @@ func TestEventDestinationFlags(t *testing.T) {
 		wantLoopback bool
 	}{
 		{name: "defaults"},
-		{name: "pod and service networks", args: []string{"--event-destinations-denied", "10.244.0.0/16,10.96.0.0/12"},
+		{name: "pod and service networks", args: []string{"--destinations-denied", "10.244.0.0/16,10.96.0.0/12"},
 			wantDenied: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("10.96.0.0/12")}},
 		{name: "spaces and IPv6", args: []string{"--event-destinations-denied", " fd00:10:244::/56 , 10.244.0.0/16"},
 			wantDenied: []netip.Prefix{netip.MustParsePrefix("fd00:10:244::/56"), netip.MustParsePrefix("10.244.0.0/16")}},
-		{name: "repeated flag adds", args: []string{"--event-destinations-denied", "10.244.0.0/16", "--event-destinations-denied=192.168.0.0/24"},
+		{name: "repeated flag adds", args: []string{"--destinations-denied", "10.244.0.0/16", "--destinations-denied=192.168.0.0/24"},
+			wantDenied: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("192.168.0.0/24")}},
+		{name: "former name adds too", args: []string{"--destinations-denied", "10.244.0.0/16", "--event-destinations-denied=192.168.0.0/24"},
 			wantDenied: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("192.168.0.0/24")}},
 		{name: "one host", args: []string{"--event-destinations-denied", "10.96.0.10/32"}, wantDenied: []netip.Prefix{netip.MustParsePrefix("10.96.0.10/32")}},
-		{name: "loopback allowed", args: []string{"--event-destinations-allow-loopback"}, wantLoopback: true},
-		{name: "loopback explicitly refused", args: []string{"--event-destinations-allow-loopback=false"}},
+		{name: "loopback allowed", args: []string{"--destinations-allow-loopback"}, wantLoopback: true},
+		{name: "loopback allowed by the former name", args: []string{"--event-destinations-allow-loopback"}, wantLoopback: true},
+		{name: "loopback explicitly refused", args: []string{"--destinations-allow-loopback=false"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

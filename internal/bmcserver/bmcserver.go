@@ -44,8 +44,8 @@ type Config struct {
 	IPMIV15                 bool           // --ipmi-v15
 	MetricsListen           string         // --metrics-listen
 
-	EventDestinationsDenied        []netip.Prefix // --event-destinations-denied
-	EventDestinationsAllowLoopback bool           // --event-destinations-allow-loopback
+	EventDestinationsDenied        []netip.Prefix // --destinations-denied: events and images
+	EventDestinationsAllowLoopback bool           // --destinations-allow-loopback
 
 	// Tuning has no flag: tests shorten it.
 	Tuning Tuning
@@ -92,7 +92,7 @@ func Run(ctx context.Context, cfg Config, getenv func(string) string, stdout io.
 	if cfg.EventDestinationsAllowLoopback {
 		// Said once at start: whoever can subscribe can then POST to
 		// anything listening on loopback, in a pod its sidecars' ports.
-		log.Info("event subscriptions may send to loopback addresses", "eventDestinationsDenied", cfg.EventDestinationsDenied)
+		log.Info("event subscriptions may send to, and images be fetched from, loopback addresses", "destinationsDenied", cfg.EventDestinationsDenied)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

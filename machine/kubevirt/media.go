@@ -2,6 +2,8 @@ package kubevirt
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +23,12 @@ const (
 	mediaDevice = "virtmetal-media"
 	// mediaAnnotation holds the URL of the inserted image.
 	mediaAnnotation = "virtmetal.io/media-image"
+	// mediaMarkLabel and mediaMarkValue mark the DataVolumes the BMC
+	// makes; with an owner reference to the VM's UID they tell a media
+	// volume the BMC may replace or delete from one a user made under the
+	// same name, which is never touched.
+	mediaMarkLabel = "app.kubernetes.io/managed-by"
+	mediaMarkValue = "virtmetal"
 )
 
 // mediaDataVolume names the DataVolume the image is imported into.
@@ -62,10 +70,7 @@ func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine,
 		*media = done.media
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	dv := &cdiv1beta1.DataVolume{}
-	err := b.api.cdi.Get().Namespace(b.namespace).Resource(dataVolumeResource).Name(b.mediaDataVolume()).Do(ctx).Into(dv)
+	dv, err := b.getMediaDataVolume(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
 		// Attached without its volume: deleted by someone else. The VM
@@ -80,6 +85,14 @@ func (b *Backend) readImport(ctx context.Context, vm *kubevirtv1.VirtualMachine,
 		b.mediaDone.Store(&importDone{image: media.Image, generation: vm.Generation, media: *media})
 	}
 	return nil
+}
+
+// getMediaDataVolume reads the media DataVolume.
+func (b *Backend) getMediaDataVolume(ctx context.Context) (*cdiv1beta1.DataVolume, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	dv := &cdiv1beta1.DataVolume{}
+	return dv, b.api.cdi.Get().Namespace(b.namespace).Resource(dataVolumeResource).Name(b.mediaDataVolume()).Do(ctx).Into(dv)
 }
 
 // importState maps a DataVolume's status onto the media's: Succeeded is
@@ -166,18 +179,22 @@ func (m *Machine) InsertMedia(ctx context.Context, image string) error {
 	})
 	if err != nil {
 		// Not attached: the DataVolume this call made must not outlive it.
-		if cleanupErr := m.b.deleteMediaDataVolume(ctx, &dv.UID); cleanupErr != nil {
+		if cleanupErr := m.b.deleteMediaDataVolume(ctx, dv.UID); cleanupErr != nil {
 			m.b.log.Error(cleanupErr, "cannot delete the DataVolume of a failed insert", "dataVolume", dv.Name)
 		}
 	}
 	return err
 }
 
-// EjectMedia detaches the CD-ROM and deletes its DataVolume.
+// EjectMedia detaches the CD-ROM and deletes its DataVolume, if the BMC
+// made it: a DataVolume of that name someone else made stays, and the
+// drive is empty all the same.
 func (m *Machine) EjectMedia(ctx context.Context) error {
 	m.b.mediaMu.Lock()
 	defer m.b.mediaMu.Unlock()
+	var vmUID types.UID
 	_, err := m.b.updateVM(ctx, func(vm *kubevirtv1.VirtualMachine, _ *kubevirtv1.VirtualMachineInstance) (bool, error) {
+		vmUID = vm.UID
 		if !hasMedia(vm) {
 			return false, nil
 		}
@@ -190,14 +207,22 @@ func (m *Machine) EjectMedia(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return m.b.deleteMediaDataVolume(ctx, nil)
+	if err := m.b.deleteOwnMediaDataVolume(ctx, vmUID); errors.Is(err, errNotOurs) {
+		m.b.log.Info("media DataVolume left alone: the BMC did not make it", "dataVolume", m.b.mediaDataVolume())
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
-// createMediaDataVolume creates the DataVolume, replacing one left behind
-// (by a BMC that died mid-insert: vm, read live under mediaMu, does not
-// use it). The VM owns it, so deleting the VM deletes it.
+// createMediaDataVolume creates the DataVolume, replacing one the BMC left
+// behind (dying mid-insert: vm, read live under mediaMu, does not use it);
+// one of that name the BMC did not make is a conflict, and stays. The VM
+// owns it, so deleting the VM deletes it.
 func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.VirtualMachine, image string) (*cdiv1beta1.DataVolume, error) {
-	if err := b.deleteMediaDataVolume(ctx, nil); err != nil {
+	if err := b.deleteOwnMediaDataVolume(ctx, vm.UID); errors.Is(err, errNotOurs) {
+		return nil, machine.Errorf(machine.ErrConflict, "%v: virtual media needs that name; rename or delete it", err)
+	} else if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
@@ -206,7 +231,7 @@ func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.Virt
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      b.mediaDataVolume(),
 			Namespace: b.namespace,
-			Labels:    map[string]string{"app.kubernetes.io/managed-by": "virtmetal"},
+			Labels:    map[string]string{mediaMarkLabel: mediaMarkValue},
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID,
 			}},
@@ -230,19 +255,48 @@ func (b *Backend) createMediaDataVolume(ctx context.Context, vm *kubevirtv1.Virt
 	return dv, nil
 }
 
-// deleteMediaDataVolume deletes the media DataVolume; with uid, only that
-// one (not a newer one of the same name).
-func (b *Backend) deleteMediaDataVolume(ctx context.Context, uid *types.UID) error {
+// errNotOurs: the media DataVolume's name is taken by one the BMC did not
+// make.
+var errNotOurs = errors.New("not made by the BMC")
+
+// deleteOwnMediaDataVolume deletes the media DataVolume if it carries the
+// BMC's mark for the VM of vmUID, and returns errNotOurs, deleting
+// nothing, if it does not. The delete is bound to the UID read, so a
+// DataVolume made under that name since is never the one deleted.
+func (b *Backend) deleteOwnMediaDataVolume(ctx context.Context, vmUID types.UID) error {
+	dv, err := b.getMediaDataVolume(ctx)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return b.apiError(err, "reading DataVolume "+b.mediaDataVolume()+" of")
+	case !madeForVM(dv, vmUID):
+		return fmt.Errorf("DataVolume %s %w", dv.Name, errNotOurs)
+	}
+	return b.deleteMediaDataVolume(ctx, dv.UID)
+}
+
+// madeForVM says whether dv carries the mark the BMC gives the media
+// volumes it makes: its label, and the VM of vmUID as owner.
+func madeForVM(dv *cdiv1beta1.DataVolume, vmUID types.UID) bool {
+	if dv.Labels[mediaMarkLabel] != mediaMarkValue || vmUID == "" {
+		return false
+	}
+	return slices.ContainsFunc(dv.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.UID == vmUID && o.Kind == "VirtualMachine" && o.APIVersion == kubevirtv1.SchemeGroupVersion.String()
+	})
+}
+
+// deleteMediaDataVolume deletes the media DataVolume of that uid, not a
+// newer one of the same name.
+func (b *Backend) deleteMediaDataVolume(ctx context.Context, uid types.UID) error {
 	ctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	name := b.mediaDataVolume()
 	background := metav1.DeletePropagationBackground
-	opts := &metav1.DeleteOptions{PropagationPolicy: &background}
-	if uid != nil {
-		opts.Preconditions = preconditionUID(*uid)
-	}
+	opts := &metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: preconditionUID(uid)}
 	err := b.deleteIn(ctx, b.api.cdi, dataVolumeResource, name, opts)
-	if apierrors.IsNotFound(err) || uid != nil && apierrors.IsConflict(err) {
+	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
 		return nil
 	}
 	return b.apiError(err, "deleting DataVolume "+name+" of")

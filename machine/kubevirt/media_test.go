@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -256,4 +258,96 @@ func withoutMedia(spec kubevirtv1.VirtualMachineInstanceSpec) ownDrives {
 		}
 	}
 	return d
+}
+
+// TestMediaLeavesOthersDataVolumes: a DataVolume named as the media volume
+// that the BMC did not make (a user's disk, owned by the VM through a
+// dataVolumeTemplate, or labelled as the BMC labels, or neither) survives
+// InsertMedia, which is refused as a conflict, and Eject, which empties
+// the drive all the same. One the BMC left behind for this VM is
+// replaced.
+func TestMediaLeavesOthersDataVolumes(t *testing.T) {
+	tests := []struct {
+		name            string
+		labelled, owned bool
+	}{
+		{"neither labelled nor owned", false, false},
+		{"owned by the VM, not labelled", false, true},
+		{"labelled, not owned by the VM", true, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := cluster.NewNamespace(t)
+			vm := getVM(t, ns, newVM(t, ns, "vm", nil).Name)
+			users := userDataVolume(ns, "vm")
+			if tt.labelled {
+				users.Labels = map[string]string{"app.kubernetes.io/managed-by": "virtmetal"}
+			}
+			if tt.owned {
+				users.OwnerReferences = []metav1.OwnerReference{{APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID}}
+			}
+			if err := cluster.Client.Create(t.Context(), users); err != nil {
+				t.Fatal(err)
+			}
+			m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
+			if err := m.EjectMedia(t.Context()); err != nil {
+				t.Errorf("EjectMedia of the empty drive: %v, want nil", err)
+			}
+			survives(t, ns, users, "EjectMedia")
+			if err := m.InsertMedia(t.Context(), "http://images.example/installer.iso"); !errors.Is(err, machine.ErrConflict) {
+				t.Errorf("InsertMedia: %v, want ErrConflict", err)
+			}
+			survives(t, ns, users, "InsertMedia")
+			if media, err := m.VirtualMedia(t.Context()); err != nil || media.Inserted {
+				t.Errorf("media %+v, %v; want an empty drive", media, err)
+			}
+		})
+	}
+	t.Run("the BMC's own left behind is replaced", func(t *testing.T) {
+		ns := cluster.NewNamespace(t)
+		vm := getVM(t, ns, newVM(t, ns, "vm", nil).Name)
+		left := userDataVolume(ns, "vm")
+		left.Labels = map[string]string{"app.kubernetes.io/managed-by": "virtmetal"}
+		left.OwnerReferences = []metav1.OwnerReference{{APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID}}
+		if err := cluster.Client.Create(t.Context(), left); err != nil {
+			t.Fatal(err)
+		}
+		m := mustMachine(t, kubevirttest.StartBackend(t, cluster.Config, ns, "vm", kubevirt.Options{}), "vm")
+		const image = "http://images.example/installer.iso"
+		if err := m.InsertMedia(t.Context(), image); err != nil {
+			t.Fatalf("InsertMedia: %v", err)
+		}
+		if dv, err := getDataVolume(t, ns, "vm"); err != nil || dv.UID == left.UID || dv.Spec.Source.HTTP.URL != image {
+			t.Errorf("DataVolume %v, %v; want a new one importing %s", dv.UID, err, image)
+		}
+		if err := m.EjectMedia(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := getDataVolume(t, ns, "vm"); !apierrors.IsNotFound(err) {
+			t.Errorf("the BMC's DataVolume after eject: %v, want deleted", err)
+		}
+	})
+}
+
+// userDataVolume is a blank DataVolume a user made under the media
+// volume's name.
+func userDataVolume(ns, vm string) *cdiv1beta1.DataVolume {
+	return &cdiv1beta1.DataVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: vm + "-virtmetal-media", Namespace: ns},
+		Spec: cdiv1beta1.DataVolumeSpec{
+			Source: &cdiv1beta1.DataVolumeSource{Blank: &cdiv1beta1.DataVolumeBlankImage{}},
+			Storage: &cdiv1beta1.StorageSpec{Resources: corev1.VolumeResourceRequirements{
+				Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			}},
+		},
+	}
+}
+
+// survives fails t unless the DataVolume want is still there, unchanged.
+func survives(t *testing.T, ns string, want *cdiv1beta1.DataVolume, after string) {
+	t.Helper()
+	got, err := getDataVolume(t, ns, "vm")
+	if err != nil || got.UID != want.UID || got.DeletionTimestamp != nil || got.Spec.Source.Blank == nil {
+		t.Errorf("the user's DataVolume after %s: %v (deleting %v), want it untouched", after, err, err == nil && got.DeletionTimestamp != nil)
+	}
 }
