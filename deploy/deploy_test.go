@@ -188,7 +188,7 @@ func TestWebhooksReachTheController(t *testing.T) {
 		}
 		FailurePolicy     string
 		NamespaceSelector *struct{ MatchLabels map[string]string }
-		MatchConditions   []struct{ Name string }
+		MatchConditions   []struct{ Name, Expression string }
 	}
 	type webhookConfiguration struct {
 		Kind     string
@@ -215,6 +215,22 @@ func TestWebhooksReachTheController(t *testing.T) {
 	if len(configs) != 2 {
 		t.Fatalf("webhook configurations: %d", len(configs))
 	}
+	// Every kind a VMI is made from, and where its domain spec is.
+	identityDomain := map[string]string{
+		"vvirtualmachine.bmc.virtmetal.io":                   "object.spec.template.spec.domain",
+		"vvirtualmachineinstance.bmc.virtmetal.io":           "object.spec.domain",
+		"vvirtualmachineinstancereplicaset.bmc.virtmetal.io": "object.spec.template.spec.domain",
+		"vvirtualmachinepool.bmc.virtmetal.io":               "object.spec.virtualMachineTemplate.spec.template.spec.domain",
+	}
+	validating := 0
+	for _, c := range configs {
+		if c.Kind == "ValidatingWebhookConfiguration" {
+			validating = len(c.Webhooks)
+		}
+	}
+	if validating != len(identityDomain) {
+		t.Errorf("%d validating webhooks, want one per kind of %v", validating, identityDomain)
+	}
 	selector := strings.Split(cm.Data["namespaceSelector"], "=")
 	for _, c := range configs {
 		if got := c.Metadata.Annotations["cert-manager.io/inject-ca-from"]; got != cert.Namespace+"/"+cert.Name {
@@ -234,8 +250,12 @@ func TestWebhooksReachTheController(t *testing.T) {
 					t.Errorf("%s: namespaceSelector %+v, the ConfigMap selects %q", w.Name, w.NamespaceSelector, cm.Data["namespaceSelector"])
 				}
 			case "ValidatingWebhookConfiguration":
-				if w.NamespaceSelector != nil || len(w.MatchConditions) != 1 {
+				if w.NamespaceSelector != nil || len(w.MatchConditions) == 0 || w.MatchConditions[0].Name != "declares-an-identity" {
 					t.Errorf("%s: namespaceSelector %+v, matchConditions %+v: claims come from any namespace", w.Name, w.NamespaceSelector, w.MatchConditions)
+				}
+				// Each kind declares its identity at its own path.
+				if domain := identityDomain[w.Name]; domain == "" || !strings.Contains(w.MatchConditions[0].Expression, "has("+domain+".firmware)") {
+					t.Errorf("%s: matchCondition %q does not look at %q", w.Name, w.MatchConditions[0].Expression, domain)
 				}
 			}
 		}
