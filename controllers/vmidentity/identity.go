@@ -413,7 +413,7 @@ func (s *Stamper) validateDomain(ctx context.Context, c domainClaim) error {
 			return err
 		}
 		if holder != nil {
-			return fmt.Errorf("%w: interface %q: macAddress %s is used by VM %s/%s", ErrDuplicateMAC, iface.Name, iface.MacAddress, holder.Namespace, holder.Name)
+			return fmt.Errorf("%w: %s: interface %q: macAddress %s is used by VM %s/%s", ErrDuplicateMAC, c.path, iface.Name, iface.MacAddress, holder.Namespace, holder.Name)
 		}
 	}
 	return nil
