@@ -65,6 +65,7 @@ func TestInstall(t *testing.T) {
 		}
 	})
 	applyAll(ctx, t, c, readObjects(t, "testdata/cert-manager-crds.yaml"))
+	early := earlyVMI(ctx, t, c)
 	applyAll(ctx, t, c, objects)
 	for _, o := range objects {
 		got := &unstructured.Unstructured{}
@@ -115,6 +116,9 @@ func TestInstall(t *testing.T) {
 				}
 			})
 		}
+	})
+	t.Run("webhooks of every door to a VMI fail closed where they apply", func(t *testing.T) {
+		doorsFailClosed(ctx, t, c, early)
 	})
 	for _, o := range objects {
 		if strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
