@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"regexp"
 	"slices"
@@ -424,8 +425,17 @@ func TestExamples(t *testing.T) {
 		} `json:"spec"`
 	}
 	decodeStrict(t, "examples/network.yaml", &nad)
-	if nad.Namespace+"/"+nad.Name != vm.Namespace+"/"+spec.Networks[0].Multus.NetworkName || !strings.Contains(nad.Spec.Config, `"type": "bridge"`) {
-		t.Errorf("NetworkAttachmentDefinition %+v, VM network %+v", nad, spec.Networks[0].Multus)
+	// The bridge plugin's config: a guest must not send frames with another
+	// VM's MAC on the provisioning network.
+	var bridge struct {
+		Type        string `json:"type"`
+		MACSpoofChk bool   `json:"macspoofchk"`
+	}
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &bridge); err != nil {
+		t.Errorf("NetworkAttachmentDefinition config: %v", err)
+	}
+	if nad.Namespace+"/"+nad.Name != vm.Namespace+"/"+spec.Networks[0].Multus.NetworkName || bridge.Type != "bridge" || !bridge.MACSpoofChk {
+		t.Errorf("NetworkAttachmentDefinition %+v (bridge config %+v: want MAC spoof checking), VM network %+v", nad, bridge, spec.Networks[0].Multus)
 	}
 	var bmc v1beta1.VirtualMachineBMC
 	decodeStrict(t, "examples/vmbmc-manual.yaml", &bmc)
