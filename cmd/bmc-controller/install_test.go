@@ -103,17 +103,7 @@ func TestInstall(t *testing.T) {
 				if tc.serial != "" {
 					vm.Spec.Template.Spec.Domain.Firmware = &kubevirtv1.Firmware{Serial: tc.serial}
 				}
-				err := c.Create(ctx, vm)
-				switch {
-				case tc.refusedBy == "" && err != nil:
-					t.Fatalf("create = %v, want it accepted without calling a webhook", err)
-				case tc.refusedBy == "" && err == nil:
-					if err := c.Delete(ctx, vm); err != nil {
-						t.Fatal(err)
-					}
-				case err == nil || !strings.Contains(err.Error(), tc.refusedBy):
-					t.Fatalf("create = %v, want it refused by webhook %s", err, tc.refusedBy)
-				}
+				createdOrRefusedBy(ctx, t, c, vm, tc.refusedBy)
 			})
 		}
 	})
@@ -292,6 +282,24 @@ func waitForBMC(ctx context.Context, t *testing.T, c client.Client, namespace, v
 
 // pxeVM is a VM as deploy/examples writes them: a bridge interface, no MAC,
 // no serial.
+// createdOrRefusedBy creates o and wants it accepted (then deletes it)
+// when refusedBy is empty, else refused by that webhook: with no webhook
+// server answering, a webhook that is called fails closed.
+func createdOrRefusedBy(ctx context.Context, t *testing.T, c client.Client, o client.Object, refusedBy string) {
+	t.Helper()
+	err := c.Create(ctx, o)
+	switch {
+	case refusedBy == "" && err != nil:
+		t.Fatalf("create = %v, want it accepted without calling a webhook", err)
+	case refusedBy == "" && err == nil:
+		if err := c.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	case err == nil || !strings.Contains(err.Error(), refusedBy):
+		t.Fatalf("create = %v, want it refused by webhook %s", err, refusedBy)
+	}
+}
+
 func pxeVM(namespace, name string) *kubevirtv1.VirtualMachine {
 	halted := kubevirtv1.RunStrategyHalted
 	return &kubevirtv1.VirtualMachine{

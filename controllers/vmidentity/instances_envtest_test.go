@@ -247,13 +247,7 @@ func TestTemplatesInEnrolledNamespaces(t *testing.T) {
 	ctx := context.Background()
 	s.namespace(t, "tenant-c", true)
 	s.namespace(t, "tenant-d", false)
-	warnings := &warningCollector{}
-	cfg := *s.env.Config
-	cfg.WarningHandlerWithContext = warnings
-	c, err := client.New(&cfg, client.Options{Scheme: s.env.Client.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, warnings := s.clientWithWarnings(t)
 	const uuid, mac = "3f0e8a52-7c1d-4b6e-8a9f-2d4c6b8e0a13", "02:00:00:ee:00:03"
 	domainOf := map[string]func(client.Object) kubevirtv1.DomainSpec{
 		"VirtualMachineInstanceReplicaSet": func(o client.Object) kubevirtv1.DomainSpec {

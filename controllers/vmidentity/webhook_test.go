@@ -36,6 +36,16 @@ func vmJSON(namespace, name, domain string) []byte {
 // applyPatch applies a response's patch to the request's object.
 func applyPatch(t *testing.T, raw []byte, resp admission.Response) *kubevirtv1.VirtualMachine {
 	t.Helper()
+	vm := &kubevirtv1.VirtualMachine{}
+	decodePatched(t, raw, resp, vm)
+	return vm
+}
+
+// decodePatched applies a response's patch to the request's object,
+// checks that a field unknown to the types survived, and decodes the
+// result into out.
+func decodePatched(t *testing.T, raw []byte, resp admission.Response, out any) {
+	t.Helper()
 	ops, err := json.Marshal(resp.Patches)
 	if err != nil {
 		t.Fatal(err)
@@ -44,18 +54,16 @@ func applyPatch(t *testing.T, raw []byte, resp admission.Response) *kubevirtv1.V
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := patch.Apply(raw)
+	patched, err := patch.Apply(raw)
 	if err != nil {
 		t.Fatalf("applying %s: %v", ops, err)
 	}
-	if !strings.Contains(string(out), `"futureField":{"keep":true}`) {
-		t.Errorf("patch dropped a field unknown to the types: %s", out)
+	if !strings.Contains(string(patched), `"futureField":{"keep":true}`) {
+		t.Errorf("patch dropped a field unknown to the types: %s", patched)
 	}
-	vm := &kubevirtv1.VirtualMachine{}
-	if err := json.Unmarshal(out, vm); err != nil {
+	if err := json.Unmarshal(patched, out); err != nil {
 		t.Fatal(err)
 	}
-	return vm
 }
 
 func TestMutatingHandler(t *testing.T) {
