@@ -192,38 +192,44 @@ func TestValidatingHandler(t *testing.T) {
 	}
 }
 
-// FuzzMutatingHandler: whatever object arrives, the handler answers
-// without panicking, and a patch it returns applies to the object.
+// FuzzMutatingHandler: whatever object arrives, each mutating handler (of
+// VMs, VMI replica sets and VM pools) answers without panicking, and a
+// patch it returns applies to the object.
 func FuzzMutatingHandler(f *testing.F) {
 	for _, seed := range []string{
 		string(vmJSON("team-a", "web1", `{"futureField":{"keep":true},"devices":{"interfaces":[{"name":"a"},{"name":"b","macAddress":"02:00:00:00:00:01"}]}}`)),
 		string(vmJSON("team-a", "web1", `{"firmware":null,"devices":null}`)),
 		`{"metadata":{"name":"web1","namespace":"team-a"},"spec":{"template":null}}`,
 		`{"spec":{"template":{"spec":{"domain":{"devices":{"interfaces":[null]}}}}}}`,
+		string(replicaSetJSON("team-a", "web1", "", `{"firmware":{"serial":"x","uuid":null},"devices":{"interfaces":[null,{"macAddress":"02:00:00:00:00:01"}]}}`)),
+		string(poolJSON("team-a", "web1", `"annotations":null`, `{"firmware":{"uuid":"u"},"devices":{"interfaces":{}}}`)),
+		`{"spec":{"virtualMachineTemplate":{"spec":{"template":{"spec":{"domain":[]}}}}}}`,
 		`null`, `[]`, ``,
 	} {
 		f.Add([]byte(seed))
 	}
 	s := newStamper(f, "02:00:00:00:00:00-02:00:00:00:00:0f", interceptor.Funcs{})
-	h := s.MutatingHandler()
+	handlers := []admission.Handler{s.MutatingHandler(), s.replicaSetMutatingHandler(), s.poolMutatingHandler()}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		resp := h.Handle(context.Background(), admissionRequest(admissionv1.Create, "team-a", "web1", raw))
-		if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
-			t.Fatalf("refused without a message: %+v", resp.AdmissionResponse)
-		}
-		if len(resp.Patches) == 0 {
-			return
-		}
-		ops, err := json.Marshal(resp.Patches)
-		if err != nil {
-			t.Fatal(err)
-		}
-		patch, err := jsonpatch.DecodePatch(ops)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := patch.Apply(raw); err != nil {
-			t.Fatalf("patch %s does not apply to %q: %v", ops, raw, err)
+		for _, h := range handlers {
+			resp := h.Handle(context.Background(), admissionRequest(admissionv1.Create, "team-a", "web1", raw))
+			if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
+				t.Fatalf("refused without a message: %+v", resp.AdmissionResponse)
+			}
+			if len(resp.Patches) == 0 {
+				continue
+			}
+			ops, err := json.Marshal(resp.Patches)
+			if err != nil {
+				t.Fatal(err)
+			}
+			patch, err := jsonpatch.DecodePatch(ops)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := patch.Apply(raw); err != nil {
+				t.Fatalf("patch %s does not apply to %q: %v", ops, raw, err)
+			}
 		}
 	})
 }
