@@ -91,25 +91,29 @@ type macReservation struct {
 	until time.Time
 }
 
-// SetupIndexes adds the MAC and UUID indexes Stamper queries.
+// SetupIndexes adds the MAC and UUID indexes Stamper queries, on
+// VirtualMachines and VirtualMachineInstances.
 func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
-	if err := indexer.IndexField(ctx, &kubevirtv1.VirtualMachine{}, MACIndex, IndexMACs); err != nil {
-		return fmt.Errorf("indexing VirtualMachines by MAC: %w", err)
-	}
-	if err := indexer.IndexField(ctx, &kubevirtv1.VirtualMachine{}, UUIDIndex, IndexUUID); err != nil {
-		return fmt.Errorf("indexing VirtualMachines by UUID: %w", err)
+	for _, obj := range []client.Object{&kubevirtv1.VirtualMachine{}, &kubevirtv1.VirtualMachineInstance{}} {
+		if err := indexer.IndexField(ctx, obj, MACIndex, IndexMACs); err != nil {
+			return fmt.Errorf("indexing %T by MAC: %w", obj, err)
+		}
+		if err := indexer.IndexField(ctx, obj, UUIDIndex, IndexUUID); err != nil {
+			return fmt.Errorf("indexing %T by UUID: %w", obj, err)
+		}
 	}
 	return nil
 }
 
-// IndexMACs extracts a VM's MACs, normalised, for MACIndex.
+// IndexMACs extracts the MACs of a VM's template or a VMI, normalised,
+// for MACIndex.
 func IndexMACs(obj client.Object) []string {
-	vm, ok := obj.(*kubevirtv1.VirtualMachine)
-	if !ok || vm.Spec.Template == nil {
+	domain := indexedDomain(obj)
+	if domain == nil {
 		return nil
 	}
 	var out []string
-	for _, iface := range vm.Spec.Template.Spec.Domain.Devices.Interfaces {
+	for _, iface := range domain.Devices.Interfaces {
 		if iface.MacAddress != "" {
 			out = append(out, normalMAC(iface.MacAddress))
 		}
@@ -117,23 +121,25 @@ func IndexMACs(obj client.Object) []string {
 	return out
 }
 
-// IndexUUID extracts a VM's firmware UUID, normalised, for UUIDIndex.
+// IndexUUID extracts the firmware UUID of a VM's template or a VMI,
+// normalised, for UUIDIndex.
 func IndexUUID(obj client.Object) []string {
-	vm, ok := obj.(*kubevirtv1.VirtualMachine)
-	if !ok {
-		return nil
-	}
-	if fw := firmwareOf(vm); fw != nil && fw.UUID != "" {
-		return []string{normalUUID(string(fw.UUID))}
+	if domain := indexedDomain(obj); domain != nil && domain.Firmware != nil && domain.Firmware.UUID != "" {
+		return []string{normalUUID(string(domain.Firmware.UUID))}
 	}
 	return nil
 }
 
-func firmwareOf(vm *kubevirtv1.VirtualMachine) *kubevirtv1.Firmware {
-	if vm.Spec.Template == nil {
-		return nil
+func indexedDomain(obj client.Object) *kubevirtv1.DomainSpec {
+	switch o := obj.(type) {
+	case *kubevirtv1.VirtualMachine:
+		if o.Spec.Template != nil {
+			return &o.Spec.Template.Spec.Domain
+		}
+	case *kubevirtv1.VirtualMachineInstance:
+		return &o.Spec.Domain
 	}
-	return vm.Spec.Template.Spec.Domain.Firmware
+	return nil
 }
 
 // normalMAC lets "02-00-00-00-00-0A" and "02:00:00:00:00:0a" match.
@@ -244,11 +250,11 @@ const maxUUIDAttempts = 16
 func (s *Stamper) setDerivedUUID(ctx context.Context, vm *kubevirtv1.VirtualMachine, fw *kubevirtv1.Firmware) error {
 	for attempt := range maxUUIDAttempts {
 		candidate := DerivedUUID(vm.Namespace, vm.Name, attempt)
-		holders, err := s.holders(ctx, client.ObjectKeyFromObject(vm), UUIDIndex, candidate)
+		used, err := s.inUse(ctx, client.ObjectKeyFromObject(vm), UUIDIndex, candidate)
 		if err != nil {
 			return err
 		}
-		if len(holders) == 0 {
+		if !used {
 			fw.UUID = types.UID(candidate)
 			return nil
 		}
@@ -305,11 +311,11 @@ func (s *Stamper) freeMAC(ctx context.Context, vm *kubevirtv1.VirtualMachine, if
 		if r, ok := s.reserved.byMAC[candidate]; taken[candidate] || ok && (r.vm.Namespace != vm.Namespace || r.vm.Name != vm.Name) {
 			continue
 		}
-		holders, err := s.holders(ctx, client.ObjectKeyFromObject(vm), MACIndex, candidate)
+		used, err := s.inUse(ctx, client.ObjectKeyFromObject(vm), MACIndex, candidate)
 		if err != nil {
 			return "", err
 		}
-		if len(holders) == 0 {
+		if !used {
 			return candidate, nil
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	poolv1beta1 "kubevirt.io/api/pool/v1beta1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 )
@@ -35,6 +36,54 @@ const (
 // +kubebuilder:webhook:path=/mutate-kubevirt-io-v1-virtualmachineinstancereplicaset,mutating=true,failurePolicy=fail,sideEffects=None,groups=kubevirt.io,resources=virtualmachineinstancereplicasets,verbs=create;update,versions=v1,name=mvirtualmachineinstancereplicaset.bmc.virtmetal.io,admissionReviewVersions=v1
 // +kubebuilder:webhook:path=/validate-pool-kubevirt-io-v1beta1-virtualmachinepool,mutating=false,failurePolicy=fail,sideEffects=None,groups=pool.kubevirt.io,resources=virtualmachinepools,verbs=create;update,versions=v1beta1,name=vvirtualmachinepool.bmc.virtmetal.io,admissionReviewVersions=v1
 // +kubebuilder:webhook:path=/mutate-pool-kubevirt-io-v1beta1-virtualmachinepool,mutating=true,failurePolicy=fail,sideEffects=None,groups=pool.kubevirt.io,resources=virtualmachinepools,verbs=create;update,versions=v1beta1,name=mvirtualmachinepool.bmc.virtmetal.io,admissionReviewVersions=v1
+
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch
+
+// inUse says whether a VM other than self, or a VMI other than self's own,
+// has value in its index field: derived UUIDs and MACs of the range go
+// only where no one has them. VMIs count because one made directly (or by
+// a replica set) is no VM: without them, a tenant could run one with the
+// MAC and UUID the next enrolled VM's name derives, before that VM exists,
+// and the two would share them.
+func (s *Stamper) inUse(ctx context.Context, self types.NamespacedName, index, value string) (bool, error) {
+	vms, err := s.holders(ctx, self, index, value)
+	if err != nil || len(vms) > 0 {
+		return len(vms) > 0, err
+	}
+	var vmis kubevirtv1.VirtualMachineInstanceList
+	if err := s.Reader.List(ctx, &vmis, client.MatchingFields{index: value}); err != nil {
+		return false, fmt.Errorf("listing VirtualMachineInstances by %s %s: %w", index, value, err)
+	}
+	for i := range vmis.Items {
+		if controllingVM(&vmis.Items[i]) != self || self == (types.NamespacedName{}) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// TrimInstance is the cache transform of VirtualMachineInstances: it keeps
+// what the identity checks read (who a VMI is, who controls it, its
+// serial, UUID and MACs), so that caching every VMI of the cluster costs
+// little.
+func TrimInstance(obj any) (any, error) {
+	vmi, ok := obj.(*kubevirtv1.VirtualMachineInstance)
+	if !ok {
+		return obj, nil
+	}
+	trimmed := &kubevirtv1.VirtualMachineInstance{TypeMeta: vmi.TypeMeta, ObjectMeta: metav1.ObjectMeta{
+		Name: vmi.Name, Namespace: vmi.Namespace, UID: vmi.UID, ResourceVersion: vmi.ResourceVersion,
+		OwnerReferences: vmi.OwnerReferences, DeletionTimestamp: vmi.DeletionTimestamp,
+	}}
+	if fw := vmi.Spec.Domain.Firmware; fw != nil {
+		trimmed.Spec.Domain.Firmware = &kubevirtv1.Firmware{Serial: fw.Serial, UUID: fw.UUID}
+	}
+	for _, iface := range vmi.Spec.Domain.Devices.Interfaces {
+		trimmed.Spec.Domain.Devices.Interfaces = append(trimmed.Spec.Domain.Devices.Interfaces,
+			kubevirtv1.Interface{Name: iface.Name, MacAddress: iface.MacAddress})
+	}
+	return trimmed, nil
+}
 
 func (s *Stamper) setupInstanceWebhooks(server webhook.Server) {
 	server.Register(ValidateVMIPath, &admission.Webhook{Handler: s.vmiValidatingHandler()})

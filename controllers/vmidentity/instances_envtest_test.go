@@ -12,6 +12,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	poolv1beta1 "kubevirt.io/api/pool/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 // instanceDomain is a domain spec the API server's schemas accept, with
@@ -282,5 +283,39 @@ func TestTemplatesInEnrolledNamespaces(t *testing.T) {
 				t.Errorf("template changed: %+v %+v", domain.Firmware, domain.Devices.Interfaces)
 			}
 		})
+	}
+}
+
+// TestEarlyVMIKeepsItsIdentity: tenant B runs a VMI with the MAC and UUID
+// the name tenant-a/web9 derives, before that VM exists (the derivations
+// are public, and no enrolled VM has them yet, so it is admitted); web9,
+// created next, gets other ones rather than share them with B's VMI.
+func TestEarlyVMIKeepsItsIdentity(t *testing.T) {
+	s := sharedSuite(t)
+	ctx := context.Background()
+	s.namespace(t, "tenant-a", true)
+	s.namespace(t, "tenant-b", false)
+	tenantB := s.tenantAdmin(t, "tenant-b")
+
+	derived := newVM("tenant-a", "web9", withInterface("default", ""))
+	if _, err := newStamper(t, testRange, interceptor.Funcs{}).Stamp(ctx, derived); err != nil {
+		t.Fatal(err)
+	}
+	uuid, mac := string(derived.Spec.Template.Spec.Domain.Firmware.UUID), macs(derived)[0]
+	early := clusterVMI("tenant-b", "early", "", uuid, mac)
+	if err := tenantB.Create(ctx, early); err != nil {
+		t.Fatalf("creating the early VMI: %v", err)
+	}
+	s.waitCached(t, early)
+
+	web9 := clusterVM("tenant-a", "web9", "", "")
+	if err := s.env.Client.Create(ctx, web9); err != nil {
+		t.Fatal(err)
+	}
+	if got := web9.Spec.Template.Spec.Domain.Firmware.UUID; string(got) == uuid {
+		t.Errorf("web9 got UUID %s, which tenant-b/early has", got)
+	}
+	if got := macs(web9)[0]; got == mac {
+		t.Errorf("web9 got MAC %s, which tenant-b/early has", got)
 	}
 }

@@ -3,10 +3,14 @@ package vmidentity
 import (
 	"context"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 
 	admissionv1 "k8s.io/api/admission/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	poolv1beta1 "kubevirt.io/api/pool/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -212,4 +216,72 @@ func TestInstanceMutatingHandlers(t *testing.T) {
 			t.Fatalf("response %+v, result %+v", resp.AdmissionResponse, resp.Result)
 		}
 	})
+}
+
+// TestStampSkipsWhatVMIsHold: a VMI made before an enrolled VM (directly or
+// by a replica set) holds the MAC and UUID that VM's name derives; the VM
+// gets others. The VM's own VMI does not count.
+func TestStampSkipsWhatVMIsHold(t *testing.T) {
+	ctx := context.Background()
+	fresh := newStamper(t, testRange, interceptor.Funcs{})
+	first := newVM("team-a", "web1", withInterface("default", ""))
+	if _, err := fresh.Stamp(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	derivedUUID, derivedMAC := string(first.Spec.Template.Spec.Domain.Firmware.UUID), macs(first)[0]
+	squatter := func(namespace, name string, owner ...metav1.OwnerReference) *kubevirtv1.VirtualMachineInstance {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		vmi.Namespace, vmi.Name, vmi.OwnerReferences = namespace, name, owner
+		vmi.Spec.Domain.Firmware = &kubevirtv1.Firmware{UUID: types.UID(derivedUUID)}
+		vmi.Spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", MacAddress: derivedMAC}}
+		return vmi
+	}
+	web1Controls := metav1.OwnerReference{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: "web1", UID: "u", Controller: ptr.To(true)}
+	tests := []struct {
+		name      string
+		vmi       *kubevirtv1.VirtualMachineInstance
+		wantFresh bool
+	}{
+		{"a VMI of another namespace", squatter("team-b", "early"), true},
+		{"a VMI of the namespace, not the VM's", squatter("team-a", "web1"), true},
+		{"the VM's own VMI", squatter("team-a", "web1", web1Controls), false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStamperWith(t, testRange, interceptor.Funcs{}, tc.vmi)
+			vm := newVM("team-a", "web1", withInterface("default", ""))
+			if _, err := s.Stamp(ctx, vm); err != nil {
+				t.Fatal(err)
+			}
+			gotUUID, gotMAC := string(vm.Spec.Template.Spec.Domain.Firmware.UUID), macs(vm)[0]
+			if fresh := gotUUID != derivedUUID && gotMAC != derivedMAC; fresh != tc.wantFresh {
+				t.Fatalf("UUID %s, MAC %s (derived %s, %s): want other ones %v", gotUUID, gotMAC, derivedUUID, derivedMAC, tc.wantFresh)
+			}
+		})
+	}
+}
+
+func TestTrimInstance(t *testing.T) {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	vmi.Namespace, vmi.Name = "team-a", "web1"
+	vmi.OwnerReferences = []metav1.OwnerReference{{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: "web1", UID: "u", Controller: ptr.To(true)}}
+	vmi.Labels = map[string]string{"big": "label"}
+	vmi.Spec.Domain.Firmware = &kubevirtv1.Firmware{Serial: web1Serial, UUID: web1UUID, Bootloader: &kubevirtv1.Bootloader{EFI: &kubevirtv1.EFI{}}}
+	vmi.Spec.Domain.Devices.Interfaces = []kubevirtv1.Interface{{Name: "default", MacAddress: web1MAC, InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Bridge: &kubevirtv1.InterfaceBridge{}}}}
+	vmi.Status.Phase = kubevirtv1.Running
+	out, err := TrimInstance(vmi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := out.(*kubevirtv1.VirtualMachineInstance)
+	if !reflect.DeepEqual(IndexMACs(trimmed), IndexMACs(vmi)) || !reflect.DeepEqual(IndexUUID(trimmed), IndexUUID(vmi)) ||
+		controllingVM(trimmed) != controllingVM(vmi) || trimmed.Spec.Domain.Firmware.Serial != web1Serial {
+		t.Fatalf("trimmed %+v lost what the checks read", trimmed)
+	}
+	if trimmed.Labels != nil || trimmed.Status.Phase != "" || trimmed.Spec.Domain.Firmware.Bootloader != nil || trimmed.Spec.Domain.Devices.Interfaces[0].Bridge != nil {
+		t.Errorf("trimmed keeps more than the checks read: %+v", trimmed)
+	}
+	if other, _ := TrimInstance("not a VMI"); other != "not a VMI" {
+		t.Errorf("other objects changed: %v", other)
+	}
 }
