@@ -76,10 +76,12 @@ func doorsFailClosed(ctx context.Context, t *testing.T, c client.Client, early *
 		{"VMI claiming a serial", "VirtualMachineInstance", "install-plain", "web1.install-a", "vvirtualmachineinstance.bmc.virtmetal.io"},
 		{"replica set in another namespace, claims no identity", "VirtualMachineInstanceReplicaSet", "install-plain", "", ""},
 		{"replica set claiming a serial", "VirtualMachineInstanceReplicaSet", "install-plain", "web1.install-a", "vvirtualmachineinstancereplicaset.bmc.virtmetal.io"},
-		{"replica set in an opted-in namespace", "VirtualMachineInstanceReplicaSet", "install-a", "", "mvirtualmachineinstancereplicaset.bmc.virtmetal.io"},
+		{"replica set in an opted-in namespace, claims no identity", "VirtualMachineInstanceReplicaSet", "install-a", "", ""},
+		{"replica set in an opted-in namespace, sets a serial", "VirtualMachineInstanceReplicaSet", "install-a", "fleet", "mvirtualmachineinstancereplicaset.bmc.virtmetal.io"},
 		{"pool in another namespace, claims no identity", "VirtualMachinePool", "install-plain", "", ""},
 		{"pool claiming a serial", "VirtualMachinePool", "install-plain", "web1.install-a", "vvirtualmachinepool.bmc.virtmetal.io"},
-		{"pool in an opted-in namespace", "VirtualMachinePool", "install-a", "", "mvirtualmachinepool.bmc.virtmetal.io"},
+		{"pool in an opted-in namespace, claims no identity", "VirtualMachinePool", "install-a", "", ""},
+		{"pool in an opted-in namespace, sets a serial", "VirtualMachinePool", "install-a", "fleet", "mvirtualmachinepool.bmc.virtmetal.io"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
