@@ -204,7 +204,7 @@ func (s *Stamper) instanceMutation(ctx context.Context, req admission.Request, o
 	var warnings []string
 	drop := func(fields map[string]any, key, path string) {
 		if value, _ := fields[key].(string); value != "" {
-			warnings = append(warnings, fmt.Sprintf("%s %q removed: every instance of a template would carry it; virtmetal gives each VM its own", path, value))
+			warnings = append(warnings, fmt.Sprintf("%s %q removed: every instance of this template would carry the same one", path, value))
 		}
 		delete(fields, key)
 	}
