@@ -46,18 +46,7 @@ func applyPatch(t *testing.T, raw []byte, resp admission.Response) *kubevirtv1.V
 // result into out.
 func decodePatched(t *testing.T, raw []byte, resp admission.Response, out any) {
 	t.Helper()
-	ops, err := json.Marshal(resp.Patches)
-	if err != nil {
-		t.Fatal(err)
-	}
-	patch, err := jsonpatch.DecodePatch(ops)
-	if err != nil {
-		t.Fatal(err)
-	}
-	patched, err := patch.Apply(raw)
-	if err != nil {
-		t.Fatalf("applying %s: %v", ops, err)
-	}
+	patched := applied(t, raw, resp)
 	if !strings.Contains(string(patched), `"futureField":{"keep":true}`) {
 		t.Errorf("patch dropped a field unknown to the types: %s", patched)
 	}
@@ -192,6 +181,24 @@ func TestValidatingHandler(t *testing.T) {
 	}
 }
 
+// applied is the request's object with a response's patch applied.
+func applied(t *testing.T, raw []byte, resp admission.Response) []byte {
+	t.Helper()
+	ops, err := json.Marshal(resp.Patches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatch.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch %s does not apply to %q: %v", ops, raw, err)
+	}
+	return patched
+}
+
 // FuzzMutatingHandler: whatever object arrives, each mutating handler (of
 // VMs, VMI replica sets and VM pools) answers without panicking, and a
 // patch it returns applies to the object.
@@ -216,19 +223,8 @@ func FuzzMutatingHandler(f *testing.F) {
 			if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
 				t.Fatalf("refused without a message: %+v", resp.AdmissionResponse)
 			}
-			if len(resp.Patches) == 0 {
-				continue
-			}
-			ops, err := json.Marshal(resp.Patches)
-			if err != nil {
-				t.Fatal(err)
-			}
-			patch, err := jsonpatch.DecodePatch(ops)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := patch.Apply(raw); err != nil {
-				t.Fatalf("patch %s does not apply to %q: %v", ops, raw, err)
+			if len(resp.Patches) > 0 {
+				applied(t, raw, resp)
 			}
 		}
 	})
