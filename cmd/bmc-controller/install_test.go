@@ -284,7 +284,8 @@ func waitForBMC(ctx context.Context, t *testing.T, c client.Client, namespace, v
 // no serial.
 // createdOrRefusedBy creates o and wants it accepted (then deletes it)
 // when refusedBy is empty, else refused by that webhook: with no webhook
-// server answering, a webhook that is called fails closed.
+// server answering, a webhook that is called fails closed, before any
+// connection (the API server finds no endpoints; kubetest).
 func createdOrRefusedBy(ctx context.Context, t *testing.T, c client.Client, o client.Object, refusedBy string) {
 	t.Helper()
 	err := c.Create(ctx, o)
@@ -295,8 +296,8 @@ func createdOrRefusedBy(ctx context.Context, t *testing.T, c client.Client, o cl
 		if err := c.Delete(ctx, o); err != nil {
 			t.Fatal(err)
 		}
-	case err == nil || !strings.Contains(err.Error(), refusedBy):
-		t.Fatalf("create = %v, want it refused by webhook %s", err, refusedBy)
+	case err == nil || !strings.Contains(err.Error(), refusedBy) || !strings.Contains(err.Error(), "no endpoints available"):
+		t.Fatalf("create = %v, want it refused by webhook %s, for want of endpoints", err, refusedBy)
 	}
 }
 
