@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
+	"github.com/virtmetal/virtmetal/controllers/vmidentity"
 )
 
 // managedSelector selects what the controller creates.
@@ -31,12 +32,15 @@ var managedSelector = labels.SelectorFromSet(labels.Set{v1beta1.LabelManagedBy: 
 
 // CacheOptions scopes the manager's cache to what the controller reads:
 // only the objects it created (by label) of the kinds it creates, only the
-// one config ConfigMap, and VMs without their managed fields. That keeps
-// the controller's memory to its own objects, not the cluster's Secrets.
+// one config ConfigMap, VMs without their managed fields, and VMIs trimmed
+// to their identity. That keeps the controller's memory to its own
+// objects, not the cluster's Secrets.
 func CacheOptions(configMap types.NamespacedName) cache.Options {
 	byObject := map[client.Object]cache.ByObject{
 		&kubevirtv1.VirtualMachine{}: {Transform: cache.TransformStripManagedFields()},
-		&v1beta1.VirtualMachineBMC{}: {Transform: cache.TransformStripManagedFields()},
+		// Every VMI, for the identity indexes: only what they read.
+		&kubevirtv1.VirtualMachineInstance{}: {Transform: vmidentity.TrimInstance},
+		&v1beta1.VirtualMachineBMC{}:         {Transform: cache.TransformStripManagedFields()},
 	}
 	for _, obj := range slices.Concat([]client.Object{&corev1.Secret{}}, workloadKinds(), clusterRBACKinds()) {
 		byObject[obj] = cache.ByObject{Label: managedSelector}

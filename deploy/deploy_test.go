@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -197,7 +198,7 @@ func TestWebhooksReachTheController(t *testing.T) {
 		}
 		FailurePolicy     string
 		NamespaceSelector *struct{ MatchLabels map[string]string }
-		MatchConditions   []struct{ Name string }
+		MatchConditions   []struct{ Name, Expression string }
 	}
 	type webhookConfiguration struct {
 		Kind     string
@@ -224,6 +225,22 @@ func TestWebhooksReachTheController(t *testing.T) {
 	if len(configs) != 2 {
 		t.Fatalf("webhook configurations: %d", len(configs))
 	}
+	// Every kind a VMI is made from, and where its domain spec is.
+	identityDomain := map[string]string{
+		"vvirtualmachine.bmc.virtmetal.io":                   "object.spec.template.spec.domain",
+		"vvirtualmachineinstance.bmc.virtmetal.io":           "object.spec.domain",
+		"vvirtualmachineinstancereplicaset.bmc.virtmetal.io": "object.spec.template.spec.domain",
+		"vvirtualmachinepool.bmc.virtmetal.io":               "object.spec.virtualMachineTemplate.spec.template.spec.domain",
+	}
+	validating := 0
+	for _, c := range configs {
+		if c.Kind == "ValidatingWebhookConfiguration" {
+			validating = len(c.Webhooks)
+		}
+	}
+	if validating != len(identityDomain) {
+		t.Errorf("%d validating webhooks, want one per kind of %v", validating, identityDomain)
+	}
 	selector := strings.Split(cm.Data["namespaceSelector"], "=")
 	for _, c := range configs {
 		if got := c.Metadata.Annotations["cert-manager.io/inject-ca-from"]; got != cert.Namespace+"/"+cert.Name {
@@ -243,8 +260,12 @@ func TestWebhooksReachTheController(t *testing.T) {
 					t.Errorf("%s: namespaceSelector %+v, the ConfigMap selects %q", w.Name, w.NamespaceSelector, cm.Data["namespaceSelector"])
 				}
 			case "ValidatingWebhookConfiguration":
-				if w.NamespaceSelector != nil || len(w.MatchConditions) != 1 {
+				if w.NamespaceSelector != nil || len(w.MatchConditions) == 0 || w.MatchConditions[0].Name != "declares-an-identity" {
 					t.Errorf("%s: namespaceSelector %+v, matchConditions %+v: claims come from any namespace", w.Name, w.NamespaceSelector, w.MatchConditions)
+				}
+				// Each kind declares its identity at its own path.
+				if domain := identityDomain[w.Name]; domain == "" || !strings.Contains(w.MatchConditions[0].Expression, "has("+domain+".firmware)") {
+					t.Errorf("%s: matchCondition %q does not look at %q", w.Name, w.MatchConditions[0].Expression, domain)
 				}
 			}
 		}
@@ -413,8 +434,17 @@ func TestExamples(t *testing.T) {
 		} `json:"spec"`
 	}
 	decodeStrict(t, "examples/network.yaml", &nad)
-	if nad.Namespace+"/"+nad.Name != vm.Namespace+"/"+spec.Networks[0].Multus.NetworkName || !strings.Contains(nad.Spec.Config, `"type": "bridge"`) {
-		t.Errorf("NetworkAttachmentDefinition %+v, VM network %+v", nad, spec.Networks[0].Multus)
+	// The bridge plugin's config: a guest must not send frames with another
+	// VM's MAC on the provisioning network.
+	var bridge struct {
+		Type        string `json:"type"`
+		MACSpoofChk bool   `json:"macspoofchk"`
+	}
+	if err := json.Unmarshal([]byte(nad.Spec.Config), &bridge); err != nil {
+		t.Errorf("NetworkAttachmentDefinition config: %v", err)
+	}
+	if nad.Namespace+"/"+nad.Name != vm.Namespace+"/"+spec.Networks[0].Multus.NetworkName || bridge.Type != "bridge" || !bridge.MACSpoofChk {
+		t.Errorf("NetworkAttachmentDefinition %+v (bridge config %+v: want MAC spoof checking), VM network %+v", nad, bridge, spec.Networks[0].Multus)
 	}
 	var bmc v1beta1.VirtualMachineBMC
 	decodeStrict(t, "examples/vmbmc-manual.yaml", &bmc)

@@ -66,6 +66,7 @@ func TestInstall(t *testing.T) {
 		}
 	})
 	applyAll(ctx, t, c, readObjects(t, "testdata/cert-manager-crds.yaml"))
+	early := earlyVMI(ctx, t, c)
 	applyAll(ctx, t, c, objects)
 	for _, o := range objects {
 		got := &unstructured.Unstructured{}
@@ -103,19 +104,12 @@ func TestInstall(t *testing.T) {
 				if tc.serial != "" {
 					vm.Spec.Template.Spec.Domain.Firmware = &kubevirtv1.Firmware{Serial: tc.serial}
 				}
-				err := c.Create(ctx, vm)
-				switch {
-				case tc.refusedBy == "" && err != nil:
-					t.Fatalf("create = %v, want it accepted without calling a webhook", err)
-				case tc.refusedBy == "" && err == nil:
-					if err := c.Delete(ctx, vm); err != nil {
-						t.Fatal(err)
-					}
-				case err == nil || !strings.Contains(err.Error(), tc.refusedBy):
-					t.Fatalf("create = %v, want it refused by webhook %s", err, tc.refusedBy)
-				}
+				createdOrRefusedBy(ctx, t, c, vm, tc.refusedBy)
 			})
 		}
+	})
+	t.Run("webhooks of every door to a VMI fail closed where they apply", func(t *testing.T) {
+		doorsFailClosed(ctx, t, c, early)
 	})
 	for _, o := range objects {
 		if strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
@@ -301,6 +295,25 @@ func waitForBMC(ctx context.Context, t *testing.T, c client.Client, namespace, v
 
 // pxeVM is a VM as deploy/examples writes them: a bridge interface, no MAC,
 // no serial.
+// createdOrRefusedBy creates o and wants it accepted (then deletes it)
+// when refusedBy is empty, else refused by that webhook: with no webhook
+// server answering, a webhook that is called fails closed, before any
+// connection (the API server finds no endpoints; kubetest).
+func createdOrRefusedBy(ctx context.Context, t *testing.T, c client.Client, o client.Object, refusedBy string) {
+	t.Helper()
+	err := c.Create(ctx, o)
+	switch {
+	case refusedBy == "" && err != nil:
+		t.Fatalf("create = %v, want it accepted without calling a webhook", err)
+	case refusedBy == "" && err == nil:
+		if err := c.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	case err == nil || !strings.Contains(err.Error(), refusedBy) || !strings.Contains(err.Error(), "no endpoints available"):
+		t.Fatalf("create = %v, want it refused by webhook %s, for want of endpoints", err, refusedBy)
+	}
+}
+
 func pxeVM(namespace, name string) *kubevirtv1.VirtualMachine {
 	halted := kubevirtv1.RunStrategyHalted
 	return &kubevirtv1.VirtualMachine{

@@ -95,25 +95,29 @@ type macReservation struct {
 	until time.Time
 }
 
-// SetupIndexes adds the MAC and UUID indexes Stamper queries.
+// SetupIndexes adds the MAC and UUID indexes Stamper queries, on
+// VirtualMachines and VirtualMachineInstances.
 func SetupIndexes(ctx context.Context, indexer client.FieldIndexer) error {
-	if err := indexer.IndexField(ctx, &kubevirtv1.VirtualMachine{}, MACIndex, IndexMACs); err != nil {
-		return fmt.Errorf("indexing VirtualMachines by MAC: %w", err)
-	}
-	if err := indexer.IndexField(ctx, &kubevirtv1.VirtualMachine{}, UUIDIndex, IndexUUID); err != nil {
-		return fmt.Errorf("indexing VirtualMachines by UUID: %w", err)
+	for _, obj := range []client.Object{&kubevirtv1.VirtualMachine{}, &kubevirtv1.VirtualMachineInstance{}} {
+		if err := indexer.IndexField(ctx, obj, MACIndex, IndexMACs); err != nil {
+			return fmt.Errorf("indexing %T by MAC: %w", obj, err)
+		}
+		if err := indexer.IndexField(ctx, obj, UUIDIndex, IndexUUID); err != nil {
+			return fmt.Errorf("indexing %T by UUID: %w", obj, err)
+		}
 	}
 	return nil
 }
 
-// IndexMACs extracts a VM's MACs, normalised, for MACIndex.
+// IndexMACs extracts the MACs of a VM's template or a VMI, normalised,
+// for MACIndex.
 func IndexMACs(obj client.Object) []string {
-	vm, ok := obj.(*kubevirtv1.VirtualMachine)
-	if !ok || vm.Spec.Template == nil {
+	domain := indexedDomain(obj)
+	if domain == nil {
 		return nil
 	}
 	var out []string
-	for _, iface := range vm.Spec.Template.Spec.Domain.Devices.Interfaces {
+	for _, iface := range domain.Devices.Interfaces {
 		if iface.MacAddress != "" {
 			out = append(out, normalMAC(iface.MacAddress))
 		}
@@ -121,23 +125,25 @@ func IndexMACs(obj client.Object) []string {
 	return out
 }
 
-// IndexUUID extracts a VM's firmware UUID, normalised, for UUIDIndex.
+// IndexUUID extracts the firmware UUID of a VM's template or a VMI,
+// normalised, for UUIDIndex.
 func IndexUUID(obj client.Object) []string {
-	vm, ok := obj.(*kubevirtv1.VirtualMachine)
-	if !ok {
-		return nil
-	}
-	if fw := firmwareOf(vm); fw != nil && fw.UUID != "" {
-		return []string{normalUUID(string(fw.UUID))}
+	if domain := indexedDomain(obj); domain != nil && domain.Firmware != nil && domain.Firmware.UUID != "" {
+		return []string{normalUUID(string(domain.Firmware.UUID))}
 	}
 	return nil
 }
 
-func firmwareOf(vm *kubevirtv1.VirtualMachine) *kubevirtv1.Firmware {
-	if vm.Spec.Template == nil {
-		return nil
+func indexedDomain(obj client.Object) *kubevirtv1.DomainSpec {
+	switch o := obj.(type) {
+	case *kubevirtv1.VirtualMachine:
+		if o.Spec.Template != nil {
+			return &o.Spec.Template.Spec.Domain
+		}
+	case *kubevirtv1.VirtualMachineInstance:
+		return &o.Spec.Domain
 	}
-	return vm.Spec.Template.Spec.Domain.Firmware
+	return nil
 }
 
 // normalMAC lets "02-00-00-00-00-0A" and "02:00:00:00:00:0a" match.
@@ -185,10 +191,6 @@ func claimedVM(serial string) (types.NamespacedName, bool) {
 		return types.NamespacedName{}, false
 	}
 	return types.NamespacedName{Namespace: namespace, Name: name}, true
-}
-
-func isSelf(vm *kubevirtv1.VirtualMachine, other *kubevirtv1.VirtualMachine) bool {
-	return vm.Namespace == other.Namespace && vm.Name == other.Name
 }
 
 // Stamp makes vm's identity right in place: the serial, the UUID (a user's
@@ -260,7 +262,7 @@ func stampProof(domain *kubevirtv1.DomainSpec) string {
 
 func (s *Stamper) stampUUID(ctx context.Context, vm *kubevirtv1.VirtualMachine, fw *kubevirtv1.Firmware) (string, error) {
 	if fw.UUID != "" {
-		holder, err := s.enrolledHolder(ctx, vm, UUIDIndex, normalUUID(string(fw.UUID)))
+		holder, err := s.enrolledHolder(ctx, client.ObjectKeyFromObject(vm), UUIDIndex, normalUUID(string(fw.UUID)))
 		if err != nil || holder == nil {
 			return "", err
 		}
@@ -280,11 +282,11 @@ const maxUUIDAttempts = 16
 func (s *Stamper) setDerivedUUID(ctx context.Context, vm *kubevirtv1.VirtualMachine, fw *kubevirtv1.Firmware) error {
 	for attempt := range maxUUIDAttempts {
 		candidate := DerivedUUID(vm.Namespace, vm.Name, attempt)
-		holders, err := s.holders(ctx, vm, UUIDIndex, candidate)
+		used, err := s.inUse(ctx, client.ObjectKeyFromObject(vm), UUIDIndex, candidate)
 		if err != nil {
 			return err
 		}
-		if len(holders) == 0 {
+		if !used {
 			fw.UUID = types.UID(candidate)
 			return nil
 		}
@@ -341,36 +343,37 @@ func (s *Stamper) freeMAC(ctx context.Context, vm *kubevirtv1.VirtualMachine, if
 		if r, ok := s.reserved.byMAC[candidate]; taken[candidate] || ok && (r.vm.Namespace != vm.Namespace || r.vm.Name != vm.Name) {
 			continue
 		}
-		holders, err := s.holders(ctx, vm, MACIndex, candidate)
+		used, err := s.inUse(ctx, client.ObjectKeyFromObject(vm), MACIndex, candidate)
 		if err != nil {
 			return "", err
 		}
-		if len(holders) == 0 {
+		if !used {
 			return candidate, nil
 		}
 	}
 	return "", fmt.Errorf("%w: no free address in %s for interface %q of VM %s/%s after %d probes", ErrMACRangeExhausted, s.MACs, iface, vm.Namespace, vm.Name, min(size, maxMACProbes))
 }
 
-// holders are the VMs other than vm whose index field has value.
-func (s *Stamper) holders(ctx context.Context, vm *kubevirtv1.VirtualMachine, index, value string) ([]kubevirtv1.VirtualMachine, error) {
+// holders are the VMs other than self whose index field has value. The
+// zero self excludes none.
+func (s *Stamper) holders(ctx context.Context, self types.NamespacedName, index, value string) ([]kubevirtv1.VirtualMachine, error) {
 	var list kubevirtv1.VirtualMachineList
 	if err := s.Reader.List(ctx, &list, client.MatchingFields{index: value}); err != nil {
 		return nil, fmt.Errorf("listing VirtualMachines by %s %s: %w", index, value, err)
 	}
 	out := list.Items[:0]
 	for _, other := range list.Items {
-		if !isSelf(vm, &other) {
+		if client.ObjectKeyFromObject(&other) != self {
 			out = append(out, other)
 		}
 	}
 	return out, nil
 }
 
-// enrolledHolder is an enrolled VM other than vm whose index field has
+// enrolledHolder is an enrolled VM other than self whose index field has
 // value, or nil.
-func (s *Stamper) enrolledHolder(ctx context.Context, vm *kubevirtv1.VirtualMachine, index, value string) (*kubevirtv1.VirtualMachine, error) {
-	holders, err := s.holders(ctx, vm, index, value)
+func (s *Stamper) enrolledHolder(ctx context.Context, self types.NamespacedName, index, value string) (*kubevirtv1.VirtualMachine, error) {
+	holders, err := s.holders(ctx, self, index, value)
 	if err != nil {
 		return nil, err
 	}
@@ -402,42 +405,61 @@ func (s *Stamper) enrolled(ctx context.Context, vm *kubevirtv1.VirtualMachine) (
 // be) enrolled, an enrolled VM's UUID, or an enrolled VM's MAC. The VM
 // itself is excluded, so an update of an enrolled VM passes.
 func (s *Stamper) Validate(ctx context.Context, vm *kubevirtv1.VirtualMachine) error {
-	fw := firmwareOf(vm)
+	if vm.Spec.Template == nil {
+		return nil
+	}
+	return s.validateDomain(ctx, domainClaim{
+		self: client.ObjectKeyFromObject(vm), path: "spec.template.spec.domain", domain: &vm.Spec.Template.Spec.Domain,
+	})
+}
+
+// domainClaim is the identity one object declares in a domain spec: a VM's
+// template, a VMI's spec, the template of a replica set or pool.
+type domainClaim struct {
+	// self is the VM whose identity the object may carry (the VM itself, or
+	// the VM that controls a VMI); zero for objects that may carry none.
+	self types.NamespacedName
+	// path locates domain in the object, for messages.
+	path   string
+	domain *kubevirtv1.DomainSpec
+}
+
+// validateDomain refuses a claim of another enrolled VM's identity; the
+// rules of Validate.
+func (s *Stamper) validateDomain(ctx context.Context, c domainClaim) error {
+	fw := c.domain.Firmware
 	if fw != nil && fw.Serial != "" {
-		if err := s.validateSerial(ctx, vm, fw.Serial); err != nil {
+		if err := s.validateSerial(ctx, c, fw.Serial); err != nil {
 			return err
 		}
 	}
 	if fw != nil && fw.UUID != "" {
-		holder, err := s.enrolledHolder(ctx, vm, UUIDIndex, normalUUID(string(fw.UUID)))
+		holder, err := s.enrolledHolder(ctx, c.self, UUIDIndex, normalUUID(string(fw.UUID)))
 		if err != nil {
 			return err
 		}
 		if holder != nil {
-			return fmt.Errorf("%w: spec.template.spec.domain.firmware.uuid %q is the SMBIOS UUID of VM %s/%s", ErrIdentityClaimed, fw.UUID, holder.Namespace, holder.Name)
+			return fmt.Errorf("%w: %s.firmware.uuid %q is the SMBIOS UUID of VM %s/%s", ErrIdentityClaimed, c.path, fw.UUID, holder.Namespace, holder.Name)
 		}
 	}
-	if vm.Spec.Template == nil {
-		return nil
-	}
-	for _, iface := range vm.Spec.Template.Spec.Domain.Devices.Interfaces {
+	for _, iface := range c.domain.Devices.Interfaces {
 		if iface.MacAddress == "" {
 			continue
 		}
-		holder, err := s.enrolledHolder(ctx, vm, MACIndex, normalMAC(iface.MacAddress))
+		holder, err := s.enrolledHolder(ctx, c.self, MACIndex, normalMAC(iface.MacAddress))
 		if err != nil {
 			return err
 		}
 		if holder != nil {
-			return fmt.Errorf("%w: interface %q: macAddress %s is used by VM %s/%s", ErrDuplicateMAC, iface.Name, iface.MacAddress, holder.Namespace, holder.Name)
+			return fmt.Errorf("%w: %s: interface %q: macAddress %s is used by VM %s/%s", ErrDuplicateMAC, c.path, iface.Name, iface.MacAddress, holder.Namespace, holder.Name)
 		}
 	}
 	return nil
 }
 
-func (s *Stamper) validateSerial(ctx context.Context, vm *kubevirtv1.VirtualMachine, serial string) error {
+func (s *Stamper) validateSerial(ctx context.Context, c domainClaim, serial string) error {
 	claimed, ok := claimedVM(serial)
-	if !ok || (claimed.Namespace == vm.Namespace && claimed.Name == vm.Name) {
+	if !ok || claimed == c.self {
 		return nil
 	}
 	target := &kubevirtv1.VirtualMachine{}
@@ -456,7 +478,7 @@ func (s *Stamper) validateSerial(ctx context.Context, vm *kubevirtv1.VirtualMach
 		return err
 	}
 	if enrolled {
-		return fmt.Errorf("%w: spec.template.spec.domain.firmware.serial %q names VM %s of an enrolled namespace; only that VM may carry it", ErrIdentityClaimed, serial, claimed)
+		return fmt.Errorf("%w: %s.firmware.serial %q names VM %s of an enrolled namespace; only that VM may carry it", ErrIdentityClaimed, c.path, serial, claimed)
 	}
 	return nil
 }

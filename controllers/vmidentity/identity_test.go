@@ -94,9 +94,16 @@ func newStamper(t testing.TB, macRange string, funcs interceptor.Funcs, existing
 	for i, vm := range existing {
 		objs[i] = vm
 	}
+	return newStamperWith(t, macRange, funcs, objs...)
+}
+
+// newStamperWith is newStamper with any objects, VMIs included.
+func newStamperWith(t testing.TB, macRange string, funcs interceptor.Funcs, objs ...client.Object) *Stamper {
 	c := fake.NewClientBuilder().WithScheme(testScheme(t)).WithObjects(objs...).
 		WithIndex(&kubevirtv1.VirtualMachine{}, MACIndex, IndexMACs).
 		WithIndex(&kubevirtv1.VirtualMachine{}, UUIDIndex, IndexUUID).
+		WithIndex(&kubevirtv1.VirtualMachineInstance{}, MACIndex, IndexMACs).
+		WithIndex(&kubevirtv1.VirtualMachineInstance{}, UUIDIndex, IndexUUID).
 		WithInterceptorFuncs(funcs).Build()
 	s := &Stamper{Reader: c, Enrolled: fakeEnrolled}
 	if macRange != "none" {

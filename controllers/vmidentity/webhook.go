@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	poolv1beta1 "kubevirt.io/api/pool/v1beta1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
@@ -25,73 +28,66 @@ const (
 // +kubebuilder:webhook:path=/mutate-kubevirt-io-v1-virtualmachine,mutating=true,failurePolicy=fail,sideEffects=None,groups=kubevirt.io,resources=virtualmachines,verbs=create;update,versions=v1,name=mvirtualmachine.bmc.virtmetal.io,admissionReviewVersions=v1
 // +kubebuilder:webhook:path=/validate-kubevirt-io-v1-virtualmachine,mutating=false,failurePolicy=fail,sideEffects=None,groups=kubevirt.io,resources=virtualmachines,verbs=create;update,versions=v1,name=vvirtualmachine.bmc.virtmetal.io,admissionReviewVersions=v1
 
-// SetupWebhooks registers the mutating and validating webhooks on mgr's
-// webhook server.
+// SetupWebhooks registers the mutating and validating webhooks of every
+// kind that makes a VMI on mgr's webhook server.
 func (s *Stamper) SetupWebhooks(mgr ctrl.Manager) {
 	server := mgr.GetWebhookServer()
 	server.Register(MutatePath, &admission.Webhook{Handler: s.MutatingHandler()})
 	server.Register(ValidatePath, &admission.Webhook{Handler: s.ValidatingHandler()})
+	s.setupInstanceWebhooks(server)
 }
 
 // MutatingHandler stamps enrolled VMs on create and update.
 func (s *Stamper) MutatingHandler() admission.Handler {
-	return vmHandler{decoder: newDecoder(), handle: s.mutate}
+	return objectHandler[*kubevirtv1.VirtualMachine]{kind: "VirtualMachine", handle: s.mutate}
 }
 
 // ValidatingHandler refuses VMs that claim an enrolled VM's identity, in
 // every namespace.
 func (s *Stamper) ValidatingHandler() admission.Handler {
-	return vmHandler{decoder: newDecoder(), handle: s.validate}
+	return objectHandler[*kubevirtv1.VirtualMachine]{kind: "VirtualMachine", handle: s.validate}
 }
 
-func newDecoder() admission.Decoder {
+// decoder knows every kind the webhooks decode.
+var decoder = func() admission.Decoder {
 	scheme := runtime.NewScheme()
-	if err := kubevirtv1.AddToScheme(scheme); err != nil {
-		panic(err) // static registration: cannot fail
+	for _, add := range []func(*runtime.Scheme) error{kubevirtv1.AddToScheme, poolv1beta1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			panic(err) // static registration: cannot fail
+		}
 	}
 	return admission.NewDecoder(scheme)
+}()
+
+// objectHandler decodes the object of an admission request for handle.
+// Operations other than create and update, and objects being deleted, are
+// allowed untouched: deletion must never be blocked (e.g. KubeVirt
+// removing its finalizer).
+type objectHandler[T client.Object] struct {
+	kind   string
+	handle func(context.Context, admission.Request, T) admission.Response
 }
 
-// decodeVM returns the VM of a create or update, or nil for operations the
-// webhooks leave alone (and VMs being deleted: deletion must never be
-// blocked, e.g. KubeVirt removing its finalizer).
-func decodeVM(decoder admission.Decoder, req admission.Request) (*kubevirtv1.VirtualMachine, *admission.Response) {
+func (h objectHandler[T]) Handle(ctx context.Context, req admission.Request) admission.Response {
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
-		resp := admission.Allowed("")
-		return nil, &resp
+		return admission.Allowed("")
 	}
-	vm := &kubevirtv1.VirtualMachine{}
-	if err := decoder.Decode(req, vm); err != nil {
-		resp := admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding VirtualMachine: %w", err))
-		return nil, &resp
+	obj := reflect.New(reflect.TypeFor[T]().Elem()).Interface().(T)
+	if err := decoder.Decode(req, obj); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decoding %s: %w", h.kind, err))
 	}
-	if vm.DeletionTimestamp != nil {
-		resp := admission.Allowed("being deleted")
-		return nil, &resp
+	if obj.GetDeletionTimestamp() != nil {
+		return admission.Allowed("being deleted")
 	}
 	// The request, not the body, says which object this is (the body may
 	// omit the namespace).
 	if req.Namespace != "" {
-		vm.Namespace = req.Namespace
+		obj.SetNamespace(req.Namespace)
 	}
 	if req.Name != "" {
-		vm.Name = req.Name
+		obj.SetName(req.Name)
 	}
-	return vm, nil
-}
-
-// vmHandler decodes the VirtualMachine of an admission request for handle.
-type vmHandler struct {
-	decoder admission.Decoder
-	handle  func(context.Context, admission.Request, *kubevirtv1.VirtualMachine) admission.Response
-}
-
-func (h vmHandler) Handle(ctx context.Context, req admission.Request) admission.Response {
-	vm, done := decodeVM(h.decoder, req)
-	if done != nil {
-		return *done
-	}
-	return h.handle(ctx, req, vm)
+	return h.handle(ctx, req, obj)
 }
 
 func (s *Stamper) mutate(ctx context.Context, req admission.Request, vm *kubevirtv1.VirtualMachine) admission.Response {
@@ -228,7 +224,12 @@ func objectAt(obj map[string]any, path ...string) (map[string]any, error) {
 }
 
 func (s *Stamper) validate(ctx context.Context, _ admission.Request, vm *kubevirtv1.VirtualMachine) admission.Response {
-	err := s.Validate(ctx, vm)
+	return validationResponse(s.Validate(ctx, vm))
+}
+
+// validationResponse answers with a validation's outcome: a claim is refused, a
+// failure to check is an error (the API server then fails closed).
+func validationResponse(err error) admission.Response {
 	switch {
 	case errors.Is(err, ErrIdentityClaimed), errors.Is(err, ErrDuplicateMAC):
 		return admission.Denied(err.Error())

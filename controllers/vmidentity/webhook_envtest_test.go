@@ -31,6 +31,20 @@ func (w *warningCollector) all() []string {
 	return append([]string(nil), w.warnings...)
 }
 
+// clientWithWarnings is an admin client that collects the warnings the
+// API server passes on.
+func (s *webhookSuite) clientWithWarnings(t *testing.T) (client.Client, *warningCollector) {
+	t.Helper()
+	warnings := &warningCollector{}
+	cfg := *s.env.Config
+	cfg.WarningHandlerWithContext = warnings
+	c, err := client.New(&cfg, client.Options{Scheme: s.env.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, warnings
+}
+
 // clusterVM is a VM the API server's schema accepts: one pod network
 // interface, MAC given or not.
 func clusterVM(namespace, name, serial, mac string) *kubevirtv1.VirtualMachine {
@@ -99,13 +113,7 @@ func TestWebhooks(t *testing.T) {
 	})
 
 	t.Run("user serial replaced, the warning reaches the client", func(t *testing.T) {
-		warnings := &warningCollector{}
-		cfg := *s.env.Config
-		cfg.WarningHandlerWithContext = warnings
-		c, err := client.New(&cfg, client.Options{Scheme: s.env.Client.Scheme()})
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, warnings := s.clientWithWarnings(t)
 		vm := created(t, c, clusterVM("team-a", "db", "SN-0042", ""))
 		if got := vm.Spec.Template.Spec.Domain.Firmware.Serial; got != "db.team-a" {
 			t.Fatalf("serial = %q", got)

@@ -38,26 +38,23 @@ func vmJSON(namespace, name, domain string) []byte {
 // applyPatch applies a response's patch to the request's object.
 func applyPatch(t *testing.T, raw []byte, resp admission.Response) *kubevirtv1.VirtualMachine {
 	t.Helper()
-	ops, err := json.Marshal(resp.Patches)
-	if err != nil {
-		t.Fatal(err)
-	}
-	patch, err := jsonpatch.DecodePatch(ops)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := patch.Apply(raw)
-	if err != nil {
-		t.Fatalf("applying %s: %v", ops, err)
-	}
-	if !strings.Contains(string(out), `"futureField":{"keep":true}`) {
-		t.Errorf("patch dropped a field unknown to the types: %s", out)
-	}
 	vm := &kubevirtv1.VirtualMachine{}
-	if err := json.Unmarshal(out, vm); err != nil {
+	decodePatched(t, raw, resp, vm)
+	return vm
+}
+
+// decodePatched applies a response's patch to the request's object,
+// checks that a field unknown to the types survived, and decodes the
+// result into out.
+func decodePatched(t *testing.T, raw []byte, resp admission.Response, out any) {
+	t.Helper()
+	patched := applied(t, raw, resp)
+	if !strings.Contains(string(patched), `"futureField":{"keep":true}`) {
+		t.Errorf("patch dropped a field unknown to the types: %s", patched)
+	}
+	if err := json.Unmarshal(patched, out); err != nil {
 		t.Fatal(err)
 	}
-	return vm
 }
 
 func TestMutatingHandler(t *testing.T) {
@@ -243,38 +240,51 @@ func TestValidatingHandler(t *testing.T) {
 	}
 }
 
-// FuzzMutatingHandler: whatever object arrives, the handler answers
-// without panicking, and a patch it returns applies to the object.
+// applied is the request's object with a response's patch applied.
+func applied(t *testing.T, raw []byte, resp admission.Response) []byte {
+	t.Helper()
+	ops, err := json.Marshal(resp.Patches)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch, err := jsonpatch.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := patch.Apply(raw)
+	if err != nil {
+		t.Fatalf("patch %s does not apply to %q: %v", ops, raw, err)
+	}
+	return patched
+}
+
+// FuzzMutatingHandler: whatever object arrives, each mutating handler (of
+// VMs, VMI replica sets and VM pools) answers without panicking, and a
+// patch it returns applies to the object.
 func FuzzMutatingHandler(f *testing.F) {
 	for _, seed := range []string{
 		string(vmJSON("team-a", "web1", `{"futureField":{"keep":true},"devices":{"interfaces":[{"name":"a"},{"name":"b","macAddress":"02:00:00:00:00:01"}]}}`)),
 		string(vmJSON("team-a", "web1", `{"firmware":null,"devices":null}`)),
 		`{"metadata":{"name":"web1","namespace":"team-a"},"spec":{"template":null}}`,
 		`{"spec":{"template":{"spec":{"domain":{"devices":{"interfaces":[null]}}}}}}`,
+		string(replicaSetJSON("team-a", "web1", "", `{"firmware":{"serial":"x","uuid":null},"devices":{"interfaces":[null,{"macAddress":"02:00:00:00:00:01"}]}}`)),
+		string(poolJSON("team-a", "web1", `"annotations":null`, `{"firmware":{"uuid":"u"},"devices":{"interfaces":{}}}`)),
+		`{"spec":{"virtualMachineTemplate":{"spec":{"template":{"spec":{"domain":[]}}}}}}`,
 		`null`, `[]`, ``,
 	} {
 		f.Add([]byte(seed))
 	}
 	s := newStamper(f, "02:00:00:00:00:00-02:00:00:00:00:0f", interceptor.Funcs{})
-	h := s.MutatingHandler()
+	handlers := []admission.Handler{s.MutatingHandler(), s.replicaSetMutatingHandler(), s.poolMutatingHandler()}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		resp := h.Handle(context.Background(), admissionRequest(admissionv1.Create, "team-a", "web1", raw))
-		if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
-			t.Fatalf("refused without a message: %+v", resp.AdmissionResponse)
-		}
-		if len(resp.Patches) == 0 {
-			return
-		}
-		ops, err := json.Marshal(resp.Patches)
-		if err != nil {
-			t.Fatal(err)
-		}
-		patch, err := jsonpatch.DecodePatch(ops)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := patch.Apply(raw); err != nil {
-			t.Fatalf("patch %s does not apply to %q: %v", ops, raw, err)
+		for _, h := range handlers {
+			resp := h.Handle(context.Background(), admissionRequest(admissionv1.Create, "team-a", "web1", raw))
+			if !resp.Allowed && (resp.Result == nil || resp.Result.Message == "") {
+				t.Fatalf("refused without a message: %+v", resp.AdmissionResponse)
+			}
+			if len(resp.Patches) > 0 {
+				applied(t, raw, resp)
+			}
 		}
 	})
 }

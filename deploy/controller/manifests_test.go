@@ -42,7 +42,16 @@ func TestWriteWebhooks(t *testing.T) {
 			got = append(got, config.Kind+" "+w.Name)
 		}
 	}
-	if strings.Join(got, ", ") != "MutatingWebhookConfiguration mvirtualmachine.bmc.virtmetal.io, ValidatingWebhookConfiguration vvirtualmachine.bmc.virtmetal.io" {
+	wantHooks := []string{
+		"MutatingWebhookConfiguration mvirtualmachine.bmc.virtmetal.io",
+		"MutatingWebhookConfiguration mvirtualmachineinstancereplicaset.bmc.virtmetal.io",
+		"MutatingWebhookConfiguration mvirtualmachinepool.bmc.virtmetal.io",
+		"ValidatingWebhookConfiguration vvirtualmachine.bmc.virtmetal.io",
+		"ValidatingWebhookConfiguration vvirtualmachineinstance.bmc.virtmetal.io",
+		"ValidatingWebhookConfiguration vvirtualmachineinstancereplicaset.bmc.virtmetal.io",
+		"ValidatingWebhookConfiguration vvirtualmachinepool.bmc.virtmetal.io",
+	}
+	if !slices.Equal(got, wantHooks) {
 		t.Fatalf("webhooks = %v", got)
 	}
 }

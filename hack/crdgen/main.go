@@ -60,6 +60,17 @@ var crds = []crdSpec{
 		shortNames: []string{"vmi", "vmis"}, scope: apiextensionsv1.NamespaceScoped,
 	},
 	{
+		schemaKey: "virtualmachineinstancereplicaset", group: "kubevirt.io", versions: []string{"v1", "v1alpha3"},
+		plural: "virtualmachineinstancereplicasets", singular: "virtualmachineinstancereplicaset", kind: "VirtualMachineInstanceReplicaSet",
+		shortNames: []string{"vmirs", "vmirss"}, scope: apiextensionsv1.NamespaceScoped, status: true,
+	},
+	{
+		// KubeVirt stores pools as v1beta1 and still serves v1alpha1.
+		schemaKey: "virtualmachinepool", group: "pool.kubevirt.io", versions: []string{"v1beta1", "v1alpha1"},
+		plural: "virtualmachinepools", singular: "virtualmachinepool", kind: "VirtualMachinePool",
+		shortNames: []string{"vmpool", "vmpools"}, scope: apiextensionsv1.NamespaceScoped, status: true,
+	},
+	{
 		schemaKey: "virtualmachineinstancetype", group: "instancetype.kubevirt.io", versions: []string{"v1beta1"},
 		plural: "virtualmachineinstancetypes", singular: "virtualmachineinstancetype", kind: "VirtualMachineInstancetype",
 		shortNames: []string{"vminstancetype", "vmf"}, scope: apiextensionsv1.NamespaceScoped,

@@ -117,6 +117,11 @@ func Start(opts Options) (*Env, error) {
 	// envtest's default service range holds 253 Services; a cluster's holds
 	// thousands, and every BMC has one.
 	apiServer.Configure().Set("service-cluster-ip-range", "10.96.0.0/16")
+	// A webhook or APIService that names a Service is reached through the
+	// Service's endpoints, not its cluster IP: envtest has no kube-proxy, so
+	// a cluster IP would be dialled through the machine's own network.
+	// Without endpoints the call fails before any connection is made.
+	apiServer.Configure().Set("enable-aggregator-routing", "true")
 	cfg, err := env.Start()
 	if err != nil {
 		_ = os.RemoveAll(certDir)

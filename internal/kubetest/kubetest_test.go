@@ -60,12 +60,14 @@ func TestCRDs(t *testing.T) {
 	}{
 		{Options{}, []string{
 			"datavolumes.cdi.kubevirt.io", "virtualmachineclusterinstancetypes.instancetype.kubevirt.io",
-			"virtualmachineinstances.kubevirt.io", "virtualmachineinstancetypes.instancetype.kubevirt.io",
+			"virtualmachineinstancereplicasets.kubevirt.io", "virtualmachineinstances.kubevirt.io",
+			"virtualmachineinstancetypes.instancetype.kubevirt.io", "virtualmachinepools.pool.kubevirt.io",
 			"virtualmachines.kubevirt.io", "virtualmachinebmcs.bmc.virtmetal.io",
 		}},
 		{Options{WithoutCDI: true}, []string{
 			"virtualmachineclusterinstancetypes.instancetype.kubevirt.io",
-			"virtualmachineinstances.kubevirt.io", "virtualmachineinstancetypes.instancetype.kubevirt.io",
+			"virtualmachineinstancereplicasets.kubevirt.io", "virtualmachineinstances.kubevirt.io",
+			"virtualmachineinstancetypes.instancetype.kubevirt.io", "virtualmachinepools.pool.kubevirt.io",
 			"virtualmachines.kubevirt.io", "virtualmachinebmcs.bmc.virtmetal.io",
 		}},
 	}

@@ -1,7 +1,8 @@
 // Package crds holds the CustomResourceDefinitions (KubeVirt's
-// VirtualMachine, VirtualMachineInstance and instancetypes, CDI's
-// DataVolume) that envtest installs. They are generated, with KubeVirt's
-// real OpenAPI schemas, by hack/crdgen.
+// VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceReplicaSet,
+// VirtualMachinePool and instancetypes, CDI's DataVolume) that envtest
+// installs. They are generated, with KubeVirt's real OpenAPI schemas, by
+// hack/crdgen.
 package crds
 
 import "embed"
