@@ -3,6 +3,7 @@ package maas
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,6 +65,20 @@ const (
 	PowerPass    = "power_pass"
 	PowerNodeID  = "node_id"
 )
+
+// PlaceholderUser is the Redfish user of a machine that holds no VM's BMC
+// credentials: deploy/maas's commissioning script writes it at enlistment,
+// with a random password, and the reconciler writes it (and a random
+// password, placeholderPassword) where it takes a VM's credentials away.
+// MaaS refuses empty Redfish credentials (docs/maas-region.md, 4).
+const PlaceholderUser = "virtmetal-placeholder"
+
+// placeholderPassword is a fresh random password that no BMC has.
+func placeholderPassword() string {
+	b := make([]byte, 18)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24 and later)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
 
 // APIKey is a MaaS API key, "consumer:token:secret" as MaaS shows it.
 type APIKey struct {

@@ -808,16 +808,19 @@ func (r *Reconciler) checkOwnAddress(ctx context.Context, m managedMachine, read
 	return fmt.Errorf("%w; blanked", err)
 }
 
-// blankCredentials blanks a machine's power user and password, sending its
-// power type, address and node id with them as every credential write
-// does: it no longer names vm's BMC but may hold vm's credentials.
+// blankCredentials replaces a machine's power user and password with
+// placeholders (PlaceholderUser, a random password), sending its power
+// type, address and node id with them as every credential write does: it
+// no longer names vm's BMC but may hold vm's credentials.
 func (r *Reconciler) blankCredentials(ctx context.Context, m Machine, vm VMRef, params PowerParameters, record func(Change)) error {
 	record(Change{Action: ActionBlankCredentials, SystemID: m.SystemID, VM: vm,
 		Detail: fmt.Sprintf("its power address %q no longer names the VM's BMC", params.String(PowerAddress))})
 	if r.DryRun {
 		return nil
 	}
-	blank := map[string]string{PowerAddress: params.String(PowerAddress), PowerNodeID: params.String(PowerNodeID), PowerUser: "", PowerPass: ""}
+	// Not empty strings: MaaS refuses empty Redfish credentials
+	// (docs/maas-region.md, 4), and the VM's would stay.
+	blank := map[string]string{PowerAddress: params.String(PowerAddress), PowerNodeID: params.String(PowerNodeID), PowerUser: PlaceholderUser, PowerPass: placeholderPassword()}
 	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: blank}); err != nil {
 		return fmt.Errorf("blank power credentials of %s: %w", m.SystemID, err)
 	}
