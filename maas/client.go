@@ -187,7 +187,7 @@ func (u MachineUpdate) form() url.Values {
 // uses.
 type CommissionOptions struct {
 	// SkipBMCConfig keeps MaaS from rerunning the bmc-config scripts, which
-	// would replace the power parameters (and blank the password).
+	// would replace the power parameters (the password with a placeholder).
 	SkipBMCConfig bool
 }
 

@@ -52,7 +52,8 @@ import (
 //     node id they belong with, so they never land next to an address
 //     someone changed since the cycle's list; the read-back checks the
 //     machine's own address, and a machine the VM's status names that no
-//     longer names the VM's BMC has its user and password blanked;
+//     longer names the VM's BMC has its user and password replaced by
+//     placeholders (blankCredentials; MaaS refuses empty ones);
 //   - power_user/power_pass (and node_id) follow the VM's BMC Secret, in every
 //     status: a rotated password must reach Ready and Deployed machines too,
 //     or MaaS loses power control;
@@ -717,7 +718,8 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 		return current, err
 	}
 	// The power parameters are right already, so the bmc-config scripts must
-	// not run again: MaaS would store their YAML and blank the password.
+	// not run again: MaaS would store their YAML and its placeholder
+	// password.
 	commissioned, err := r.MaaS.Commission(ctx, m.SystemID, CommissionOptions{SkipBMCConfig: true})
 	if err != nil {
 		err = fmt.Errorf("commission %s: %w", m.SystemID, err)
