@@ -180,9 +180,9 @@ func TestForgerySetMadeCurrent(t *testing.T) {
 
 // TestForgeryRePOSTChangesBoundAddress: a stranger re-enlists with the
 // bound machine's MAC (MaaS updates a New or Commissioning machine so)
-// to point it at VM B's BMC. The VM's password is not left next to B's
-// address, and the machine gets nothing of B's, whether B has a machine
-// or not.
+// to point it at VM B's BMC, the machine keeping A's password. The next
+// cycle replaces that password (it no longer names A's BMC), and the
+// machine gets nothing of B's, whether B has a machine or not.
 func TestForgeryRePOSTChangesBoundAddress(t *testing.T) {
 	for _, bHasMachine := range []bool{false, true} {
 		t.Run(map[bool]string{false: "B without machine", true: "B bound"}[bHasMachine], func(t *testing.T) {
@@ -198,10 +198,19 @@ func TestForgeryRePOSTChangesBoundAddress(t *testing.T) {
 			if m, _ := s.Machine(victim); m.Status != maassim.StatusCommissioning || m.PowerParameters[maas.PowerPass] != "a-pass" {
 				t.Fatalf("A's machine not bound and commissioning: %+v", m)
 			}
-			params, _ := json.Marshal(map[string]string{maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name,
-				maas.PowerUser: "evil", maas.PowerPass: "evil-pass"})
+			// Only the address (and, where B's machine holds B's address
+			// with the same user, a user of its own: MaaS refuses two rows
+			// of one address and user): the rest is the machine's.
+			repoint := map[string]string{maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name}
+			if bHasMachine {
+				repoint[maas.PowerUser] = "evil"
+			}
+			params, _ := json.Marshal(repoint)
 			if id, err := s.EnlistAnonymously(url.Values{"mac_addresses": {macOf(vmA)}, "power_type": {maas.PowerTypeRedfish}, "power_parameters": {string(params)}}); err != nil || id != victim {
 				t.Fatalf("re-POST answered %q, %v; want the bound machine", id, err)
+			}
+			if m, _ := s.Machine(victim); m.PowerParameters[maas.PowerPass] != "a-pass" || m.PowerParameters[maas.PowerAddress] != maas.BMCAddress(vmB, testDomain) {
+				t.Fatalf("the re-POST did not leave A's password next to B's address: %v", m.PowerParameters)
 			}
 			for range 2 {
 				reconcile(t, r)

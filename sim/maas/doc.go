@@ -65,7 +65,9 @@
 //     commission (Commissioning, enlisting, with a new set), ignoring the
 //     rest (hardware_uuid...). A MAC of a New or Commissioning machine
 //     updates that machine's hostname and power settings and answers its
-//     system_id; of a machine in another status, 400.
+//     system_id; of a machine in another status, 400. Power parameters
+//     such an update does not give are kept, as a PUT keeps them (the
+//     real region was seen updating with all of them given only).
 //
 // What a real MaaS 3.4 region did for each of these is recorded in
 // docs/maas-region.md.

@@ -1454,8 +1454,8 @@ var scriptTags = map[string][]string{
 // current commissioning set, else it is New with none. Anything else
 // (hardware_uuid, status, pool...) is ignored. A MAC of an existing
 // machine that is New or Commissioning updates that machine's hostname and
-// power settings instead and answers its system_id; of a machine in any
-// other status, 400. s.mu is held.
+// power settings instead (the parameters not given kept) and answers its
+// system_id; of a machine in any other status, 400. s.mu is held.
 func (s *Server) enlistAnonymously(form url.Values) reply {
 	var macs []string
 	for _, mac := range form["mac_addresses"] {
@@ -1491,6 +1491,19 @@ func (s *Server) enlistAnonymously(form url.Values) reply {
 	if raw := form.Get("power_parameters"); raw != "" {
 		if err := json.Unmarshal([]byte(raw), &params); err != nil {
 			return formError("power_parameters", "Enter a valid JSON object of strings.")
+		}
+	}
+	if existing != nil {
+		// The parameters not given are the machine's, as MaaS's power
+		// form fills them in for a machine it updates. Seen for a PUT;
+		// for this update by MAC only with every parameter given, so the
+		// simulator takes the case that leaves the most behind.
+		if current := s.view(existing); current.PowerType == powerType {
+			for key, value := range current.PowerParameters {
+				if _, given := params[key]; !given {
+					params[key] = value
+				}
+			}
 		}
 	}
 	if rep, refused := s.powerRefused(existing, powerType, params); refused {

@@ -135,23 +135,24 @@ func TestNodeSignalForgesACommissioning(t *testing.T) {
 }
 
 // TestAnonymousPostByKnownMAC: an anonymous POST with the MAC of a New or
-// Commissioning machine updates that machine's power settings and answers
-// its system_id; for a machine in another status it is 400
-// (docs/maas-region.md, 1).
+// Commissioning machine updates that machine's power settings (those not
+// given kept) and answers its system_id; for a machine in another status
+// it is 400 (docs/maas-region.md, 1).
 func TestAnonymousPostByKnownMAC(t *testing.T) {
 	for status, wantUpdated := range map[int]bool{maassim.StatusNew: true, maassim.StatusCommissioning: true, maassim.StatusReady: false, maassim.StatusDeployed: false} {
 		t.Run(fmt.Sprint("status ", status), func(t *testing.T) {
 			s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "a", Hostname: "victim", Status: status, MACs: []string{"02:00:00:00:00:01"},
 				PowerType: "redfish", PowerParameters: map[string]string{"power_address": "vm.ns.bmc.test", "power_user": "u", "power_pass": "p"}})
 			code, body := enlist(t, s, url.Values{"mac_addresses": {"02:00:00:00:00:01"}, "power_type": {"redfish"},
-				"power_parameters": {`{"power_address":"evil.example.test","power_user":"eu","power_pass":"ep"}`}})
+				"power_parameters": {`{"power_address":"evil.example.test","power_user":"eu"}`}})
 			m, _ := s.Machine("a")
 			var answer struct {
 				SystemID string `json:"system_id"`
 			}
 			_ = json.Unmarshal([]byte(body), &answer)
 			if wantUpdated {
-				if code != http.StatusOK || answer.SystemID != "a" || m.PowerParameters["power_address"] != "evil.example.test" || len(s.Machines()) != 1 {
+				if code != http.StatusOK || answer.SystemID != "a" || m.PowerParameters["power_address"] != "evil.example.test" ||
+					m.PowerParameters["power_user"] != "eu" || m.PowerParameters["power_pass"] != "p" || len(s.Machines()) != 1 {
 					t.Errorf("HTTP %d %q, machine %+v; want a updated", code, body, m)
 				}
 				return
