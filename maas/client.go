@@ -3,6 +3,7 @@ package maas
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -64,6 +65,20 @@ const (
 	PowerPass    = "power_pass"
 	PowerNodeID  = "node_id"
 )
+
+// PlaceholderUser is the Redfish user of a machine that holds no VM's BMC
+// credentials: deploy/maas's commissioning script writes it at enlistment,
+// with a random password, and the reconciler writes it (and a random
+// password, placeholderPassword) where it takes a VM's credentials away.
+// MaaS refuses empty Redfish credentials (docs/maas-region.md, 4).
+const PlaceholderUser = "virtmetal-placeholder"
+
+// placeholderPassword is a fresh random password that no BMC has.
+func placeholderPassword() string {
+	b := make([]byte, 18)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (Go 1.24 and later)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
 
 // APIKey is a MaaS API key, "consumer:token:secret" as MaaS shows it.
 type APIKey struct {
@@ -172,7 +187,7 @@ func (u MachineUpdate) form() url.Values {
 // uses.
 type CommissionOptions struct {
 	// SkipBMCConfig keeps MaaS from rerunning the bmc-config scripts, which
-	// would replace the power parameters (and blank the password).
+	// would replace the power parameters (the password with a placeholder).
 	SkipBMCConfig bool
 }
 
@@ -265,9 +280,11 @@ const BMCConfigScript = "50-virtmetal-bmc-config"
 // bmc-config script in the machine's current commissioning script set
 // (GET nodes/<id>/results/current-commissioning/), where the guest
 // reported its machine proof. It is "" when the set has no such result or
-// the result has no output (a skipped or pending run); an error wrapping
-// ErrNotFound when the machine has no commissioning script set (an
-// anonymous enlistment). The one place that knows where MaaS keeps it.
+// the result has no output (a pending run); a skipped run's is MaaS's
+// line saying so. The error wraps ErrNotFound when the machine has no
+// current commissioning set (enlisted without commission=true): nothing
+// stored yet, which MaaS 3.4 answers with 400 "Unknown id"
+// (docs/maas-region.md, 1). The one place that knows where MaaS keeps it.
 func (c *Client) BMCConfigOutput(ctx context.Context, systemID string) (string, error) {
 	var set struct {
 		Results []struct {
@@ -277,6 +294,9 @@ func (c *Client) BMCConfigOutput(ctx context.Context, systemID string) (string, 
 	}
 	query := url.Values{"include_output": {"1"}, "filters": {BMCConfigScript}}
 	if err := c.do(ctx, http.MethodGet, "nodes/"+url.PathEscape(systemID)+"/results/current-commissioning/", query, nil, &set); err != nil {
+		if apiErr, ok := errors.AsType[*APIError](err); ok && apiErr.StatusCode == http.StatusBadRequest && strings.Contains(apiErr.Message, noScriptSet) {
+			return "", fmt.Errorf("machine %s has no current commissioning script set: %w (%v)", systemID, ErrNotFound, err)
+		}
 		return "", err
 	}
 	output := ""
@@ -287,6 +307,10 @@ func (c *Client) BMCConfigOutput(ctx context.Context, systemID string) (string, 
 	}
 	return output, nil
 }
+
+// noScriptSet starts MaaS's 400 text for a script set it does not know,
+// which it answers for current-commissioning when the machine has none.
+const noScriptSet = `Unknown id "`
 
 func machinePath(systemID string) string {
 	return "machines/" + systemID + "/"

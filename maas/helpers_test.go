@@ -49,7 +49,8 @@ func proofReport(proof string) []maassim.ScriptResult {
 }
 
 // ours is a machine as it looks right after enlistment of the VM with the
-// virtmetal commissioning script: Redfish, our address, no credentials yet,
+// virtmetal commissioning script: Redfish, our address, placeholder
+// credentials,
 // the VM's MAC and UUID, and the VM's proof in its stored commissioning
 // output.
 func ours(systemID string, vm maas.VMRef, status int) maassim.Machine {
@@ -63,8 +64,8 @@ func ours(systemID string, vm maas.VMRef, status int) maassim.Machine {
 		Commissioning: proofReport(proofOf(vm)),
 		PowerParameters: map[string]string{
 			maas.PowerAddress: maas.BMCAddress(vm, testDomain),
-			maas.PowerUser:    "",
-			maas.PowerPass:    "",
+			maas.PowerUser:    maas.PlaceholderUser,
+			maas.PowerPass:    "placeholder-" + systemID,
 			maas.PowerNodeID:  vm.Name,
 		},
 	}

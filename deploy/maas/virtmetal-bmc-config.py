@@ -4,7 +4,7 @@
 # name: 50-virtmetal-bmc-config
 # title: Configure the Redfish BMC of a virtmetal KubeVirt VM
 # description: Points MAAS power control of a KubeVirt VM at its virtmetal Redfish BMC, named after the VM's SMBIOS serial; leaves physical servers and other VMs alone.
-# tags: bmc-config
+# tags: bmc-config, enlisting
 # script_type: commissioning
 # parallel: disabled
 # timeout: 00:01:00
@@ -18,9 +18,20 @@ system-manufacturer is "KubeVirt" and whose system-serial-number is
 power configuration to $BMC_CONFIG_PATH, which MAAS reads once the script
 exits 0.
 
-It writes no password: the virtmetal reconciler copies the real BMC
-credentials from the VM's Kubernetes Secret into MAAS afterwards. So the
-script carries no per-VM secret and no MAAS API key.
+It writes no real credentials: the virtmetal reconciler copies the BMC's
+user and password from the VM's Kubernetes Secret into MAAS before it does
+anything else with the machine, so the script carries no per-VM secret and
+no MAAS API key. It writes placeholders rather than empty strings because
+MAAS refuses empty Redfish credentials: its enlistment then stores the
+machine with no power settings at all (and fails this script), and the
+machine never names its BMC. The user is a fixed name that says it is a
+placeholder (PLACEHOLDER_USER); the password is random for every run, so
+no two machines and no two runs share a guessable one.
+
+It is tagged "enlisting" as well as "bmc-config": with MAAS's default
+enlist_commissioning=true, enlistment runs MAAS's built-in scripts and
+those tagged "enlisting" only, so without the tag the power settings and
+the machine proof would reach MAAS only at the first commissioning.
 
 It prints the VM's machine proof, "virtmetal-machine-proof: vmp1-<32 hex>",
 read from the SMBIOS chassis asset tag, where virtmetal puts 128 random bits
@@ -50,6 +61,7 @@ Outcomes:
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 
@@ -60,6 +72,9 @@ BMC_DOMAIN = "@VIRTMETAL_BMC_DOMAIN@"
 
 MANUFACTURER = "KubeVirt"
 POWER_TYPE = "redfish"
+# What MAAS stores as the Redfish user until the reconciler writes the BMC's
+# real one (MAAS refuses an empty user). The reconciler knows this name.
+PLACEHOLDER_USER = "virtmetal-placeholder"
 DMIDECODE_TIMEOUT_SECONDS = 60
 
 # Values dmidecode prints for an SMBIOS string nobody set.
@@ -131,8 +146,8 @@ def bmc_config(vm, namespace, domain):
         # The bare host: MaaS's redfish driver adds https:// itself, and
         # MaaS 3.4's region answers an address with a scheme with HTTP 500.
         "power_address": host,
-        "power_user": "",
-        "power_pass": "",
+        "power_user": PLACEHOLDER_USER,
+        "power_pass": secrets.token_urlsafe(24),
         "node_id": vm,
     }
 

@@ -93,17 +93,28 @@ class BMCConfigScriptTest(unittest.TestCase):
         self.fake_dmidecode("KubeVirt", "vm-0.tenant-a")
         proc = self.run_script()
         self.assertEqual(proc.returncode, 0, proc.stderr)
+        config = read_yaml(self.bmc_config_path)
+        password = config.pop("power_pass")
         self.assertEqual(
-            read_yaml(self.bmc_config_path),
+            config,
             {
                 "power_type": "redfish",
                 "power_address": "vm-0.tenant-a.bmc.example.org",
-                "power_user": "",
-                "power_pass": "",
+                "power_user": "virtmetal-placeholder",
                 "node_id": "vm-0",
             },
         )
         self.assertFalse(os.path.exists(self.result_path), "a configured BMC is not a skipped script")
+        # MAAS refuses empty Redfish credentials (docs/maas-region.md, 4):
+        # a placeholder password, random for every run.
+        self.assertGreaterEqual(len(password), 32)
+        self.assertNotEqual(password, self.run_password(), "two runs wrote the same password")
+
+    def run_password(self):
+        os.remove(self.bmc_config_path)
+        proc = self.run_script()
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return read_yaml(self.bmc_config_path)["power_pass"]
 
     def test_machine_proof_is_reported(self):
         proof = "vmp1-" + "0123456789abcdef" * 2
@@ -225,7 +236,9 @@ class BMCConfigScriptTest(unittest.TestCase):
         self.assertEqual(metadata["name"], "50-virtmetal-bmc-config")
         self.assertEqual(metadata["script_type"], "commissioning")
         self.assertEqual(metadata["parallel"], "disabled")
-        self.assertIn("bmc-config", metadata["tags"].split(","))
+        # "enlisting": with MAAS's default enlist_commissioning=true only
+        # such scripts run at enlistment (docs/maas-region.md, 1).
+        self.assertEqual({tag.strip() for tag in metadata["tags"].split(",")}, {"bmc-config", "enlisting"})
         self.assertRegex(metadata["timeout"], r"^\d\d:\d\d:\d\d$")
         self.assertTrue(metadata["title"] and metadata["description"])
 

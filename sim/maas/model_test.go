@@ -14,7 +14,7 @@ import (
 
 func redfishMachine(systemID, address, user string) maassim.Machine {
 	return maassim.Machine{SystemID: systemID, Hostname: "host-" + systemID, PowerType: "redfish",
-		PowerParameters: map[string]string{"power_address": address, "power_user": user}}
+		PowerParameters: map[string]string{"power_address": address, "power_user": user, "power_pass": "p", "node_id": systemID}}
 }
 
 // TestSharedBMCRows: redfish machines of one address and user share one
@@ -23,8 +23,8 @@ func redfishMachine(systemID, address, user string) maassim.Machine {
 func TestSharedBMCRows(t *testing.T) {
 	ctx := context.Background()
 	s := maassim.New(t).
-		WithMachine(redfishMachine("a", "vm.ns.bmc.test", "")).
-		WithMachine(redfishMachine("b", "vm.ns.bmc.test", "")).
+		WithMachine(redfishMachine("a", "vm.ns.bmc.test", "u")).
+		WithMachine(redfishMachine("b", "vm.ns.bmc.test", "u")).
 		WithMachine(redfishMachine("c", "vm.ns.bmc.test", "other-user")).
 		WithMachine(maassim.Machine{SystemID: "i1", Hostname: "i1", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}}).
 		WithMachine(maassim.Machine{SystemID: "i2", Hostname: "i2", PowerType: "ipmi", PowerParameters: map[string]string{"power_address": "10.0.0.1"}})
@@ -59,17 +59,28 @@ func TestSharedBMCRows(t *testing.T) {
 	if slices.Contains(s.PasswordsHeld("b"), "second") {
 		t.Error("a write after the detach reached b")
 	}
-	if !slices.Equal(s.PasswordsHeld("a"), []string{"first", "second"}) {
+	if !slices.Equal(s.PasswordsHeld("a"), []string{"p", "first", "second"}) {
 		t.Errorf("a held %v", s.PasswordsHeld("a"))
 	}
 
-	// A machine whose address and user come to match joins the row, and
-	// its parameters become the row's.
-	if _, err := c.UpdateMachine(ctx, "c", maas.MachineUpdate{PowerType: "redfish", PowerParameters: map[string]string{"power_user": "", "power_pass": "third"}}); err != nil {
+	// A machine already on a redfish row of its own moved onto another
+	// row's address and user is refused (409), nothing changed; a machine
+	// of another power type joins the row, its parameters become the
+	// row's, and node_id stays each machine's own (docs/maas-region.md, 4).
+	_, err := c.UpdateMachine(ctx, "c", maas.MachineUpdate{PowerType: "redfish", PowerParameters: map[string]string{"power_user": "u", "power_pass": "third"}})
+	if apiErr, ok := errors.AsType[*maas.APIError](err); !ok || apiErr.StatusCode != http.StatusConflict {
+		t.Errorf("own row onto another: err = %v, want 409", err)
+	}
+	if a, _ := s.Machine("a"); s.BMCID("c") == shared || a.PowerParameters["power_pass"] != "second" || slices.Contains(s.PasswordsHeld("c"), "second") {
+		t.Errorf("a refused move changed something: c on row %d (shared %d), a's password %q", s.BMCID("c"), shared, a.PowerParameters["power_pass"])
+	}
+	if _, err := c.UpdateMachine(ctx, "b", maas.MachineUpdate{PowerType: "redfish", PowerParameters: map[string]string{
+		"power_address": "vm.ns.bmc.test", "power_user": "u", "power_pass": "third", "node_id": "b-node"}}); err != nil {
 		t.Fatal(err)
 	}
-	if a, _ := s.Machine("a"); s.BMCID("c") != shared || a.PowerParameters["power_pass"] != "third" {
-		t.Errorf("c on row %d (shared %d); a's password %q", s.BMCID("c"), shared, a.PowerParameters["power_pass"])
+	a, _ := s.Machine("a")
+	if b, _ := s.Machine("b"); s.BMCID("b") != shared || a.PowerParameters["power_pass"] != "third" || a.PowerParameters["node_id"] != "a" || b.PowerParameters["node_id"] != "b-node" {
+		t.Errorf("b on row %d (shared %d); a = %v, b = %v", s.BMCID("b"), shared, a.PowerParameters, b.PowerParameters)
 	}
 	if !s.Delete("a") || s.Delete("a") {
 		t.Error("Delete did not report the machine once")
@@ -90,8 +101,8 @@ func TestShapeValidatesPowerAddress(t *testing.T) {
 			t.Run(string(shape)+" "+address, func(t *testing.T) {
 				ctx := context.Background()
 				s := maassim.New(t).WithShape(shape).
-					WithMachine(redfishMachine("a", "old.ns.bmc.test", "")).
-					WithMachine(redfishMachine("b", "old2.ns.bmc.test", "")).
+					WithMachine(redfishMachine("a", "old.ns.bmc.test", "u")).
+					WithMachine(redfishMachine("b", "old2.ns.bmc.test", "u")).
 					WithMachine(maassim.Machine{SystemID: "c", Hostname: "c", Status: maassim.StatusNew})
 				_, err := s.Client(t).UpdateMachine(ctx, "a", maas.MachineUpdate{PowerType: "redfish", PowerParameters: map[string]string{"power_address": address}})
 				apiErr, isAPI := errors.AsType[*maas.APIError](err)
@@ -147,7 +158,7 @@ func TestCommissionWithoutBootImages(t *testing.T) {
 
 // TestFaultAddressRejected answers the 3.4 region's 500 whatever the shape.
 func TestFaultAddressRejected(t *testing.T) {
-	s := maassim.New(t).WithMachine(redfishMachine("a", "vm.ns.bmc.test", ""))
+	s := maassim.New(t).WithMachine(redfishMachine("a", "vm.ns.bmc.test", "u"))
 	s.FailNext(1, maassim.FaultAddressRejected)
 	_, err := s.Client(t).UpdateMachine(context.Background(), "a", maas.MachineUpdate{Hostname: "b"})
 	if apiErr, ok := errors.AsType[*maas.APIError](err); !ok || apiErr.StatusCode != http.StatusInternalServerError || !strings.Contains(apiErr.Message, maassim.Shape34AddressError) {

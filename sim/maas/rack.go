@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -150,7 +153,7 @@ func macsOf(b guest.NetBoot) []string {
 
 // NetworkBoot is MaaS answering a network boot: an unknown machine
 // enlists, a commissioning one boots its ephemeral environment, others
-// boot locally. It returns once the enlistment's scripts, if any, ran.
+// boot locally. It returns once the enlistment, if any, is done.
 func (s *Rack) NetworkBoot(ctx context.Context, b guest.NetBoot) {
 	vm := maasclient.VMRef{Namespace: b.Namespace, Name: b.Name}
 	macs := macsOf(b)
@@ -158,13 +161,11 @@ func (s *Rack) NetworkBoot(ctx context.Context, b guest.NetBoot) {
 	s.enlist.Lock()
 	known := s.machineByMAC(macs)
 	if known == nil {
-		id, err := s.enlistMachine(vm, b, macs)
+		err := s.enlistMachine(ctx, vm, b, macs)
 		s.enlist.Unlock()
 		if err != nil {
 			s.logf("enlisting %s: %v", vm, err)
-			return
 		}
-		s.runEnlistmentScripts(ctx, id, vm, b)
 		return
 	}
 	s.enlist.Unlock()
@@ -192,29 +193,26 @@ func (s *Rack) machineByMAC(macs []string) *Machine {
 	return nil
 }
 
-// enlistMachine adds the machine as New, with the guest's MACs and
-// firmware UUID.
-func (s *Rack) enlistMachine(vm maasclient.VMRef, b guest.NetBoot, macs []string) (string, error) {
+// enlistMachine is MaaS's enlistment runner in the guest's ephemeral
+// environment (docs/maas-region.md, "Enlistment by MaaS's own runner"):
+// it runs the bmc-config script first if the region's enlistment runs it
+// (by its tags and enlist_commissioning), before the machine exists;
+// creates the machine anonymously with commission=true and the power
+// settings the script wrote (without them when the region refuses them,
+// and then the script's result fails); posts the results and the
+// inventory's hardware UUID with the node's token; and signals the end:
+// the machine is New again, its enlistment's set current.
+func (s *Rack) enlistMachine(ctx context.Context, vm maasclient.VMRef, b guest.NetBoot, macs []string) error {
 	if len(macs) == 0 {
-		return "", errors.New("it booted from the network without a MAC")
+		return errors.New("it booted from the network without a MAC")
 	}
-	id, err := s.opts.Region.Enlist(Machine{Hostname: petname(), Status: StatusNew, MACs: macs, HardwareUUID: b.UUID})
-	if err != nil {
-		return "", err
-	}
-	s.tell(vm, RackEnlisted, id, fmt.Sprintf("system_id %s, MAC %s, UUID %s", id, macs[0], b.UUID))
-	return id, nil
-}
-
-// runEnlistmentScripts runs the bmc-config script and stores its result
-// (the enlistment's scripts are the machine's commissioning set) and the
-// power configuration it writes.
-func (s *Rack) runEnlistmentScripts(ctx context.Context, systemID string, vm maasclient.VMRef, b guest.NetBoot) {
-	config, result, err := s.runBMCConfig(ctx, b)
-	s.storeResult(systemID, result)
-	if err != nil {
-		s.logf("enlistment scripts of %s: %v", systemID, err)
-		return
+	var config map[string]string
+	var results []ScriptResult
+	var scriptErr error
+	if s.opts.Region.RunsAtEnlistment(s.scriptTags()) {
+		var result ScriptResult
+		config, result, scriptErr = s.runBMCConfig(ctx, b)
+		results = append(results, result)
 	}
 	s.mu.Lock()
 	old := s.oldScript[vm]
@@ -222,15 +220,62 @@ func (s *Rack) runEnlistmentScripts(ctx context.Context, systemID string, vm maa
 	if config != nil && old {
 		config["power_address"] = "https://" + config["power_address"]
 	}
+	form := url.Values{"architecture": {"amd64/generic"}, "mac_addresses": macs, "commission": {"true"}}
 	if config != nil {
-		// MaaS stores what the script wrote to BMC_CONFIG_PATH, where its
-		// region accepts it.
-		if err := s.opts.Region.StoreBMCConfig(systemID, config); err != nil {
-			s.logf("enlistment scripts of %s: %v", systemID, err)
-			return
+		params := maps.Clone(config)
+		delete(params, "power_type")
+		raw, err := json.Marshal(params)
+		if err != nil {
+			return err
 		}
-		s.tell(vm, RackPowerConfig, systemID, fmt.Sprintf("%s %s node_id %s", config["power_type"], config["power_address"], config["node_id"]))
+		form.Set("power_type", config["power_type"])
+		form.Set("power_parameters", string(raw))
 	}
+	id, err := s.opts.Region.EnlistAnonymously(form)
+	if apiErr, refused := errors.AsType[*maasclient.APIError](err); refused && config != nil {
+		// The runner enlists without the power settings the region
+		// refused, and fails the script that wrote them.
+		form.Del("power_type")
+		form.Del("power_parameters")
+		id, err = s.opts.Region.EnlistAnonymously(form)
+		results[0].Status, results[0].ExitStatus = ScriptFailed, 1
+		results[0].Stderr += fmt.Sprintf("\n\nError: Unable to send BMC config to MAAS - HTTP Error %d", apiErr.StatusCode)
+		scriptErr, config = fmt.Errorf("the region refused its BMC config: %w", apiErr), nil
+	}
+	if err != nil {
+		return err
+	}
+	s.tell(vm, RackEnlisted, id, fmt.Sprintf("system_id %s, MAC %s, UUID %s", id, macs[0], b.UUID))
+	if config != nil {
+		s.tell(vm, RackPowerConfig, id, fmt.Sprintf("%s %s node_id %s", config["power_type"], config["power_address"], config["node_id"]))
+	}
+	if err := s.opts.Region.Signal(id, NodeSignal{Status: SignalWorking, Results: results, HardwareUUID: b.UUID}); err != nil {
+		return err
+	}
+	end := SignalOK
+	if scriptErr != nil {
+		end = SignalFailed
+		s.logf("enlistment scripts of %s: %v", id, scriptErr)
+	}
+	return s.opts.Region.Signal(id, NodeSignal{Status: end})
+}
+
+// scriptTags are the tags in the commissioning script's embedded MaaS
+// metadata, as the region reads them when the script is uploaded.
+func (s *Rack) scriptTags() []string {
+	source, err := os.ReadFile(s.opts.Script)
+	if err != nil {
+		return nil
+	}
+	var tags []string
+	for line := range strings.Lines(string(source)) {
+		if value, ok := strings.CutPrefix(strings.TrimSpace(line), "# tags:"); ok {
+			for tag := range strings.SplitSeq(value, ",") {
+				tags = append(tags, strings.TrimSpace(tag))
+			}
+		}
+	}
+	return tags
 }
 
 // petname is a hostname like the ones MaaS makes up at enlistment.
@@ -288,14 +333,6 @@ func (s *Rack) runBMCConfig(ctx context.Context, b guest.NetBoot) (map[string]st
 		return nil, result, fmt.Errorf("BMC_CONFIG_PATH: %w", err)
 	}
 	return config, result, nil
-}
-
-// storeResult makes the script's result the machine's current commissioning
-// set, as the region does when the script reports. Only the rack does:
-// results need the machine's own credentials, which an anonymous
-// enlistment through the API never gets.
-func (s *Rack) storeResult(systemID string, result ScriptResult) {
-	s.opts.Region.Update(systemID, func(m *Machine) { m.Commissioning = []ScriptResult{result} })
 }
 
 // systemPython is where Debian and Ubuntu, MaaS's ephemeral environment
@@ -383,7 +420,9 @@ func (s *Rack) commission(ctx context.Context, systemID string, vm maasclient.VM
 	s.tell(vm, RackCommissioningBoot, systemID, "")
 	if !s.opts.Region.SkipsBMCConfig(systemID) {
 		config, result, err := s.runBMCConfig(ctx, b)
-		s.storeResult(systemID, result)
+		if err := s.opts.Region.Signal(systemID, NodeSignal{Status: SignalWorking, Results: []ScriptResult{result}}); err != nil {
+			s.logf("commissioning scripts of %s: %v", systemID, err)
+		}
 		if err != nil {
 			fail(err)
 			return

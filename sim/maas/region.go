@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -122,9 +123,10 @@ type Machine struct {
 	BMCConfig map[string]string
 	// Commissioning is the machine's current commissioning script set, as
 	// MaaS keeps it: one result per script, what ran in the enlistment
-	// counting as one; nil when the machine has none (an anonymous
-	// enlistment through the API). Each new enlistment or commissioning
-	// replaces it.
+	// counting as one; nil when the machine has none (an enlistment
+	// without commission=true), empty but not nil for a set no result
+	// reached yet. An enlistment with commission=true, each commissioning
+	// and a node's COMMISSIONING signal make a new one (see Signal).
 	Commissioning []ScriptResult
 }
 
@@ -134,8 +136,8 @@ type ScriptResult struct {
 	Status     string // ScriptPending, ScriptPassed, ScriptFailed, ScriptSkipped
 	ExitStatus int
 	// Stdout and Stderr are what the script printed; MaaS's "output" is
-	// both, as it records them.
-	Stdout, Stderr string
+	// both, as it records them. Result is the script's result YAML.
+	Stdout, Stderr, Result string
 }
 
 // Script result statuses, as MaaS names them (status_name, lower case).
@@ -152,6 +154,12 @@ type machineState struct {
 	Machine
 	bmc           int // the BMC row's id
 	skipBMCConfig bool
+	// nodeID is the machine's own node_id power parameter: MaaS keeps it
+	// per machine, not on the BMC row others may share.
+	nodeID string
+	// enlisting: enlisted with commission=true and not done, so the
+	// node's final OK signal brings it back to New, not Ready.
+	enlisting bool
 	// passwordsHeld is every power_pass the machine's rows ever gave it,
 	// so a test can tell whether a secret reached it even for a moment.
 	passwordsHeld []string
@@ -237,23 +245,25 @@ type Server struct {
 	t   TB
 	srv *httptest.Server
 
-	mu         sync.Mutex
-	shape      Shape
-	noImages   bool
-	machines   map[string]*machineState
-	bmcs       map[int]*bmcRow
-	nextBMCID  int
-	devices    []string // hostnames of non-machine nodes
-	pools      []poolState
-	nextPoolID int
-	nonces     map[string]bool
-	requests   []Request
-	faults     []*faultRule
-	holds      []*hold
-	hooks      []requestHook
-	latency    time.Duration // before each request is handled
-	inFlight   int           // requests being handled now
-	maxFlight  int           // the most at once since the last ResetRequests
+	mu       sync.Mutex
+	shape    Shape
+	noImages bool
+	// noEnlistCommissioning is MaaS's enlist_commissioning=false.
+	noEnlistCommissioning bool
+	machines              map[string]*machineState
+	bmcs                  map[int]*bmcRow
+	nextBMCID             int
+	devices               []string // hostnames of non-machine nodes
+	pools                 []poolState
+	nextPoolID            int
+	nonces                map[string]bool
+	requests              []Request
+	faults                []*faultRule
+	holds                 []*hold
+	hooks                 []requestHook
+	latency               time.Duration // before each request is handled
+	inFlight              int           // requests being handled now
+	maxFlight             int           // the most at once since the last ResetRequests
 	// onCommission is told of every commission MaaS accepted.
 	onCommission func(systemID string)
 }
@@ -309,6 +319,28 @@ func (s *Server) WithoutBootImages(missing bool) *Server {
 	return s
 }
 
+// WithEnlistCommissioning sets MaaS's enlist_commissioning (true unless
+// told otherwise, as in MaaS): with it, enlistment runs MaaS's built-in
+// commissioning scripts and the scripts tagged "enlisting"; without it,
+// only those tagged "bmc-config" (docs/maas-region.md, 1).
+func (s *Server) WithEnlistCommissioning(on bool) *Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.noEnlistCommissioning = !on
+	return s
+}
+
+// RunsAtEnlistment says whether a commissioning script with these tags
+// runs in an enlistment, by enlist_commissioning.
+func (s *Server) RunsAtEnlistment(tags []string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.noEnlistCommissioning {
+		return slices.Contains(tags, "bmc-config")
+	}
+	return slices.Contains(tags, "enlisting")
+}
+
 // BMCID is the id of the BMC row holding the machine's power settings; 0
 // when the machine is unknown.
 func (s *Server) BMCID(systemID string) int {
@@ -330,6 +362,10 @@ func (s *Server) setPower(m *machineState, powerType string, params map[string]s
 	params = maps.Clone(params)
 	if params == nil {
 		params = map[string]string{}
+	}
+	if nodeID, ok := params[nodeIDParam]; ok {
+		m.nodeID = nodeID
+		delete(params, nodeIDParam)
 	}
 	current := s.bmcs[m.bmc]
 	chassis := slices.Contains(chassisPowerTypes, powerType)
@@ -406,6 +442,9 @@ func (s *Server) view(state *machineState) Machine {
 	m := state.Machine
 	if row := s.bmcs[state.bmc]; row != nil {
 		m.PowerType, m.PowerParameters = row.powerType, maps.Clone(row.params)
+		if state.nodeID != "" {
+			m.PowerParameters[nodeIDParam] = state.nodeID
+		}
 	}
 	m.BMCConfig = maps.Clone(m.BMCConfig)
 	m.MACs = slices.Clone(m.MACs)
@@ -662,9 +701,57 @@ func (s *Server) Step() {
 			delete(params, "power_type")
 			s.setPower(m, m.BMCConfig["power_type"], params)
 		}
-		m.Status = StatusReady
+		s.endCommissioning(m)
 	}
 }
+
+// powerRefused is the region's answer to power settings given through the
+// API (a PUT, an anonymous enlistment) that it does not store, validated
+// merged with what is stored: empty Redfish credentials (400), an address
+// its version cannot store (500), a machine already on a row of its own
+// type moved onto another row's address and user (409; MaaS's unique
+// index on BMC rows, where a machine of another type would join the row).
+// m is nil for a new machine. s.mu is held.
+func (s *Server) powerRefused(m *machineState, powerType string, params map[string]string) (reply, bool) {
+	if powerType == "redfish" {
+		var missing []string
+		if params["power_user"] == "" {
+			missing = append(missing, RedfishUserRequired)
+		}
+		if params["power_pass"] == "" {
+			missing = append(missing, RedfishPasswordRequired)
+		}
+		if len(missing) > 0 {
+			return reply{status: http.StatusBadRequest, json: map[string][]string{"power_parameters": missing}}, true
+		}
+	}
+	if text := s.addressError(powerType, params); text != "" {
+		return textError(http.StatusInternalServerError, text), true
+	}
+	if m == nil || !slices.Contains(chassisPowerTypes, powerType) {
+		return reply{}, false
+	}
+	if current := s.bmcs[m.bmc]; current != nil && current.powerType == powerType {
+		for _, row := range s.bmcs {
+			if row != current && row.sharesBy(powerType, params) {
+				return textError(http.StatusConflict, BMCConflictError), true
+			}
+		}
+	}
+	return reply{}, false
+}
+
+// The region's texts for refused power settings.
+const (
+	RedfishUserRequired     = "Redfish user: This field is required."
+	RedfishPasswordRequired = "Redfish password: This field is required."
+	// BMCConflictError stands for the HTML page of the region's 409: the
+	// BMC rows' unique index refused the move.
+	BMCConflictError = "Conflict: another BMC has this power type, address and user"
+)
+
+// nodeIDParam is the power parameter MaaS keeps per machine.
+const nodeIDParam = "node_id"
 
 // addressError is the region's HTTP 500 text for power settings whose
 // address its version cannot store, "" when it can. s.mu is held.
@@ -783,7 +870,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Authorization") == "" && r.Method == http.MethodPost && path == "machines/" && op == "" {
 		// MaaS's anonymous machines handler: enlistment needs no key.
 		s.mu.Lock()
-		rep := s.enlistAnonymously(r)
+		rep := s.enlistAnonymously(r.PostForm)
 		s.mu.Unlock()
 		rep.applied = rep.status == http.StatusOK
 		s.write(w, r, path, op, rep)
@@ -1239,8 +1326,8 @@ func (s *Server) updateMachine(m *machineState, r *http.Request) reply {
 		}
 	}
 	if powerChanged {
-		if text := s.addressError(powerType, params); text != "" {
-			return textError(http.StatusInternalServerError, text)
+		if rep, refused := s.powerRefused(m, powerType, params); refused {
+			return rep
 		}
 	}
 
@@ -1269,61 +1356,107 @@ func (s *Server) commission(m *machineState, r *http.Request) reply {
 	}
 	skip := r.PostForm.Get("skip_bmc_config")
 	m.skipBMCConfig = skip == "1" || strings.EqualFold(skip, "true")
-	m.PreviousStatus, m.Status = m.Status, StatusCommissioning
+	m.PreviousStatus, m.Status, m.enlisting = m.Status, StatusCommissioning, false
 	// A new script set replaces the current one; MaaS marks the bmc-config
-	// scripts of a commissioning with skip_bmc_config skipped.
-	bmcConfig := ScriptResult{Name: maasclient.BMCConfigScript, Status: ScriptPending}
-	if m.skipBMCConfig {
-		bmcConfig.Status = ScriptSkipped
+	// scripts of a commissioning with skip_bmc_config skipped at once,
+	// so nothing can be posted for them in this set.
+	m.Commissioning = []ScriptResult{}
+	for _, name := range bmcConfigScripts {
+		result := ScriptResult{Name: name, Status: ScriptPending}
+		if m.skipBMCConfig {
+			result = ScriptResult{Name: name, Status: ScriptSkipped, Stdout: SkippedBMCConfigOutput, Result: "status: skipped\n"}
+		}
+		m.Commissioning = append(m.Commissioning, result)
 	}
-	m.Commissioning = []ScriptResult{bmcConfig}
 	return jsonReply(s.machineJSON(m))
 }
 
+// bmcConfigScripts are the commissioning scripts tagged bmc-config: MaaS's
+// own and virtmetal's.
+var bmcConfigScripts = []string{maasBMCConfigScript, maasclient.BMCConfigScript}
+
+// maasBMCConfigScript is MaaS's own bmc-config script (it skips VMs).
+const maasBMCConfigScript = "30-maas-01-bmc-config"
+
+// SkippedBMCConfigOutput is the stdout MaaS stores for a bmc-config script
+// of a commissioning started with skip_bmc_config (its spelling).
+const SkippedBMCConfigOutput = "INFO: User admin (1) has choosen to skip BMC configuration during commissioning\n"
+
 // currentCommissioning answers GET nodes/{id}/results/current-commissioning/
-// as MaaS does: the script set with its results, filtered by script name
-// (filters=a,b), each result's output base64 with include_output=1.
+// as MaaS 3.4 does (docs/maas-region.md, 2): 400 with the region's "Unknown
+// id" text when the machine has no current commissioning set; else the set
+// with its results, filtered (filters=a,b: a result's name, a tag of its
+// script, or its id), each with its output base64 when include_output is
+// given, whatever its value.
 func (s *Server) currentCommissioning(m *machineState, query map[string][]string) reply {
 	if m.Commissioning == nil {
-		return textError(http.StatusNotFound, "No ScriptSet matches the given query.")
+		return textError(http.StatusBadRequest, fmt.Sprintf(UnknownSetError, "current-commissioning"))
 	}
 	var filters []string
 	for _, f := range query["filters"] {
 		filters = append(filters, strings.Split(f, ",")...)
 	}
-	withOutput := slices.Contains(query["include_output"], "1") || slices.Contains(query["include_output"], "true")
+	_, withOutput := query["include_output"]
 	results := []map[string]any{}
+	setStatus := ScriptPassed
 	for i, sr := range m.Commissioning {
-		if len(filters) > 0 && !slices.Contains(filters, sr.Name) {
+		id := strconv.Itoa(i + 1)
+		if sr.Status == ScriptPending || (sr.Status == ScriptFailed && setStatus != ScriptPending) {
+			setStatus = sr.Status
+		}
+		if len(filters) > 0 && !slices.ContainsFunc(filters, func(f string) bool {
+			return f == sr.Name || f == id || slices.Contains(scriptTags[sr.Name], f)
+		}) {
 			continue
 		}
 		result := map[string]any{
-			"id": i + 1, "name": sr.Name, "status_name": sr.Status,
+			"id": i + 1, "name": sr.Name, "status_name": scriptStatusNames[sr.Status],
 			"status": scriptStatusCodes[sr.Status], "exit_status": sr.ExitStatus,
 		}
 		if withOutput {
 			encode := func(text string) string { return base64.StdEncoding.EncodeToString([]byte(text)) }
 			result["output"], result["stdout"], result["stderr"] = encode(sr.Stdout+sr.Stderr), encode(sr.Stdout), encode(sr.Stderr)
-			result["result"] = encode("")
+			result["result"] = encode(sr.Result)
 		}
 		results = append(results, result)
 	}
 	return jsonReply(map[string]any{
-		"system_id": m.SystemID, "type": 0, "type_name": "commissioning",
+		"system_id": m.SystemID, "type": 0, "type_name": "Commissioning",
+		"status": scriptStatusCodes[setStatus], "status_name": scriptStatusNames[setStatus],
 		"results": results,
 	})
 }
 
-// scriptStatusCodes are MaaS's SCRIPT_STATUS values.
-var scriptStatusCodes = map[string]int{ScriptPending: 0, ScriptPassed: 2, ScriptFailed: 3, ScriptSkipped: 9}
+// UnknownSetError is the region's 400 text for a script set id it does not
+// know, which it also answers for a machine without a current set (%s is
+// the id asked for).
+const UnknownSetError = `Unknown id "%s" must be current-commissioning, current-testing, current-installation, or the id number of a specific result.`
+
+// scriptStatusCodes are MaaS's SCRIPT_STATUS values, scriptStatusNames
+// the names MaaS shows for them.
+var (
+	scriptStatusCodes = map[string]int{ScriptPending: 0, ScriptPassed: 2, ScriptFailed: 3, ScriptSkipped: 9}
+	scriptStatusNames = map[string]string{ScriptPending: "Pending", ScriptPassed: "Passed", ScriptFailed: "Failed", ScriptSkipped: "Skipped"}
+)
+
+// scriptTags are the tags of the scripts the simulated region has, as
+// filters match them; virtmetal's as deploy/maas uploads it.
+var scriptTags = map[string][]string{
+	maasBMCConfigScript:        {"bmc-config", "node"},
+	maasclient.BMCConfigScript: {"bmc-config", "enlisting", "node"},
+}
 
 // enlistAnonymously is POST machines/ without a key, as MaaS's anonymous
-// handler takes it from a booting machine's enlistment: hostname,
-// mac_addresses, power_type and power_parameters (JSON) are the caller's;
-// the machine is New, with no hardware UUID and no script results (a key
-// is needed to store those). s.mu is held.
-func (s *Server) enlistAnonymously(r *http.Request) reply {
-	form := r.PostForm
+// handler takes it from a booting machine's enlistment (docs/maas-region.md,
+// 1): hostname, mac_addresses, power_type and power_parameters (JSON) are
+// the caller's, validated as a PUT's are (empty Redfish credentials: 400);
+// commission=true makes the machine Commissioning, enlisting, with a new
+// current commissioning set, else it is New with none. Anything else
+// (hardware_uuid, status, pool...) is ignored. A MAC of an existing
+// machine that is New or Commissioning updates that machine's hostname and
+// power settings instead (the parameters not given kept) and answers its
+// system_id; of a machine in any other status, 400. s.mu is held.
+func (s *Server) enlistAnonymously(form url.Values) reply {
 	var macs []string
 	for _, mac := range form["mac_addresses"] {
 		if mac = maasclient.NormalizeMAC(mac); mac == "" {
@@ -1334,15 +1467,21 @@ func (s *Server) enlistAnonymously(r *http.Request) reply {
 	if len(macs) == 0 {
 		return formError("mac_addresses", "This field is required.")
 	}
+	existing := s.machineWithMAC(macs)
+	if existing != nil && existing.Status != StatusNew && existing.Status != StatusCommissioning {
+		return formError("mac_addresses", fmt.Sprintf("MAC address %s already in use on %s.", macs[0], existing.Hostname))
+	}
 	hostname := form.Get("hostname")
-	if hostname == "" {
+	if hostname == "" && existing == nil {
 		hostname = petname()
 	}
-	if !validHostname(hostname) {
-		return formError("hostname", fmt.Sprintf("Label contains disallowed characters: %q.", hostname))
-	}
-	if s.hostnameHolder(hostname) != "" {
-		return formError("hostname", "Node with this Hostname already exists.")
+	if hostname != "" {
+		if !validHostname(hostname) {
+			return formError("hostname", fmt.Sprintf("Label contains disallowed characters: %q.", hostname))
+		}
+		if holder := s.hostnameHolder(hostname); holder != "" && (existing == nil || holder != existing.SystemID) {
+			return formError("hostname", "Node with this Hostname already exists.")
+		}
 	}
 	powerType := cmp.Or(form.Get("power_type"), "manual")
 	if !slices.Contains(powerTypes, powerType) {
@@ -1354,13 +1493,60 @@ func (s *Server) enlistAnonymously(r *http.Request) reply {
 			return formError("power_parameters", "Enter a valid JSON object of strings.")
 		}
 	}
-	if text := s.addressError(powerType, params); text != "" {
-		return textError(http.StatusInternalServerError, text)
+	if existing != nil {
+		// The parameters not given are the machine's, as MaaS's power
+		// form fills them in for a machine it updates. Seen for a PUT;
+		// for this update by MAC only with every parameter given, so the
+		// simulator takes the case that leaves the most behind.
+		if current := s.view(existing); current.PowerType == powerType {
+			for key, value := range current.PowerParameters {
+				if _, given := params[key]; !given {
+					params[key] = value
+				}
+			}
+		}
 	}
-	state := &machineState{Machine: Machine{SystemID: s.newSystemID(), Hostname: hostname, Status: StatusNew, Pool: DefaultPool, MACs: macs}}
-	s.machines[state.SystemID] = state
+	if rep, refused := s.powerRefused(existing, powerType, params); refused {
+		return rep
+	}
+	state := existing
+	if state == nil {
+		state = &machineState{Machine: Machine{SystemID: s.newSystemID(), Status: StatusNew, Pool: DefaultPool, MACs: macs}}
+		if commission := form.Get("commission"); commission == "1" || strings.EqualFold(commission, "true") {
+			state.Status, state.enlisting, state.Commissioning = StatusCommissioning, true, []ScriptResult{}
+		}
+		s.machines[state.SystemID] = state
+	}
+	if hostname != "" {
+		state.Hostname = hostname
+	}
 	s.setPower(state, powerType, params)
 	return jsonReply(s.machineJSON(state))
+}
+
+// machineWithMAC is the machine that has one of macs, nil when none has.
+// s.mu is held.
+func (s *Server) machineWithMAC(macs []string) *machineState {
+	for _, m := range s.sortedMachines() {
+		if slices.ContainsFunc(m.MACs, func(mac string) bool { return slices.Contains(macs, maasclient.NormalizeMAC(mac)) }) {
+			return m
+		}
+	}
+	return nil
+}
+
+// EnlistAnonymously is the anonymous POST machines/ (see enlistAnonymously)
+// for a simulated enlistment runner in this process: the system_id, or
+// the region's answer as an error.
+func (s *Server) EnlistAnonymously(form url.Values) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rep := s.enlistAnonymously(form)
+	if rep.status != http.StatusOK {
+		body, _ := json.Marshal(rep.json)
+		return "", &maasclient.APIError{Method: http.MethodPost, Path: "machines/", StatusCode: rep.status, Message: cmp.Or(rep.text, string(body))}
+	}
+	return rep.json.(map[string]any)["system_id"].(string), nil
 }
 
 // newSystemID is a system_id no machine has. s.mu is held.

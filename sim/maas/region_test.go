@@ -249,7 +249,7 @@ func TestUpdateMachine(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := maassim.New(t).WithPool("tenant").
-				WithMachine(maassim.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x"}}).
+				WithMachine(maassim.Machine{SystemID: "a", Hostname: "alpha", PowerType: "redfish", PowerParameters: map[string]string{"power_address": "https://x", "power_user": "u"}}).
 				WithMachine(maassim.Machine{SystemID: "b", Hostname: "taken"})
 			_, err := s.Client(t).UpdateMachine(context.Background(), "a", tt.update)
 			if !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
@@ -258,7 +258,7 @@ func TestUpdateMachine(t *testing.T) {
 			m, _ := s.Machine("a")
 			if tt.wantErr != nil {
 				// A refused form changes nothing.
-				if m.Hostname != "alpha" || m.Pool != maassim.DefaultPool || len(m.PowerParameters) != 1 {
+				if m.Hostname != "alpha" || m.Pool != maassim.DefaultPool || len(m.PowerParameters) != 2 {
 					t.Errorf("refused update changed the machine: %+v", m)
 				}
 				return
@@ -450,8 +450,10 @@ func TestUnrecognisedOperation(t *testing.T) {
 
 // TestCommissioningResults: the client reads the bmc-config output of a
 // machine's current commissioning set; a commission replaces the set (the
-// script skipped with skip_bmc_config); a machine without a set is 404;
-// the raw answer has MaaS's fields, output base64.
+// script skipped with skip_bmc_config: MaaS's line, no proof); a machine
+// without a set is the region's 400 "Unknown id", which the client takes
+// for nothing stored (ErrNotFound); the raw answer has MaaS's fields,
+// output base64 (docs/maas-region.md, 2).
 func TestCommissioningResults(t *testing.T) {
 	ctx := context.Background()
 	const stdout = "virtmetal-machine-proof: vmp1-00112233445566778899aabbccddeeff\n"
@@ -468,61 +470,86 @@ func TestCommissioningResults(t *testing.T) {
 	if _, err := c.BMCConfigOutput(ctx, "b"); !errors.Is(err, maas.ErrNotFound) {
 		t.Errorf("machine without a set: %v, want ErrNotFound", err)
 	}
+	if code, body := rawResults(t, s, "b", ""); code != http.StatusBadRequest || !strings.Contains(body, `Unknown id "current-commissioning"`) {
+		t.Errorf("machine without a set: HTTP %d %q, want the region's 400", code, body)
+	}
 	if _, err := c.Commission(ctx, "a", maas.CommissionOptions{SkipBMCConfig: true}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := c.BMCConfigOutput(ctx, "a"); err != nil || got != "" {
-		t.Errorf("after a commission with skip_bmc_config: %q, %v; want no output", got, err)
+	if got, err := c.BMCConfigOutput(ctx, "a"); err != nil || got != maassim.SkippedBMCConfigOutput {
+		t.Errorf("after a commission with skip_bmc_config: %q, %v; want MaaS's skip line", got, err)
 	}
 
 	s.Update("b", func(m *maassim.Machine) {
 		m.Commissioning = []maassim.ScriptResult{{Name: maas.BMCConfigScript, Status: maassim.ScriptPassed, Stdout: "out", Stderr: "err"}}
 	})
-	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/nodes/b/results/current-commissioning/?include_output=1&filters="+maas.BMCConfigScript, nil)
+	r := results(t, s, "b", "include_output=1&filters="+maas.BMCConfigScript)[0]
+	if r["name"] != maas.BMCConfigScript || r["status_name"] != "Passed" || r["exit_status"] != 0.0 ||
+		r["stdout"] != "b3V0" || r["stderr"] != "ZXJy" || r["output"] != "b3V0ZXJy" || r["result"] != "" {
+		t.Errorf("result %+v", r)
+	}
+}
+
+// rawResults is GET nodes/{id}/results/current-commissioning/?query as
+// the admin: the status and the body.
+func rawResults(t *testing.T, s *maassim.Server, systemID, query string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/nodes/"+systemID+"/results/current-commissioning/?"+query, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", oauthHeader(validOAuth("results-nonce")))
+	req.Header.Set("Authorization", oauthHeader(validOAuth(fmt.Sprint("results-", time.Now().UnixNano()))))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// results are the results rawResults answers, which must be 200.
+func results(t *testing.T, s *maassim.Server, systemID, query string) []map[string]any {
+	t.Helper()
+	code, body := rawResults(t, s, systemID, query)
 	var set struct {
 		Results []map[string]any `json:"results"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&set); err != nil || len(set.Results) != 1 {
-		t.Fatalf("answer %+v, %v", set, err)
+	if err := json.Unmarshal([]byte(body), &set); err != nil || code != http.StatusOK {
+		t.Fatalf("HTTP %d %q: %v", code, body, err)
 	}
-	r := set.Results[0]
-	if r["name"] != maas.BMCConfigScript || r["status_name"] != "passed" || r["exit_status"] != 0.0 ||
-		r["stdout"] != "b3V0" || r["stderr"] != "ZXJy" || r["output"] != "b3V0ZXJy" {
-		t.Errorf("result %+v", r)
+	return set.Results
+}
+
+// enlist is an anonymous POST machines/ with the form.
+func enlist(t *testing.T, s *maassim.Server, form url.Values) (int, string) {
+	t.Helper()
+	resp, err := http.PostForm(s.URL()+"/api/2.0/machines/", form)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
 }
 
 // TestAnonymousEnlistment: POST machines/ without a key makes a New
 // machine with the caller's hostname, MACs and power settings, and no
-// commissioning results; a taken hostname is refused.
+// commissioning results; a taken hostname is refused; the hardware UUID
+// sent is ignored (docs/maas-region.md, 1).
 func TestAnonymousEnlistment(t *testing.T) {
 	s := maassim.New(t).WithMachine(maassim.Machine{SystemID: "taken", Hostname: "web1-tenant-a"})
-	enlist := func(hostname string) *http.Response {
-		form := url.Values{"hostname": {hostname}, "architecture": {"amd64/generic"}, "mac_addresses": {"02:00:00:00:00:01"},
-			"power_type": {"redfish"}, "power_parameters": {`{"power_address":"web1.tenant-a.bmc.example.org"}`}}
-		resp, err := http.PostForm(s.URL()+"/api/2.0/machines/", form)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { resp.Body.Close() })
-		return resp
+	form := func(hostname string) url.Values {
+		return url.Values{"hostname": {hostname}, "architecture": {"amd64/generic"}, "mac_addresses": {"02:00:00:00:00:01"}, "hardware_uuid": {"6a1f0b8e-2d6c-4f1e-9a53-0c2b7e4d9f10"},
+			"power_type": {"redfish"}, "power_parameters": {`{"power_address":"web1.tenant-a.bmc.example.org","power_user":"u","power_pass":"p"}`}}
 	}
-	if resp := enlist("web1-tenant-a"); resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("taken hostname: HTTP %d", resp.StatusCode)
+	if code, _ := enlist(t, s, form("web1-tenant-a")); code != http.StatusBadRequest {
+		t.Errorf("taken hostname: HTTP %d", code)
 	}
-	resp := enlist("squatter")
+	code, body := enlist(t, s, form("squatter"))
 	var m maas.Machine
-	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("HTTP %d, %v", resp.StatusCode, err)
+	if err := json.Unmarshal([]byte(body), &m); err != nil || code != http.StatusOK {
+		t.Fatalf("HTTP %d %q, %v", code, body, err)
 	}
 	got, _ := s.Machine(m.SystemID)
 	if got.Hostname != "squatter" || got.Status != maassim.StatusNew || got.PowerType != "redfish" ||
