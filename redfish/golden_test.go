@@ -62,6 +62,9 @@ func TestGoldenBodies(t *testing.T) {
 			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
 		}, get(sysCD0), 200},
 		{"system_virtual_media_empty", nil, get(sysCD0), 200},
+		{"manager_virtual_media", func(f *fixture) {
+			f.do(asAdmin("POST", manager0+"/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia", `{"Image":"`+image+`"}`))
+		}, get(manager0 + "/VirtualMedia/Cd"), 200},
 		{"insert_media_action_info", nil, get(sysCD0 + "/InsertMediaActionInfo"), 200},
 		{"reset_action_info", nil, get(system0 + "/ResetActionInfo"), 200},
 		{"task_service", nil, get("/redfish/v1/TaskService"), 200},
