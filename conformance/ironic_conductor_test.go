@@ -26,6 +26,9 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/virtmetal/virtmetal/conformance"
+	"github.com/virtmetal/virtmetal/internal/poll"
 )
 
 // OpenStack Ironic itself (Debian's ironic-api and ironic-conductor, apt)
@@ -301,7 +304,6 @@ type ironicNode struct {
 	Properties           map[string]any `json:"properties"`
 	BootMode             *string        `json:"boot_mode"`
 	SecureBoot           *bool          `json:"secure_boot"`
-	DriverInternalInfo   map[string]any `json:"driver_internal_info"`
 	Reservation          *string        `json:"reservation"` // the conductor holding the node
 }
 
@@ -364,17 +366,7 @@ func deref[T any](p *T) T {
 // until it holds, and fails t after patience.
 func waitFor(t *testing.T, patience time.Duration, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(patience)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still %v after %s", what, err, patience)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	poll.UntilEvery(t, patience, 500*time.Millisecond, what, check)
 }
 
 // logLinesAtLeastWarning are the log's records at WARNING, ERROR or
@@ -653,24 +645,13 @@ func startIronicBMC(t *testing.T, bin, backend string) ironicBMC {
 // its grace period, the guest powers itself off, as a guest that handles
 // KubeVirt's ACPI shutdown does.
 func guestHonoursACPI(t *testing.T, namespace, name string) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	t.Cleanup(func() { cancel(); <-done })
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(200 * time.Millisecond):
-			}
-			vmi := &kubevirtv1.VirtualMachineInstance{}
-			if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, vmi); err == nil &&
-				vmi.DeletionTimestamp != nil && vmi.Status.Phase == kubevirtv1.Running {
-				cluster.Node.ShutdownGuest(namespace, name)
-			}
+	inBackground(t, 200*time.Millisecond, func(ctx context.Context) {
+		vmi := &kubevirtv1.VirtualMachineInstance{}
+		if err := cluster.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, vmi); err == nil &&
+			vmi.DeletionTimestamp != nil && vmi.Status.Phase == kubevirtv1.Running {
+			cluster.Node.ShutdownGuest(namespace, name)
 		}
-	}()
+	})
 }
 
 // macs are the MACs of the system's NICs, as the BMC serves them.
@@ -908,7 +889,7 @@ func driveIronic(t *testing.T, ironic *ironicService, bmc ironicBMC, name, image
 	if s := biosSetting("SecureBoot"); s["value"] != "Enabled" {
 		t.Errorf("after the clean Ironic reads SecureBoot %v, want Enabled", s["value"])
 	}
-	if got := lookupAny(bmc.must(t, bmc.system+"/Bios"), "Attributes", "SecureBoot"); got != "Enabled" {
+	if got := conformance.Lookup(bmc.must(t, bmc.system+"/Bios"), "Attributes", "SecureBoot"); got != "Enabled" {
 		t.Errorf("after the clean the BMC's current SecureBoot is %v, want Enabled", got)
 	}
 
@@ -953,20 +934,8 @@ func driveIronic(t *testing.T, ironic *ironicService, bmc ironicBMC, name, image
 	}
 }
 
-func lookupAny(body map[string]any, keys ...string) any {
-	var cur any = body
-	for _, k := range keys {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return nil
-		}
-		cur = m[k]
-	}
-	return cur
-}
-
 func lookupFloat(body map[string]any, keys ...string) float64 {
-	f, _ := lookupAny(body, keys...).(float64)
+	f, _ := conformance.Lookup(body, keys...).(float64)
 	return f
 }
 
