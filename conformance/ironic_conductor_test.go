@@ -526,7 +526,9 @@ func startBMCProcess(t *testing.T, bin, systemID string, env []string, args ...s
 	port := freePort(t)
 	p.url = fmt.Sprintf("https://127.0.0.1:%d", port)
 	env = append(env, "BMC_USERNAME="+ironicBMCUser, "BMC_PASSWORD="+ironicBMCPass)
-	startProcess(t, p.log, env, bin, append(args, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "-v", "1")...)
+	// The test serves Ironic's images on loopback, a destination the BMC
+	// refuses unless told (an image is fetched on the BMC's behalf).
+	startProcess(t, p.log, env, bin, append(args, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "-v", "1", "--event-destinations-allow-loopback")...)
 	waitFor(t, time.Minute, "bmc-server serving", func() error {
 		_, err := p.get(p.system)
 		return err
