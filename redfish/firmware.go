@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"time"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -114,13 +115,18 @@ func biosBody(v firmwareView) map[string]any {
 	if v.state.Pending() {
 		outcome = resetRequired(v)
 	}
-	body["@Redfish.Settings"] = map[string]any{
+	settings := map[string]any{
 		"@odata.type":         typeSettings.odataType(),
 		"SettingsObject":      link(biosSettingsPath(id)),
 		"SupportedApplyTimes": biosApplyTimes,
 		"ETag":                bodyETag(biosSettingsBody(applied)),
 		"Messages":            []any{outcome.body()},
 	}
+	// When the settings in effect were applied: the running boot's start.
+	if !v.state.Booted.IsZero() {
+		settings["Time"] = v.state.Booted.UTC().Format(time.RFC3339)
+	}
+	body["@Redfish.Settings"] = settings
 	body["Actions"] = map[string]any{
 		"#Bios.ResetBios": map[string]any{"target": biosPath(id) + "/Actions/Bios.ResetBios"},
 	}

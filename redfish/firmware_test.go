@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 const (
@@ -326,7 +327,7 @@ const ironicBiosPatch = `{"Attributes":{"SecureBoot":"Enabled"},` +
 // running machine: Bios offers OnReset, the PATCH with its apply time is
 // taken and asks for the reset, Bios/Settings says when its settings
 // apply (and takes that annotation back), and after Ironic's reboot Bios
-// shows the attribute with Success.
+// shows the attribute with Success and the reboot's Time.
 func TestBiosApplyTimeAsIronicSendsIt(t *testing.T) {
 	f := newFixture(t, nil)
 	f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`))
@@ -351,8 +352,16 @@ func TestBiosApplyTimeAsIronicSendsIt(t *testing.T) {
 	if got := lookup(f.do(asAdmin("GET", bios0, "")).json, "Attributes", "SecureBoot"); got != "Disabled" {
 		t.Errorf("before the reboot: current SecureBoot %v, want Disabled", got)
 	}
+	applied := func() any { return lookup(f.do(asAdmin("GET", bios0, "")).json, "@Redfish.Settings", "Time") }
+	if got, want := applied(), f.clock.Now().UTC().Format(time.RFC3339); got != want {
+		t.Errorf("settings applied at %v, want the power-on's %s", got, want)
+	}
 	// Ironic's redfish reboot of a running machine.
+	f.clock.Advance(time.Minute)
 	f.do(asAdmin("POST", reset0, `{"ResetType":"ForceRestart"}`))
+	if got, want := applied(), f.clock.Now().UTC().Format(time.RFC3339); got != want {
+		t.Errorf("after the reboot the settings were applied at %v, want the reboot's %s", got, want)
+	}
 	bios = f.do(asAdmin("GET", bios0, "")).json
 	msgs, _ := lookup(bios, "@Redfish.Settings", "Messages").([]any)
 	if got := lookup(bios, "Attributes", "SecureBoot"); got != "Enabled" || len(msgs) != 1 || !strings.HasSuffix(lookup(msgs[0].(map[string]any), "MessageId").(string), ".Success") {
