@@ -715,7 +715,8 @@ var expectedIronicWarnings = []string{
 	"No PXE enabled NIC was found for node",
 	// The NMI the test asks of the KubeVirt machine, which the BMC
 	// rightly does not offer: sushy refuses it without a request.
-	`Error: The parameter "value" value "ResetType.NMI" is invalid.`, // A heartbeat of the stand-in agent that met a conductor holding the
+	`Error: The parameter "value" value "ResetType.NMI" is invalid.`,
+	// A heartbeat of the stand-in agent that met a conductor holding the
 	// node, or a token a reboot wiped meanwhile (the stand-in checks both
 	// just before, as narrowly as an agent can): Ironic drops it and the
 	// next one goes through. Neither is about the BMC.
