@@ -488,7 +488,10 @@ func (a *ironicAgent) heartbeat(t *testing.T) (stop func()) {
 			}
 		}
 	}()
-	return func() { cancel(); <-done }
+	// Stopped by the test, or at its end if it fails before.
+	stop = sync.OnceFunc(func() { cancel(); <-done })
+	t.Cleanup(stop)
+	return stop
 }
 
 // bmcProcess is bmc-server run as its deployment runs it.
