@@ -44,6 +44,10 @@ func TestGoldenBodies(t *testing.T) {
 		{"volumes", nil, get(system0 + "/Storage/1/Volumes"), 200},
 		{"volume", nil, get(system0 + "/Storage/1/Volumes/1"), 200},
 		{"bios", nil, get(system0 + "/Bios"), 200},
+		{"bios_running_pending", func(f *fixture) {
+			f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`))
+			f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"SecureBoot":"Enabled"},"@Redfish.SettingsApplyTime":{"ApplyTime":"OnReset"}}`))
+		}, get(system0 + "/Bios"), 200},
 		{"bios_settings", func(f *fixture) {
 			f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"SecureBoot":"Enabled"}}`))
 		}, get(system0 + "/Bios/Settings"), 200},
