@@ -37,9 +37,9 @@ func (site mediaSite) answer(render func(owner string) map[string]any) result {
 	return result{body: render(site.owner), etag: bodyETag(render(systemPath(site.m.ID())))}
 }
 
-// mediaMachine resolves a virtual media URI, under a system or a manager;
+// mediaSiteOf resolves a virtual media URI, under a system or a manager;
 // a machine without virtual media has no media resources at all.
-func (s *Server) mediaMachine(c *call) (mediaSite, error) {
+func (s *Server) mediaSiteOf(c *call) (mediaSite, error) {
 	idVar, resourceType, ownerPath := "systemID", "ComputerSystem", systemPath
 	if _, ok := c.vars["managerID"]; ok {
 		idVar, resourceType, ownerPath = "managerID", "Manager", managerPath
@@ -58,7 +58,7 @@ func (s *Server) mediaMachine(c *call) (mediaSite, error) {
 }
 
 func (s *Server) getVirtualMediaCollection(c *call) (result, error) {
-	site, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
@@ -68,7 +68,7 @@ func (s *Server) getVirtualMediaCollection(c *call) (result, error) {
 }
 
 func (s *Server) getVirtualMedia(c *call) (result, error) {
-	site, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
@@ -117,7 +117,7 @@ var transferProtocols = []string{"HTTP", "HTTPS"}
 var transferMethods = []string{"Upload"}
 
 func (s *Server) getInsertMediaActionInfo(c *call) (result, error) {
-	site, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
@@ -146,7 +146,7 @@ var (
 
 func (s *Server) insertMedia(c *call) (result, error) {
 	const action = "InsertMedia"
-	site, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
@@ -225,7 +225,7 @@ func transferProtocolProblems(raw json.RawMessage, image string) []message {
 	return nil
 }
 func (s *Server) ejectMedia(c *call) (result, error) {
-	site, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
