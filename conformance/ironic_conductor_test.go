@@ -851,16 +851,21 @@ func driveIronic(t *testing.T, ironic *ironicService, bmc ironicBMC, name, image
 		}
 	}
 
-	// Boot mode and Secure Boot, out of band.
+	// Boot mode and Secure Boot, out of band, each read back through Ironic
+	// and on the BMC.
+	bmcBootMode := func() any { return conformance.Lookup(bmc.must(t, bmc.system), "Boot", "BootSourceOverrideMode") }
+	bmcSecureBoot := func() any { return bmc.must(t, bmc.system+"/SecureBoot")["SecureBootEnable"] }
 	for _, step := range []struct {
 		path   string
 		target any
 		check  func(ironicNode) bool
+		onBMC  func() any
+		want   any
 	}{
-		{"boot_mode", "bios", func(n ironicNode) bool { return deref(n.BootMode) == "bios" }},
-		{"boot_mode", "uefi", func(n ironicNode) bool { return deref(n.BootMode) == "uefi" }},
-		{"secure_boot", true, func(n ironicNode) bool { return deref(n.SecureBoot) }},
-		{"secure_boot", false, func(n ironicNode) bool { return n.SecureBoot != nil && !*n.SecureBoot }},
+		{"boot_mode", "bios", func(n ironicNode) bool { return deref(n.BootMode) == "bios" }, bmcBootMode, "Legacy"},
+		{"boot_mode", "uefi", func(n ironicNode) bool { return deref(n.BootMode) == "uefi" }, bmcBootMode, "UEFI"},
+		{"secure_boot", true, func(n ironicNode) bool { return deref(n.SecureBoot) }, bmcSecureBoot, true},
+		{"secure_boot", false, func(n ironicNode) bool { return n.SecureBoot != nil && !*n.SecureBoot }, bmcSecureBoot, false},
 	} {
 		ironic.must(t, http.MethodPut, "/nodes/"+name+"/states/"+step.path, map[string]any{"target": step.target}, nil)
 		waitFor(t, time.Minute, fmt.Sprintf("%s %v", step.path, step.target), func() error {
@@ -869,9 +874,9 @@ func driveIronic(t *testing.T, ironic *ironicService, bmc ironicBMC, name, image
 			}
 			return nil
 		})
-	}
-	if got := bmc.must(t, bmc.system+"/SecureBoot")["SecureBootEnable"]; got != false {
-		t.Errorf("the BMC's SecureBootEnable %v, want false", got)
+		if got := step.onBMC(); got != step.want {
+			t.Errorf("after %s %v the BMC has %v, want %v", step.path, step.target, got, step.want)
+		}
 	}
 
 	// BIOS: the settings with their registry, then a manual clean that
