@@ -160,44 +160,52 @@ func startFlowBMC(t *testing.T, backend string, uefiOnly bool) flowBMC {
 // finished, it makes its PVC, Bound, and marks the import Succeeded, so
 // that KubeVirt starts the VM with the CD attached.
 func importMedia(t *testing.T, namespace, vm string) {
+	key := client.ObjectKey{Namespace: namespace, Name: vm + "-virtmetal-media"}
+	inBackground(t, 100*time.Millisecond, func(ctx context.Context) {
+		dv := &cdiv1beta1.DataVolume{}
+		if err := cluster.Client.Get(ctx, key, dv); err != nil || dv.Status.Phase == cdiv1beta1.Succeeded || dv.DeletionTimestamp != nil || dv.Spec.Storage == nil {
+			return
+		}
+		pvc := &corev1.PersistentVolumeClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: dv.Name},
+			Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: dv.Spec.Storage.AccessModes, Resources: dv.Spec.Storage.Resources},
+		}
+		// A PVC an earlier import left (nothing collects garbage here)
+		// serves the new one too.
+		if err := cluster.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+			return
+		}
+		if err := cluster.Client.Get(ctx, key, pvc); err != nil {
+			return
+		}
+		if pvc.Status.Phase != corev1.ClaimBound {
+			pvc.Status.Phase = corev1.ClaimBound
+			pvc.Status.AccessModes = pvc.Spec.AccessModes
+			pvc.Status.Capacity = pvc.Spec.Resources.Requests
+			if err := cluster.Client.Status().Update(ctx, pvc); err != nil {
+				return
+			}
+		}
+		dv.Status.Phase, dv.Status.Progress = cdiv1beta1.Succeeded, "100.0%"
+		_ = cluster.Client.Status().Update(ctx, dv)
+	})
+}
+
+// inBackground runs step every interval on a goroutine until the test
+// ends, as a controller the test stands in for would.
+func inBackground(t *testing.T, interval time.Duration, step func(ctx context.Context)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
-	key := client.ObjectKey{Namespace: namespace, Name: vm + "-virtmetal-media"}
 	go func() {
 		defer close(done)
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(interval):
 			}
-			dv := &cdiv1beta1.DataVolume{}
-			if err := cluster.Client.Get(ctx, key, dv); err != nil || dv.Status.Phase == cdiv1beta1.Succeeded || dv.DeletionTimestamp != nil || dv.Spec.Storage == nil {
-				continue
-			}
-			pvc := &corev1.PersistentVolumeClaim{
-				ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: dv.Name},
-				Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: dv.Spec.Storage.AccessModes, Resources: dv.Spec.Storage.Resources},
-			}
-			// A PVC an earlier import left (nothing collects garbage here)
-			// serves the new one too.
-			if err := cluster.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
-				continue
-			}
-			if err := cluster.Client.Get(ctx, key, pvc); err != nil {
-				continue
-			}
-			if pvc.Status.Phase != corev1.ClaimBound {
-				pvc.Status.Phase = corev1.ClaimBound
-				pvc.Status.AccessModes = pvc.Spec.AccessModes
-				pvc.Status.Capacity = pvc.Spec.Resources.Requests
-				if err := cluster.Client.Status().Update(ctx, pvc); err != nil {
-					continue
-				}
-			}
-			dv.Status.Phase, dv.Status.Progress = cdiv1beta1.Succeeded, "100.0%"
-			_ = cluster.Client.Status().Update(ctx, dv)
+			step(ctx)
 		}
 	}()
 }

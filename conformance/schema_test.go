@@ -150,7 +150,9 @@ func TestRedfishSchemaConformance(t *testing.T) {
 		"/redfish/v1/Systems/vm-0/Storage/1/Volumes/1", "/redfish/v1/Systems/vm-0/Storage/1/Controllers/virtio",
 		"/redfish/v1/Registries/BiosAttributeRegistry.1.0.0/BiosAttributeRegistry.1.0.0",
 		"/redfish/v1/TaskService/Tasks/1", "/redfish/v1/TaskService/Tasks/2",
-		"/redfish/v1/Systems/vm-0/ResetActionInfo", "/redfish/v1/Systems/vm-0/VirtualMedia/Cd/InsertMediaActionInfo"} {
+		"/redfish/v1/Systems/vm-0/ResetActionInfo", "/redfish/v1/Systems/vm-0/VirtualMedia/Cd/InsertMediaActionInfo",
+		// The same drive under the Manager, where older clients look.
+		"/redfish/v1/Managers/vm-0/VirtualMedia/Cd", "/redfish/v1/Managers/vm-0/VirtualMedia/Cd/InsertMediaActionInfo"} {
 		if !visitedUnder(report.Visited, want) {
 			t.Errorf("crawl never reached %s; visited %v", want, report.Visited)
 		}

@@ -23,6 +23,10 @@ command -v python3 >/dev/null || need_apt+=(python3)
 # Debian's python3, where the package installs (and fail without it under
 # CI=true).
 /usr/bin/python3 -c 'import sushy' 2>/dev/null || need_apt+=(python3-sushy)
+# OpenStack Ironic itself, API and conductor, run standalone on loopback by
+# conformance's TestIronicConductor (it fails without them under CI=true).
+command -v ironic-conductor >/dev/null || need_apt+=(ironic-conductor)
+command -v ironic-api >/dev/null || need_apt+=(ironic-api)
 # deploy/'s TestImages builds and reads the images with podman (it fails
 # without it under CI=true), from binaries and the host's CA bundle.
 command -v podman >/dev/null || need_apt+=(podman)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"net/url"
 	"slices"
+	"time"
 )
 
 // Sentinel errors. Backends wrap them with %w and add detail; each protocol
@@ -308,6 +309,9 @@ type FirmwareState struct {
 	// Product names the firmware Current is ("SeaBIOS"), without a
 	// version the backend cannot know; empty when unknown.
 	Product string
+	// Booted is when the running boot started with Current, which is when
+	// those settings were applied; zero while the machine is off.
+	Booted time.Time
 }
 
 // Pending reports whether a restart would change the firmware.

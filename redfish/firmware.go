@@ -3,7 +3,9 @@ package redfish
 import (
 	"encoding/json"
 	"net/http"
+	"regexp"
 	"slices"
+	"time"
 
 	"github.com/virtmetal/virtmetal/machine"
 )
@@ -113,13 +115,18 @@ func biosBody(v firmwareView) map[string]any {
 	if v.state.Pending() {
 		outcome = resetRequired(v)
 	}
-	body["@Redfish.Settings"] = map[string]any{
+	settings := map[string]any{
 		"@odata.type":         typeSettings.odataType(),
 		"SettingsObject":      link(biosSettingsPath(id)),
-		"SupportedApplyTimes": []string{"OnReset"},
+		"SupportedApplyTimes": biosApplyTimes,
 		"ETag":                bodyETag(biosSettingsBody(applied)),
 		"Messages":            []any{outcome.body()},
 	}
+	// When the settings in effect were applied: the running boot's start.
+	if !v.state.Booted.IsZero() {
+		settings["Time"] = v.state.Booted.UTC().Format(time.RFC3339)
+	}
+	body["@Redfish.Settings"] = settings
 	body["Actions"] = map[string]any{
 		"#Bios.ResetBios": map[string]any{"target": biosPath(id) + "/Actions/Bios.ResetBios"},
 	}
@@ -129,7 +136,52 @@ func biosBody(v firmwareView) map[string]any {
 func biosSettingsBody(v firmwareView) map[string]any {
 	body := resource(typeBios, biosSettingsPath(v.m.ID()), "Settings", "BIOS Configuration Pending Settings")
 	body["Attributes"] = attributesOf(v.state.Next, v.inv)
+	// When the settings written here apply (sushy's apply_time_settings).
+	body[propSettingsApplyTime] = map[string]any{"@odata.type": preferredApplyTimeType, "ApplyTime": biosApplyTimes[0]}
 	return body
+}
+
+// biosApplyTimes are the SupportedApplyTimes of the Bios settings: a VM's
+// firmware is chosen when it starts, so a write applies at the next reset.
+var biosApplyTimes = []string{"OnReset"}
+
+const propSettingsApplyTime = "@Redfish.SettingsApplyTime"
+
+// preferredApplyTimeType is the type of @Redfish.SettingsApplyTime.
+var preferredApplyTimeType = "#" + typeSettings.namespace + "." + typeSettings.version + ".PreferredApplyTime"
+
+// anyPreferredApplyTime matches PreferredApplyTime of any Settings version
+// ("#Settings.v1_0_0.PreferredApplyTime", as sushy sends it).
+var anyPreferredApplyTime = regexp.MustCompile(`^#Settings\.(v1_[0-9]+_[0-9]+\.)?PreferredApplyTime$`)
+
+// applyTimeProblems checks a PATCH's @Redfish.SettingsApplyTime, which
+// Ironic sends with every BIOS write ({"@odata.type":
+// "#Settings.v1_0_0.PreferredApplyTime", "ApplyTime": "OnReset"}): an
+// ApplyTime among biosApplyTimes, an @odata.type of any PreferredApplyTime.
+// The maintenance window members mean something only for the
+// AtMaintenanceWindow apply times, which are not offered.
+func applyTimeProblems(raw json.RawMessage) []message {
+	pointer := "/" + propSettingsApplyTime
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &members); err != nil || members == nil {
+		return []message{propertyError(msgPropertyValueTypeError, pointer, jsonText(raw), pointer)}
+	}
+	var problems []message
+	for _, key := range sortedKeys(members) {
+		p := pointer + "/" + key
+		value, isString := jsonString(members[key])
+		switch {
+		case key != "@odata.type" && key != "ApplyTime":
+			problems = append(problems, propertyError(msgPropertyUnknown, p, p))
+		case !isString:
+			problems = append(problems, propertyError(msgPropertyValueTypeError, p, jsonText(members[key]), p))
+		case key == "ApplyTime" && !slices.Contains(biosApplyTimes, value):
+			problems = append(problems, propertyError(msgPropertyValueNotInList, p, value, p))
+		case key == "@odata.type" && !anyPreferredApplyTime.MatchString(value):
+			problems = append(problems, propertyError(msgPropertyValueNotInList, p, value, p))
+		}
+	}
+	return problems
 }
 
 // secureBootBody leaves SecureBootMode out: KubeVirt does not say which
@@ -256,7 +308,11 @@ func (s *Server) patchBiosSettings(c *call) (result, error) {
 func mergeBiosPatch(patch map[string]json.RawMessage, current map[string]any, v firmwareView) firmwarePatch {
 	asked := firmwarePatch{want: v.state.Next}
 	for _, key := range sortedKeys(patch) {
-		if key != "Attributes" {
+		switch key {
+		case "Attributes":
+		case propSettingsApplyTime:
+			asked.fails = append(asked.fails, applyTimeProblems(patch[key])...)
+		default:
 			asked.fails = append(asked.fails, readOnlyOrUnknown(current, key, "/"+key))
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 const (
@@ -51,6 +52,16 @@ func TestFirmwareBadInputChangesNothing(t *testing.T) {
 		{"Attributes not an object", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":"BootMode=Legacy"}`), 400, []string{"PropertyValueTypeError"}},
 		{"valid and unknown together", nil, asAdmin("PATCH", biosSettings0, `{"Id":"x","Attributes":{"BootMode":"Legacy","Colour":"red"}}`), 400,
 			[]string{"PropertyNotWritable", "PropertyUnknown"}},
+		{"apply time not offered", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"},"@Redfish.SettingsApplyTime":{"ApplyTime":"Immediate"}}`), 400,
+			[]string{"PropertyValueNotInList"}},
+		{"apply time at a maintenance window", nil, asAdmin("PATCH", biosSettings0,
+			`{"Attributes":{"BootMode":"Legacy"},"@Redfish.SettingsApplyTime":{"ApplyTime":"OnReset","MaintenanceWindowStartTime":"2030-01-01T00:00:00Z"}}`), 400,
+			[]string{"PropertyUnknown"}},
+		{"apply time not an object", nil, asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"},"@Redfish.SettingsApplyTime":"OnReset"}`), 400,
+			[]string{"PropertyValueTypeError"}},
+		{"apply time of another type", nil, asAdmin("PATCH", biosSettings0,
+			`{"Attributes":{"BootMode":"Legacy"},"@Redfish.SettingsApplyTime":{"@odata.type":"#Bios.v1_2_0.Bios","ApplyTime":1}}`), 400,
+			[]string{"PropertyValueNotInList", "PropertyValueTypeError"}},
 		{"stale If-Match on Bios settings", nil, stale("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`), 412, []string{"PreconditionFailed"}},
 		{"legacy under Secure Boot", secure, asAdmin("PATCH", biosSettings0, `{"Attributes":{"BootMode":"Legacy"}}`), 409, []string{"PropertyValueResourceConflict"}},
 		{"current Bios is read-only", nil, asAdmin("PATCH", bios0, `{"Attributes":{"BootMode":"Legacy"}}`), 405, []string{"OperationNotAllowed"}},
@@ -303,5 +314,57 @@ func TestBiosSettingsOutcome(t *testing.T) {
 	now := f.do(asAdmin("GET", biosSettings0, "")).header.Get("ETag")
 	if etag, id := outcome(); etag != now || etag == inEffect || !strings.HasSuffix(id, ".Success") {
 		t.Errorf("after the restart: ETag %s, %s; want %s (not %s), Success", etag, id, now, inEffect)
+	}
+}
+
+// ironicBiosPatch is the PATCH Ironic's redfish BIOS interface (sushy's
+// Bios.set_attributes) sends for apply_configuration: the attributes and,
+// because Bios advertises OnReset, @Redfish.SettingsApplyTime.
+const ironicBiosPatch = `{"Attributes":{"SecureBoot":"Enabled"},` +
+	`"@Redfish.SettingsApplyTime":{"@odata.type":"#Settings.v1_0_0.PreferredApplyTime","ApplyTime":"OnReset"}}`
+
+// TestBiosApplyTimeAsIronicSendsIt: Ironic's apply_configuration against a
+// running machine: Bios offers OnReset, the PATCH with its apply time is
+// taken and asks for the reset, Bios/Settings says when its settings
+// apply (and takes that annotation back), and after Ironic's reboot Bios
+// shows the attribute with Success and the reboot's Time.
+func TestBiosApplyTimeAsIronicSendsIt(t *testing.T) {
+	f := newFixture(t, nil)
+	f.do(asAdmin("POST", reset0, `{"ResetType":"On"}`))
+	bios := f.do(asAdmin("GET", bios0, "")).json
+	if got, _ := lookup(bios, "@Redfish.Settings", "SupportedApplyTimes").([]any); !slices.Contains(got, any("OnReset")) {
+		t.Errorf("SupportedApplyTimes %v, want OnReset among them", got)
+	}
+	res := f.do(asAdmin("PATCH", biosSettings0, ironicBiosPatch))
+	if res.status != http.StatusOK {
+		t.Fatalf("Ironic's PATCH: %d %s", res.status, res.raw)
+	}
+	if ids := extendedIDs(res.json); !slices.Equal(ids, []string{"Base.1.19.Success", "Base.1.19.ResetRequired"}) {
+		t.Errorf("messages %v, want Success and ResetRequired", ids)
+	}
+	settings := f.do(asAdmin("GET", biosSettings0, "")).json
+	if got := lookup(settings, "@Redfish.SettingsApplyTime", "ApplyTime"); got != "OnReset" {
+		t.Errorf("Bios/Settings ApplyTime %v, want OnReset", got)
+	}
+	// A client may write back the annotation it read.
+	readBack, _ := json.Marshal(map[string]any{"@Redfish.SettingsApplyTime": settings["@Redfish.SettingsApplyTime"]})
+	patchOK(f, biosSettings0, string(readBack))
+	if got := lookup(f.do(asAdmin("GET", bios0, "")).json, "Attributes", "SecureBoot"); got != "Disabled" {
+		t.Errorf("before the reboot: current SecureBoot %v, want Disabled", got)
+	}
+	applied := func() any { return lookup(f.do(asAdmin("GET", bios0, "")).json, "@Redfish.Settings", "Time") }
+	if got, want := applied(), f.clock.Now().UTC().Format(time.RFC3339); got != want {
+		t.Errorf("settings applied at %v, want the power-on's %s", got, want)
+	}
+	// Ironic's redfish reboot of a running machine.
+	f.clock.Advance(time.Minute)
+	f.do(asAdmin("POST", reset0, `{"ResetType":"ForceRestart"}`))
+	if got, want := applied(), f.clock.Now().UTC().Format(time.RFC3339); got != want {
+		t.Errorf("after the reboot the settings were applied at %v, want the reboot's %s", got, want)
+	}
+	bios = f.do(asAdmin("GET", bios0, "")).json
+	msgs, _ := lookup(bios, "@Redfish.Settings", "Messages").([]any)
+	if got := lookup(bios, "Attributes", "SecureBoot"); got != "Enabled" || len(msgs) != 1 || !strings.HasSuffix(lookup(msgs[0].(map[string]any), "MessageId").(string), ".Success") {
+		t.Errorf("after the reboot: current SecureBoot %v, messages %v; want Enabled, Success", got, msgs)
 	}
 }

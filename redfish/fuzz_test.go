@@ -81,6 +81,8 @@ func FuzzRequest(f *testing.F) {
 		{2, system0, "application/json", "If-Match: *", `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`, 2},
 		{1, sessionsURI, "application/json", "", `{"UserName":"admin","Password":"admin-secret"}`, 0},
 		{1, sysInsert0, "application/json", "", `{"Image":"http://example.invalid/a.iso","Inserted":true}`, 1},
+		{1, manager0 + "/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia", "application/json", "", `{"Image":"http://example.invalid/a.iso"}`, 1},
+		{2, system0 + "/Bios/Settings", "application/json", "", `{"Attributes":{"SecureBoot":"Enabled"},"@Redfish.SettingsApplyTime":{"ApplyTime":"OnReset"}}`, 2},
 		{3, system0, "", "", "", 0},
 		{0, "/redfish/v1/Systems/vm-0/../../v1", "", "X-Auth-Token: x", "", 0},
 		{0, "/redfish/v1/%2e%2e/Systems", "", "", "", 2},

@@ -44,6 +44,10 @@ func TestGoldenBodies(t *testing.T) {
 		{"volumes", nil, get(system0 + "/Storage/1/Volumes"), 200},
 		{"volume", nil, get(system0 + "/Storage/1/Volumes/1"), 200},
 		{"bios", nil, get(system0 + "/Bios"), 200},
+		{"bios_running_pending", func(f *fixture) {
+			f.do(asAdmin("POST", system0+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`))
+			f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"SecureBoot":"Enabled"},"@Redfish.SettingsApplyTime":{"ApplyTime":"OnReset"}}`))
+		}, get(system0 + "/Bios"), 200},
 		{"bios_settings", func(f *fixture) {
 			f.do(asAdmin("PATCH", system0+"/Bios/Settings", `{"Attributes":{"SecureBoot":"Enabled"}}`))
 		}, get(system0 + "/Bios/Settings"), 200},
@@ -62,6 +66,9 @@ func TestGoldenBodies(t *testing.T) {
 			f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
 		}, get(sysCD0), 200},
 		{"system_virtual_media_empty", nil, get(sysCD0), 200},
+		{"manager_virtual_media", func(f *fixture) {
+			f.do(asAdmin("POST", manager0+"/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia", `{"Image":"`+image+`"}`))
+		}, get(manager0 + "/VirtualMedia/Cd"), 200},
 		{"insert_media_action_info", nil, get(sysCD0 + "/InsertMediaActionInfo"), 200},
 		{"reset_action_info", nil, get(system0 + "/ResetActionInfo"), 200},
 		{"task_service", nil, get("/redfish/v1/TaskService"), 200},

@@ -79,6 +79,9 @@ func (s *Server) getManager(c *call) (result, error) {
 	body["Status"] = statusOK()
 	body["LogServices"] = link(logServicesPath(path))
 	body["NetworkProtocol"] = link(path + "/NetworkProtocol")
+	if m.Capabilities().VirtualMedia {
+		body["VirtualMedia"] = link(mediaCollectionUnder(path)) // the system's drive (media.go)
+	}
 	body["Links"] = map[string]any{
 		"ManagerForServers": links(systemPath(id)),
 		"ManagerForChassis": links(chassisPath(id)),

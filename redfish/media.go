@@ -14,47 +14,75 @@ import (
 const cdMediaID = "Cd"
 
 // Virtual media hangs under the ComputerSystem, where current schemas put
-// it. The deprecated Manager location is not served: DMTF's validator warns
-// on it whatever the service does, and the clients we serve (Ironic's
-// sushy, gofish) look under the system first.
-func mediaCollectionPath(id string) string { return systemPath(id) + "/VirtualMedia" }
-func cdPath(id string) string              { return mediaCollectionPath(id) + "/" + cdMediaID }
+// it, and under the Manager too, where most real BMCs serve it and where
+// Ironic's sushy of Debian 12 (4.3) and other clients still in the field
+// look: one drive at two paths. Whichever path a client takes, it sees the
+// same state, the same ETag (that of the ComputerSystem's rendering) and
+// the same Task. DMTF's Service Validator warns on the Manager path (the
+// CSDL marks it deprecated), a price worth a client that deploys.
+func mediaCollectionPath(id string) string { return mediaCollectionUnder(systemPath(id)) }
+func cdPath(id string) string              { return cdUnder(systemPath(id)) }
 
-// mediaMachine resolves a virtual media URI; a machine without virtual
-// media has no media resources at all.
-func (s *Server) mediaMachine(c *call) (machine.Machine, error) {
-	m, err := s.machineFor(c, "systemID", "ComputerSystem")
+func mediaCollectionUnder(owner string) string { return owner + "/VirtualMedia" }
+func cdUnder(owner string) string              { return mediaCollectionUnder(owner) + "/" + cdMediaID }
+
+// mediaSite is a virtual media URI resolved: the machine, and the path of
+// the resource (its ComputerSystem or its Manager) the URI hangs under.
+type mediaSite struct {
+	m     machine.Machine
+	owner string
+}
+
+// answer renders a media resource under the site's owner, with the ETag of
+// its rendering under the ComputerSystem: one resource, whichever path.
+func (site mediaSite) answer(render func(owner string) map[string]any) result {
+	return result{body: render(site.owner), etag: bodyETag(render(systemPath(site.m.ID())))}
+}
+
+// mediaSiteOf resolves a virtual media URI, under a system or a manager;
+// a machine without virtual media has no media resources at all.
+func (s *Server) mediaSiteOf(c *call) (mediaSite, error) {
+	idVar, resourceType, ownerPath := "systemID", "ComputerSystem", systemPath
+	if _, ok := c.vars["managerID"]; ok {
+		idVar, resourceType, ownerPath = "managerID", "Manager", managerPath
+	}
+	m, err := s.machineFor(c, idVar, resourceType)
 	if err != nil {
-		return nil, err
+		return mediaSite{}, err
 	}
 	if !m.Capabilities().VirtualMedia {
-		return nil, newError(http.StatusNotFound, msgResourceNotFound, "VirtualMediaCollection", m.ID())
+		return mediaSite{}, newError(http.StatusNotFound, msgResourceNotFound, "VirtualMediaCollection", m.ID())
 	}
 	if id, ok := c.vars["mediaID"]; ok && id != cdMediaID {
-		return nil, newError(http.StatusNotFound, msgResourceNotFound, "VirtualMedia", id)
+		return mediaSite{}, newError(http.StatusNotFound, msgResourceNotFound, "VirtualMedia", id)
 	}
-	return m, nil
+	return mediaSite{m: m, owner: ownerPath(m.ID())}, nil
 }
 
 func (s *Server) getVirtualMediaCollection(c *call) (result, error) {
-	m, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
-	id := m.ID()
-	return result{body: collection(typeVirtualMediaColl, mediaCollectionPath(id), "Virtual Media Collection", []string{cdPath(id)})}, nil
+	return site.answer(func(owner string) map[string]any {
+		return collection(typeVirtualMediaColl, mediaCollectionUnder(owner), "Virtual Media Collection", []string{cdUnder(owner)})
+	}), nil
 }
 
 func (s *Server) getVirtualMedia(c *call) (result, error) {
-	m, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
-	media, err := m.VirtualMedia(c.ctx())
+	media, err := site.m.VirtualMedia(c.ctx())
 	if err != nil {
 		return result{}, s.mapBackendError(err, operation{resourceType: "VirtualMedia", resourceID: cdMediaID})
 	}
-	path := cdPath(m.ID())
+	return site.answer(func(owner string) map[string]any { return cdBody(owner, media) }), nil
+}
+
+func cdBody(owner string, media machine.VirtualMedia) map[string]any {
+	path := cdUnder(owner)
 	body := resource(typeVirtualMedia, path, cdMediaID, "Virtual CD")
 	body["MediaTypes"] = []string{"CD", "DVD"}
 	body["Inserted"] = media.Inserted
@@ -69,16 +97,16 @@ func (s *Server) getVirtualMedia(c *call) (result, error) {
 	body["Actions"] = map[string]any{
 		"#VirtualMedia.InsertMedia": map[string]any{
 			"target":              path + "/Actions/VirtualMedia.InsertMedia",
-			"@Redfish.ActionInfo": insertMediaActionInfoPath(m.ID()),
+			"@Redfish.ActionInfo": insertMediaActionInfoPath(owner),
 			"TransferProtocolType@Redfish.AllowableValues": transferProtocols,
 			"TransferMethod@Redfish.AllowableValues":       transferMethods,
 		},
 		"#VirtualMedia.EjectMedia": map[string]any{"target": path + "/Actions/VirtualMedia.EjectMedia"},
 	}
-	return result{body: body}, nil
+	return body
 }
 
-func insertMediaActionInfoPath(id string) string { return cdPath(id) + "/InsertMediaActionInfo" }
+func insertMediaActionInfoPath(owner string) string { return cdUnder(owner) + "/InsertMediaActionInfo" }
 
 // transferProtocols are the TransferProtocolTypes the backends fetch
 // images with (machine.CheckImageURL): the one a client names must be the
@@ -91,19 +119,21 @@ var transferProtocols = []string{"HTTP", "HTTPS"}
 var transferMethods = []string{"Upload"}
 
 func (s *Server) getInsertMediaActionInfo(c *call) (result, error) {
-	m, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
 	// The drive is a CD: media is always inserted and write-protected.
 	always := []string{"true"}
-	return result{body: actionInfo(insertMediaActionInfoPath(m.ID()), "InsertMedia",
-		actionParameter{name: "Image", required: true, dataType: "String"},
-		actionParameter{name: "Inserted", dataType: "Boolean", allowed: always},
-		actionParameter{name: "WriteProtected", dataType: "Boolean", allowed: always},
-		actionParameter{name: "TransferProtocolType", dataType: "String", allowed: transferProtocols},
-		actionParameter{name: "TransferMethod", dataType: "String", allowed: transferMethods},
-	)}, nil
+	return site.answer(func(owner string) map[string]any {
+		return actionInfo(insertMediaActionInfoPath(owner), "InsertMedia",
+			actionParameter{name: "Image", required: true, dataType: "String"},
+			actionParameter{name: "Inserted", dataType: "Boolean", allowed: always},
+			actionParameter{name: "WriteProtected", dataType: "Boolean", allowed: always},
+			actionParameter{name: "TransferProtocolType", dataType: "String", allowed: transferProtocols},
+			actionParameter{name: "TransferMethod", dataType: "String", allowed: transferMethods},
+		)
+	}), nil
 }
 
 // insertMediaKnown are the InsertMedia parameters the schema defines.
@@ -118,10 +148,11 @@ var (
 
 func (s *Server) insertMedia(c *call) (result, error) {
 	const action = "InsertMedia"
-	m, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
+	m := site.m
 	params, apiErr := actionParams(c.body, action, insertMediaKnown, []string{"Image"})
 	if apiErr != nil {
 		return result{}, apiErr
@@ -215,10 +246,11 @@ func transferProtocolProblems(raw json.RawMessage, image string) []message {
 	return nil
 }
 func (s *Server) ejectMedia(c *call) (result, error) {
-	m, err := s.mediaMachine(c)
+	site, err := s.mediaSiteOf(c)
 	if err != nil {
 		return result{}, err
 	}
+	m := site.m
 	if _, apiErr := actionParams(c.body, "EjectMedia", nil, nil); apiErr != nil {
 		return result{}, apiErr
 	}

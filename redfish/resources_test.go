@@ -233,63 +233,113 @@ func TestManagerIdentity(t *testing.T) {
 	}
 }
 
-// TestVirtualMedia: insert and eject through the system's CD, whose body
-// names its own path and action targets.
+// mediaOwners are the two resources the one virtual CD hangs under.
+var mediaOwners = []struct{ name, path string }{{"system", system0}, {"manager", manager0}}
+
+// TestVirtualMedia: insert and eject through the CD under the system and
+// under the manager, whose body names its own path and action targets.
 func TestVirtualMedia(t *testing.T) {
-	f := newFixture(t, nil)
-	res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
-	if res.status != http.StatusNoContent {
-		t.Fatalf("insert: %d %s", res.status, res.raw)
-	}
-	cd := f.do(asAdmin("GET", sysCD0, "")).json
-	if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
-		t.Errorf("after insert: %v", cd)
-	}
-	if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
-		t.Errorf("backend media = %+v", got)
-	}
-	// Ironic's retry, with the protocol sushy adds when a BMC asks for it
-	// and the transfer method the ActionInfo offers.
-	if res := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`","TransferProtocolType":"HTTP","TransferMethod":"Upload"}`)); res.status != http.StatusNoContent {
-		t.Errorf("inserting the inserted image again: %d %s, want 204", res.status, res.raw)
-	}
-	wantIDs := map[string]any{"@odata.id": sysCD0, "InsertMedia target": sysInsert0, "EjectMedia target": sysEject0}
-	gotIDs := map[string]any{
-		"@odata.id":          cd["@odata.id"],
-		"InsertMedia target": lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "target"),
-		"EjectMedia target":  lookup(cd, "Actions", "#VirtualMedia.EjectMedia", "target"),
-	}
-	if !maps.Equal(gotIDs, wantIDs) {
-		t.Errorf("the CD's body points at %v, want %v", gotIDs, wantIDs)
-	}
-	if res := f.do(asAdmin("POST", sysEject0, `{}`)); res.status != http.StatusNoContent {
-		t.Fatalf("eject: %d %s", res.status, res.raw)
-	}
-	cd = f.do(asAdmin("GET", sysCD0, "")).json
-	if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
-		t.Errorf("after eject: %v", cd)
-	}
-	// Ejecting an empty drive is fine.
-	if res := f.do(asAdmin("POST", sysEject0, "")); res.status != http.StatusNoContent {
-		t.Errorf("second eject: %d", res.status)
+	for _, owner := range mediaOwners {
+		t.Run(owner.name, func(t *testing.T) {
+			f := newFixture(t, nil)
+			cdPath := owner.path + "/VirtualMedia/Cd"
+			insert, eject := cdPath+"/Actions/VirtualMedia.InsertMedia", cdPath+"/Actions/VirtualMedia.EjectMedia"
+			res := f.do(asAdmin("POST", insert, `{"Image":"`+image+`","Inserted":true,"WriteProtected":true}`))
+			if res.status != http.StatusNoContent {
+				t.Fatalf("insert: %d %s", res.status, res.raw)
+			}
+			cd := f.do(asAdmin("GET", cdPath, "")).json
+			if cd["Image"] != image || cd["Inserted"] != true || cd["ConnectedVia"] != "URI" {
+				t.Errorf("after insert: %v", cd)
+			}
+			if got, _ := f.backend.Get("vm-0").VirtualMedia(t.Context()); got.Image != image {
+				t.Errorf("backend media = %+v", got)
+			}
+			// Ironic's retry, with the protocol sushy adds when a BMC asks for it
+			// and the transfer method the ActionInfo offers.
+			if res := f.do(asAdmin("POST", insert, `{"Image":"`+image+`","TransferProtocolType":"HTTP","TransferMethod":"Upload"}`)); res.status != http.StatusNoContent {
+				t.Errorf("inserting the inserted image again: %d %s, want 204", res.status, res.raw)
+			}
+			wantIDs := map[string]any{"@odata.id": cdPath, "InsertMedia target": insert, "EjectMedia target": eject, "ActionInfo": cdPath + "/InsertMediaActionInfo"}
+			gotIDs := map[string]any{
+				"@odata.id":          cd["@odata.id"],
+				"InsertMedia target": lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "target"),
+				"EjectMedia target":  lookup(cd, "Actions", "#VirtualMedia.EjectMedia", "target"),
+				"ActionInfo":         lookup(cd, "Actions", "#VirtualMedia.InsertMedia", "@Redfish.ActionInfo"),
+			}
+			if !maps.Equal(gotIDs, wantIDs) {
+				t.Errorf("the CD's body points at %v, want %v", gotIDs, wantIDs)
+			}
+			if res := f.do(asAdmin("POST", eject, `{}`)); res.status != http.StatusNoContent {
+				t.Fatalf("eject: %d %s", res.status, res.raw)
+			}
+			cd = f.do(asAdmin("GET", cdPath, "")).json
+			if cd["Image"] != nil || cd["Inserted"] != false || cd["ConnectedVia"] != "NotConnected" {
+				t.Errorf("after eject: %v", cd)
+			}
+			// Ejecting an empty drive is fine.
+			if res := f.do(asAdmin("POST", eject, "")); res.status != http.StatusNoContent {
+				t.Errorf("second eject: %d", res.status)
+			}
+		})
 	}
 }
 
-// TestNoDeprecatedManagerVirtualMedia: the Manager location of virtual
-// media, deprecated by DMTF, is neither linked nor served.
-func TestNoDeprecatedManagerVirtualMedia(t *testing.T) {
+// TestManagerVirtualMediaIsTheSystemsDrive: the Manager links a
+// VirtualMedia collection (where Ironic's sushy 4.3 and most real BMCs
+// have it) that is the system's one drive: what one path changes the other
+// shows, both answer the same ETag, and an insert through either finds the
+// same Task.
+func TestManagerVirtualMediaIsTheSystemsDrive(t *testing.T) {
 	f := newFixture(t, nil)
-	if link, linked := f.do(asAdmin("GET", manager0, "")).json["VirtualMedia"]; linked {
-		t.Errorf("the Manager links %v", link)
+	slowMedia(f)
+	const mgrCD = manager0 + "/VirtualMedia/Cd"
+	if got := lookup(f.do(asAdmin("GET", manager0, "")).json, "VirtualMedia", "@odata.id"); got != manager0+"/VirtualMedia" {
+		t.Errorf("the Manager's VirtualMedia link = %v, want %s/VirtualMedia", got, manager0)
 	}
-	for _, req := range []request{
-		asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", manager0+"/VirtualMedia/Cd", ""),
-		asAdmin("POST", manager0+"/VirtualMedia/Cd/Actions/VirtualMedia.InsertMedia", `{"Image":"`+image+`"}`),
-	} {
-		if res := f.do(req); res.status != http.StatusNotFound {
-			t.Errorf("%s %s: %d, want 404", req.method, req.path, res.status)
+	members, _ := f.do(asAdmin("GET", manager0+"/VirtualMedia", "")).json["Members"].([]any)
+	if len(members) != 1 || lookup(members[0].(map[string]any), "@odata.id") != mgrCD {
+		t.Errorf("the Manager's collection lists %v, want %s", members, mgrCD)
+	}
+	sameETag := func(when string) {
+		t.Helper()
+		for _, suffix := range []string{"", "/Cd", "/Cd/InsertMediaActionInfo"} {
+			sys := f.do(asAdmin("GET", system0+"/VirtualMedia"+suffix, ""))
+			mgr := f.do(asAdmin("GET", manager0+"/VirtualMedia"+suffix, ""))
+			if sys.status != http.StatusOK || mgr.status != http.StatusOK {
+				t.Fatalf("%s: GET VirtualMedia%s: %d under the system, %d under the manager", when, suffix, sys.status, mgr.status)
+			}
+			if a, b := sys.header.Get("ETag"), mgr.header.Get("ETag"); a == "" || a != b {
+				t.Errorf("%s: VirtualMedia%s ETag %q under the system, %q under the manager", when, suffix, a, b)
+			}
 		}
 	}
+	sameETag("empty")
+	emptyETag := f.do(asAdmin("GET", sysCD0, "")).header.Get("ETag")
+
+	viaManager := f.do(asAdmin("POST", mgrCD+"/Actions/VirtualMedia.InsertMedia", `{"Image":"`+image+`"}`))
+	if viaManager.status != http.StatusAccepted || viaManager.header.Get("Location") != taskMonitor1 {
+		t.Fatalf("insert through the manager: %d, Location %q, want 202 and %s: %s", viaManager.status, viaManager.header.Get("Location"), taskMonitor1, viaManager.raw)
+	}
+	viaSystem := f.do(asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`))
+	if viaSystem.status != http.StatusAccepted || viaSystem.json["@odata.id"] != task1 {
+		t.Errorf("the same insert through the system: %d, task %v, want 202 and %s", viaSystem.status, viaSystem.json["@odata.id"], task1)
+	}
+	if cd := f.do(asAdmin("GET", sysCD0, "")).json; cd["Image"] != image {
+		t.Errorf("the system's CD after an insert through the manager: Image %v, want %s", cd["Image"], image)
+	}
+	sameETag("inserted")
+	if f.do(asAdmin("GET", mgrCD, "")).header.Get("ETag") == emptyETag {
+		t.Error("the manager's CD kept its ETag across an insert")
+	}
+
+	if res := f.do(asAdmin("POST", sysEject0, "")); res.status != http.StatusNoContent {
+		t.Fatalf("eject through the system: %d %s", res.status, res.raw)
+	}
+	if cd := f.do(asAdmin("GET", mgrCD, "")).json; cd["Inserted"] != false || cd["Image"] != nil {
+		t.Errorf("the manager's CD after an eject through the system: %v", cd)
+	}
+	sameETag("ejected")
 }
 
 // TestVirtualMediaErrors: every bad request to the CD gets its Base
@@ -326,26 +376,28 @@ func TestVirtualMediaErrors(t *testing.T) {
 		{name: "insert with its action info's path", method: "POST", suffix: "/Cd/InsertMediaActionInfo", body: `{"Image":"` + image + `"}`, wantStatus: 405, wantID: "OperationNotAllowed"},
 		{name: "backend unavailable", setup: unavailable, method: "GET", suffix: "/Cd", wantStatus: 503, wantID: "ServiceTemporarilyUnavailable"},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, nil)
-			if tt.setup != nil {
-				tt.setup(f)
-			}
-			before, beforeErr := f.backend.Get("vm-0").VirtualMedia(t.Context())
-			path := system0 + "/VirtualMedia" + tt.suffix
-			res := f.do(asAdmin(tt.method, path, tt.body))
-			if res.status != tt.wantStatus {
-				t.Fatalf("%s %s: status %d, want %d: %s", tt.method, path, res.status, tt.wantStatus, res.raw)
-			}
-			// A refused request leaves the drive as it was.
-			if after, err := f.backend.Get("vm-0").VirtualMedia(t.Context()); after != before || (err == nil) != (beforeErr == nil) {
-				t.Errorf("the drive went from %+v to %+v", before, after)
-			}
-			if ids := messageIDs(t, res); !slices.Equal(ids, []string{"Base.1.19." + tt.wantID}) {
-				t.Errorf("MessageIds = %v, want [Base.1.19.%s]", ids, tt.wantID)
-			}
-		})
+	for _, owner := range mediaOwners {
+		for _, tt := range tests {
+			t.Run(owner.name+"/"+tt.name, func(t *testing.T) {
+				f := newFixture(t, nil)
+				if tt.setup != nil {
+					tt.setup(f)
+				}
+				before, beforeErr := f.backend.Get("vm-0").VirtualMedia(t.Context())
+				path := owner.path + "/VirtualMedia" + tt.suffix
+				res := f.do(asAdmin(tt.method, path, tt.body))
+				if res.status != tt.wantStatus {
+					t.Fatalf("%s %s: status %d, want %d: %s", tt.method, path, res.status, tt.wantStatus, res.raw)
+				}
+				// A refused request leaves the drive as it was.
+				if after, err := f.backend.Get("vm-0").VirtualMedia(t.Context()); after != before || (err == nil) != (beforeErr == nil) {
+					t.Errorf("the drive went from %+v to %+v", before, after)
+				}
+				if ids := messageIDs(t, res); !slices.Equal(ids, []string{"Base.1.19." + tt.wantID}) {
+					t.Errorf("MessageIds = %v, want [Base.1.19.%s]", ids, tt.wantID)
+				}
+			})
+		}
 	}
 }
 
@@ -355,11 +407,16 @@ func TestNoVirtualMediaWithoutCapability(t *testing.T) {
 		caps.VirtualMedia = false
 		b.replaced["vm-0"] = &stubMachine{Machine: b.Get("vm-0"), caps: &caps}
 	})
-	if _, linked := f.do(asAdmin("GET", system0, "")).json["VirtualMedia"]; linked {
-		t.Errorf("%s links VirtualMedia the machine does not have", system0)
+	for _, owner := range []string{system0, manager0} {
+		if _, linked := f.do(asAdmin("GET", owner, "")).json["VirtualMedia"]; linked {
+			t.Errorf("%s links VirtualMedia the machine does not have", owner)
+		}
 	}
+	const mgrCD = manager0 + "/VirtualMedia/Cd"
 	for _, req := range []request{
 		asAdmin("GET", system0+"/VirtualMedia", ""), asAdmin("GET", sysCD0, ""), asAdmin("POST", sysInsert0, `{"Image":"`+image+`"}`), asAdmin("POST", sysEject0, ""),
+		asAdmin("GET", manager0+"/VirtualMedia", ""), asAdmin("GET", mgrCD, ""), asAdmin("GET", mgrCD+"/InsertMediaActionInfo", ""),
+		asAdmin("POST", mgrCD+"/Actions/VirtualMedia.InsertMedia", `{"Image":"`+image+`"}`), asAdmin("POST", mgrCD+"/Actions/VirtualMedia.EjectMedia", ""),
 	} {
 		if res := f.do(req); res.status != http.StatusNotFound {
 			t.Errorf("%s %s: %d, want 404", req.method, req.path, res.status)

@@ -59,6 +59,7 @@ func serverRoutes() []route {
 		sys     = "/redfish/v1/Systems/{systemID}"
 		mgr     = "/redfish/v1/Managers/{managerID}"
 		sysCD   = sys + "/VirtualMedia/{mediaID}"
+		mgrCD   = mgr + "/VirtualMedia/{mediaID}"
 		session = "/redfish/v1/SessionService/Sessions/{sessionID}"
 		account = "/redfish/v1/AccountService/Accounts/{accountID}"
 		// A subscription's id is a number; a DELETE of "SSE" is a 404.
@@ -119,6 +120,12 @@ func serverRoutes() []route {
 		{http.MethodGet, mgr, privLogin, (*Server).getManager, nil, whileMachineState},
 		{http.MethodPost, mgr + "/Actions/Manager.Reset", privConfigureManager, (*Server).resetManager, nil, perRequest},
 		{http.MethodGet, mgr + "/NetworkProtocol", privLogin, (*Server).getNetworkProtocol, nil, whileMachineState},
+		// The system's drive again, where older clients look (media.go).
+		{http.MethodGet, mgr + "/VirtualMedia", privLogin, (*Server).getVirtualMediaCollection, nil, whileMachineState},
+		{http.MethodGet, mgrCD, privLogin, (*Server).getVirtualMedia, nil, whileMachineState},
+		{http.MethodGet, mgrCD + "/InsertMediaActionInfo", privLogin, (*Server).getInsertMediaActionInfo, nil, whileMachineState},
+		{http.MethodPost, mgrCD + "/Actions/VirtualMedia.InsertMedia", privConfigureComponents, (*Server).insertMedia, nil, perRequest},
+		{http.MethodPost, mgrCD + "/Actions/VirtualMedia.EjectMedia", privConfigureComponents, (*Server).ejectMedia, nil, perRequest},
 		{http.MethodGet, mgr + "/LogServices", privLogin, getLogServices(managerLogs), nil, perRequest},
 		{http.MethodGet, mgrLog, privLogin, getLogService(managerLogs), nil, perRequest},
 		{http.MethodGet, mgrLog + "/Entries", privLogin, getLogEntries(managerLogs), nil, perRequest},

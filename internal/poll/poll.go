@@ -21,10 +21,18 @@ const (
 // check's last error when that takes longer than Patience.
 func Until(t testing.TB, what string, check func() error) {
 	t.Helper()
-	until(t, Patience, what, check)
+	until(t, Patience, Interval, what, check)
 }
 
-func until(t testing.TB, patience time.Duration, what string, check func() error) {
+// UntilEvery is Until for a check that costs another process work (a
+// slow service's API) or may rightly take longer than Patience: one try
+// every interval, for patience.
+func UntilEvery(t testing.TB, patience, interval time.Duration, what string, check func() error) {
+	t.Helper()
+	until(t, patience, interval, what, check)
+}
+
+func until(t testing.TB, patience, interval time.Duration, what string, check func() error) {
 	t.Helper()
 	deadline := time.Now().Add(patience)
 	for {
@@ -35,7 +43,7 @@ func until(t testing.TB, patience time.Duration, what string, check func() error
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: still %v after %s", what, err, patience)
 		}
-		time.Sleep(Interval)
+		time.Sleep(interval)
 	}
 }
 

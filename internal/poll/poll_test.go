@@ -45,7 +45,7 @@ func TestUntilFailsWithTheLastError(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		until(r, 50*time.Millisecond, "the door", func() error { return errors.New("still shut") })
+		until(r, 50*time.Millisecond, Interval, "the door", func() error { return errors.New("still shut") })
 	}()
 	<-done
 	if r.fatal != "the door: still still shut after 50ms" {

@@ -287,6 +287,9 @@ func TestRouting(t *testing.T) {
 		{name: "web2's credentials at web1", req: request{host: web1Host, user: "maas2", pass: "pw2"}, wantStatus: 401},
 		{name: "web1's credentials at web2", req: request{host: web2Host, user: "maas1", pass: "pw1"}, wantStatus: 401},
 		{name: "web2's system at web1", req: request{host: web1Host, path: "/redfish/v1/Systems/web2", user: "maas1", pass: "pw1"}, wantStatus: 404},
+		// The Manager's VirtualMedia, the system's drive where older clients look.
+		{name: "web1's manager media at web1", req: request{host: web1Host, path: "/redfish/v1/Managers/web1/VirtualMedia", user: "maas1", pass: "pw1"}, wantStatus: 200, wantMembers: []string{"/redfish/v1/Managers/web1/VirtualMedia/Cd"}},
+		{name: "web2's manager media at web1", req: request{host: web1Host, path: "/redfish/v1/Managers/web2/VirtualMedia/Cd", user: "maas1", pass: "pw1"}, wantStatus: 404},
 		{name: "unknown host", req: request{host: "web3.team-a.bmc.example.com", user: "maas1", pass: "pw1"}, wantStatus: 404, wantCode: "Base.1.19.ResourceNotFound"},
 		{name: "unknown host without credentials", req: request{host: "10.0.0.7:8443"}, wantStatus: 404, wantCode: "Base.1.19.ResourceNotFound"},
 		{name: "short name of a host", req: request{host: "web1", user: "maas1", pass: "pw1"}, wantStatus: 404, wantCode: "Base.1.19.ResourceNotFound"},

@@ -64,7 +64,8 @@ func (m *Machine) Firmware(ctx context.Context) (machine.FirmwareState, error) {
 	next := firmwareOf(&vm.Spec.Template.Spec)
 	state := machine.FirmwareState{Next: next, Current: next}
 	if vmi != nil && vmi.DeletionTimestamp == nil && !vmi.IsFinal() {
-		state.Current = firmwareOf(&vmi.Spec)
+		// A VMI boots with the spec it was created with.
+		state.Current, state.Booted = firmwareOf(&vmi.Spec), vmi.CreationTimestamp.Time
 	}
 	state.Product = firmwareProduct(state.Current, architecture(vm.Spec.Template.Spec.Architecture))
 	return state, nil

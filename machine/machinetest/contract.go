@@ -7,6 +7,7 @@ import (
 	"errors"
 	"regexp"
 	"testing"
+	"time"
 
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine"
@@ -501,8 +502,17 @@ func testFirmware(t *testing.T, s Subject) {
 	if got := firmware(t, s); got.Next != secure || got.Current != secure {
 		t.Fatalf("off: Firmware = %+v after SetFirmware(%+v)", got, secure)
 	}
+	if got := firmware(t, s); !got.Booted.IsZero() {
+		t.Fatalf("off: the firmware was applied at %v, want no time", got.Booted)
+	}
 	mustReset(t, s, machine.ResetOn)
 	waitPower(t, s, machine.PowerOn)
+	var firstBoot time.Time
+	poll.True(t, "the time the firmware was applied", func() bool {
+		got, err := s.Machine.Firmware(t.Context())
+		firstBoot = got.Booted
+		return err == nil && !got.Booted.IsZero()
+	})
 	plain := machine.Firmware{Mode: machine.BootModeUEFI}
 	mustSetFirmware(t, s, plain)
 	if got := firmware(t, s); got.Next != plain || got.Current != secure || !got.Pending() {
@@ -514,7 +524,7 @@ func testFirmware(t *testing.T, s Subject) {
 	waitPower(t, s, machine.PowerOn)
 	poll.True(t, "firmware applied by the restart", func() bool {
 		got, err := s.Machine.Firmware(t.Context())
-		return err == nil && got.Current == plain && !got.Pending()
+		return err == nil && got.Current == plain && !got.Pending() && !got.Booted.Before(firstBoot)
 	})
 	mustSetFirmware(t, s, secure)
 	if err := s.Machine.ResetFirmware(t.Context()); err != nil {

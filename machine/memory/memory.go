@@ -343,6 +343,7 @@ func (m *Machine) powerOn() {
 	}
 	m.boots = append(m.boots, target)
 	m.firmware.Current = m.firmware.Next
+	m.firmware.Booted = m.now()
 	m.startTransition(true)
 }
 
@@ -424,7 +425,7 @@ func (m *Machine) Firmware(context.Context) (machine.FirmwareState, error) {
 func (m *Machine) firmwareState() machine.FirmwareState {
 	state := m.firmware
 	if m.power == machine.PowerOff {
-		state.Current = state.Next
+		state.Current, state.Booted = state.Next, time.Time{}
 	}
 	state.Product = "in-memory " + string(state.Current.Mode) + " firmware"
 	return state
