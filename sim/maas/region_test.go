@@ -19,7 +19,14 @@ import (
 // rawGet sends GET machines/ with the given Authorization header.
 func rawGet(t *testing.T, s *maassim.Server, authorization string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/machines/", nil)
+	return rawGetPath(t, s, "/api/2.0/machines/", authorization)
+}
+
+// rawGetPath sends GET path with the given Authorization header (none when
+// empty) and returns the status and body.
+func rawGetPath(t *testing.T, s *maassim.Server, path, authorization string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.URL()+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,18 +501,8 @@ func TestCommissioningResults(t *testing.T) {
 // the admin: the status and the body.
 func rawResults(t *testing.T, s *maassim.Server, systemID, query string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, s.URL()+"/api/2.0/nodes/"+systemID+"/results/current-commissioning/?"+query, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", oauthHeader(validOAuth(fmt.Sprint("results-", time.Now().UnixNano()))))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	return rawGetPath(t, s, "/api/2.0/nodes/"+systemID+"/results/current-commissioning/?"+query,
+		oauthHeader(validOAuth(fmt.Sprint("results-", time.Now().UnixNano()))))
 }
 
 // results are the results rawResults answers, which must be 200.
