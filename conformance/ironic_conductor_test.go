@@ -344,10 +344,11 @@ func (s *ironicService) power(t *testing.T, name string, target map[string]any, 
 	s.must(t, http.MethodPut, "/nodes/"+name+"/states/power", target, nil)
 	waitFor(t, 2*time.Minute, fmt.Sprintf("node %s %v", name, target), func() error {
 		n := s.node(t, name)
+		if n.TargetPowerState == nil && deref(n.LastError) != "" {
+			// Failed: Ironic does not try again.
+			t.Fatalf("node %s after %v: power %s, last error %s", name, target, deref(n.PowerState), *n.LastError)
+		}
 		if n.TargetPowerState == nil && deref(n.PowerState) == want {
-			if n.LastError != nil && *n.LastError != "" {
-				t.Fatalf("node %s after %v: %s", name, target, *n.LastError)
-			}
 			return nil
 		}
 		return fmt.Errorf("power %s (target %s), last error %q", deref(n.PowerState), deref(n.TargetPowerState), deref(n.LastError))
