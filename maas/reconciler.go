@@ -531,27 +531,33 @@ func (r *Reconciler) fillInstanceMACs(ctx context.Context, enrolled map[VMRef]*E
 	return nil
 }
 
+// bound is a cycle's work on one VM's proven machine: the scope its steps
+// share.
+type bound struct {
+	m              managedMachine
+	vm             *EnrolledVM
+	others         []managedMachine // the other machines claiming the VM
+	credentialsSet bool
+	wrote          bool // credentials written this cycle
+	err            error
+	// changes are the machine's, recorded in order once its phase is done:
+	// machines run concurrently, the cycle's list does not.
+	changes []Change
+	// hostname is the one the machine may hold, claimed before the machines
+	// run (in their order, so the same machine wins a name every cycle), or
+	// why it may hold none.
+	hostname    string
+	hostnameErr error
+}
+
+// recordOwn keeps a change for the cycle's list.
+func (x *bound) recordOwn(c Change) { x.changes = append(x.changes, c) }
+
 // reconcileBound brings every bound machine in shape: credentials first
 // (whether they are set decides whether a Ready machine is ours to name, and
 // so which pools are needed), then pools, hostnames and commissioning. It
 // returns the machines as MaaS last showed them and each one's failure.
 func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, holders map[string]string, now metav1.Time, record func(Change)) (map[string]Machine, map[string]error) {
-	type bound struct {
-		m              managedMachine
-		vm             *EnrolledVM
-		others         []managedMachine // the other machines claiming the VM
-		credentialsSet bool
-		wrote          bool // credentials written this cycle
-		err            error
-		// changes are the machine's, recorded in order once its phase
-		// is done: machines run concurrently, the cycle's list does not.
-		changes []Change
-		// hostname is the one the machine may hold, claimed before the
-		// machines run (in their order, so the same machine wins a name
-		// every cycle), or why it may hold none.
-		hostname    string
-		hostnameErr error
-	}
 	recordAll := func(all []*bound) {
 		for _, x := range all {
 			for _, c := range x.changes {
@@ -580,12 +586,11 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	}
 	r.eachConcurrently(len(all), func(i int) {
 		x := all[i]
-		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
 		// MaaS shares one BMC row among redfish machines of one address:
 		// credentials written on the proven machine would reach every other
 		// claimant, so they are detached first, or nothing is written.
-		if x.err = r.detach(ctx, x.m, x.others, recordOwn); x.err == nil {
-			x.credentialsSet, x.wrote, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, recordOwn)
+		if x.err = r.detach(ctx, x.m, x.others, x.recordOwn); x.err == nil {
+			x.credentialsSet, x.wrote, x.err = r.reconcileCredentials(ctx, r.logFor(x.m), x.m, x.vm, x.recordOwn)
 		}
 	})
 	recordAll(all)
@@ -630,9 +635,7 @@ func (r *Reconciler) reconcileBound(ctx context.Context, bindings []binding, hol
 	}
 	r.eachConcurrently(len(identities), func(i int) {
 		x := identities[i]
-		recordOwn := func(c Change) { x.changes = append(x.changes, c) }
-		recordBinding := func(m Machine) error { return r.recordBinding(ctx, x.vm, m, now) }
-		m, err := r.reconcileIdentityAndCommission(ctx, r.logFor(x.m), x.m, x.vm.Reported, x.credentialsSet, x.hostname, x.hostnameErr, poolErrs, now, recordBinding, recordOwn)
+		m, err := r.reconcileIdentityAndCommission(ctx, x, poolErrs, now)
 		x.m.Machine, x.err = m, cmp.Or(err, x.err)
 	})
 	recordAll(identities)
@@ -696,25 +699,26 @@ func (r *Reconciler) logFor(m managedMachine) logr.Logger {
 // machine whose credentials are in place, commissions it, unless MaaS
 // refused that and the wait the VM's status reports has not ended. It
 // returns the machine as MaaS last showed it.
-func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, log logr.Logger, m managedMachine, reported MachineStatus, credentialsSet bool, hostname string, hostnameErr error, poolErrs map[string]error, now metav1.Time, recordBinding func(Machine) error, record func(Change)) (Machine, error) {
-	current, identitySet, err := r.reconcileIdentity(ctx, log, m, hostname, hostnameErr, poolErrs, record)
+func (r *Reconciler) reconcileIdentityAndCommission(ctx context.Context, x *bound, poolErrs map[string]error, now metav1.Time) (Machine, error) {
+	log, m := r.logFor(x.m), x.m
+	current, identitySet, err := r.reconcileIdentity(ctx, log, m, x.hostname, x.hostnameErr, poolErrs, x.recordOwn)
 	if err != nil || !identitySet || m.Status != StatusNew {
 		return current, err
 	}
-	if !credentialsSet {
+	if !x.credentialsSet {
 		log.Info("not commissioning until the BMC credentials are set")
 		return current, nil
 	}
-	if refused, waiting := commissionWaiting(reported, current, now.Time); waiting {
+	if refused, waiting := commissionWaiting(x.vm.Reported, current, now.Time); waiting {
 		log.V(1).Info("commission refused before, waiting", "retryAfter", refused.RetryAfter.Time)
 		return current, &failureKind{reason: ReasonCommissionRefused, waiting: true,
 			err: fmt.Errorf("%s (next try after %s)", refused.Message, refused.RetryAfter.UTC().Format(time.RFC3339))}
 	}
-	record(Change{Action: ActionCommission, SystemID: m.SystemID, VM: m.vm, Detail: "New machine"})
+	x.recordOwn(Change{Action: ActionCommission, SystemID: m.SystemID, VM: m.vm, Detail: "New machine"})
 	if r.DryRun {
 		return current, nil
 	}
-	if err := recordBinding(current); err != nil {
+	if err := r.recordBinding(ctx, x.vm, current, now); err != nil {
 		return current, err
 	}
 	// The power parameters are right already, so the bmc-config scripts must
