@@ -1,6 +1,9 @@
 package machine
 
-import "context"
+import (
+	"context"
+	"io"
+)
 
 // Operation names a Machine method a decorator sees.
 type Operation string
@@ -21,6 +24,7 @@ const (
 	OpResetFirmware   Operation = "ResetFirmware"
 	OpLocatorActive   Operation = "LocatorActive"
 	OpSetLocator      Operation = "SetLocatorActive"
+	OpOpenConsole     Operation = "OpenConsole"
 )
 
 // Call is one call of a machine method as an Interceptor sees it.
@@ -28,8 +32,8 @@ type Call struct {
 	Machine string // the machine's ID
 	Op      Operation
 	// Arg is the write's argument in words ("ForceOff", "Pxe Once UEFI",
-	// the media URL, "UEFI SecureBoot", "On"); "" for reads, EjectMedia and
-	// ResetFirmware.
+	// the media URL, "UEFI SecureBoot", "On"), the console's kind for
+	// OpenConsole; "" for reads, EjectMedia and ResetFirmware.
 	Arg string
 }
 
@@ -185,6 +189,18 @@ func (f Forwarder) SetLocatorActive(ctx context.Context, on bool) error {
 		arg = "On"
 	}
 	return f.forward(ctx, OpSetLocator, arg, func(ctx context.Context, m Machine) error { return m.SetLocatorActive(ctx, on) })
+}
+
+// OpenConsole is intercepted as the connecting only: what passes over the
+// stream afterwards is the protocol's to account for.
+func (f Forwarder) OpenConsole(ctx context.Context, k ConsoleKind) (io.ReadWriteCloser, error) {
+	var stream io.ReadWriteCloser
+	err := f.forward(ctx, OpOpenConsole, string(k), func(ctx context.Context, m Machine) error {
+		var err error
+		stream, err = m.OpenConsole(ctx, k)
+		return err
+	})
+	return stream, err
 }
 
 // InterceptBackend returns b whose machines are intercepted by around. It

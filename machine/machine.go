@@ -110,6 +110,8 @@ type Capabilities struct {
 	BootModes   []BootMode
 	// VirtualMedia is false where the backend cannot attach media at all.
 	VirtualMedia bool
+	// Consoles lists the consoles OpenConsole connects to.
+	Consoles []ConsoleKind
 }
 
 // SupportsReset reports whether r is among c.ResetTypes.
@@ -370,6 +372,7 @@ type Machine interface {
 	MediaController
 	FirmwareController
 	IndicatorController
+	ConsoleController
 }
 
 // Backend is a set of machines served by one BMC process.

@@ -8,11 +8,14 @@ import (
 	"context"
 	"crypto/sha1"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/sim/console"
 )
 
 // Options configures a Backend.
@@ -180,6 +183,7 @@ type Machine struct {
 	mediaTime     time.Duration // Options.MediaImportTime
 	mediaStart    time.Time     // when the inserted image's import began
 	boots         []machine.BootTarget
+	consoles      []io.Closer // the machine's side of the streams open to this boot
 	fault         error
 	// generation counts changes of the fields above, from 1; each is told
 	// to changes.
@@ -251,6 +255,7 @@ func (m *Machine) Capabilities() machine.Capabilities {
 		BootTargets:  []machine.BootTarget{machine.BootPxe, machine.BootHdd, machine.BootCd, machine.BootUefiHttp},
 		BootModes:    []machine.BootMode{machine.BootModeUEFI, machine.BootModeLegacy},
 		VirtualMedia: true,
+		Consoles:     slices.Clone(machine.AllConsoleKinds),
 	}
 }
 
@@ -316,8 +321,13 @@ func (m *Machine) settle() {
 	}
 }
 
-// startTransition moves towards on (true) or off. Callers hold mu.
+// startTransition moves towards on (true) or off. Either way the running
+// boot ends, and its consoles with it. Callers hold mu.
 func (m *Machine) startTransition(on bool) {
+	for _, c := range m.consoles {
+		c.Close()
+	}
+	m.consoles = nil
 	switch {
 	case on && m.delay > 0:
 		m.power = machine.PoweringOn
@@ -552,4 +562,55 @@ func (m *Machine) EjectMedia(context.Context) error {
 	m.media = emptyCD
 	m.changed()
 	return nil
+}
+
+// OpenConsole connects to the simulated guest's serial console (boot lines,
+// a login prompt, an echo) or screen (an RFB server); see
+// machine.ConsoleController. Every stream of a boot ends when it does.
+func (m *Machine) OpenConsole(_ context.Context, k machine.ConsoleKind) (io.ReadWriteCloser, error) {
+	if err := m.Capabilities().CheckConsole(k); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fault != nil {
+		return nil, m.fault
+	}
+	m.settle()
+	if m.power != machine.PowerOn && m.power != machine.PoweringOn && m.power != machine.Paused {
+		return nil, machine.Errorf(machine.ErrConflict, "the console needs a running machine, it is %s", m.power)
+	}
+	if k == machine.ConsoleSerial {
+		serial := console.NewSerial(m.id)
+		return m.track(serial, serial), nil
+	}
+	screen, client := net.Pipe()
+	go func() {
+		_ = console.ServeRFB(screen, m.id)
+		screen.Close()
+	}()
+	return m.track(client, screen), nil
+}
+
+// track keeps the machine's side of a stream until the boot ends or the
+// stream is closed, whichever is first. Callers hold mu.
+func (m *Machine) track(stream io.ReadWriteCloser, machineSide io.Closer) io.ReadWriteCloser {
+	m.consoles = append(m.consoles, machineSide)
+	return &trackedStream{ReadWriteCloser: stream, release: func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.consoles = slices.DeleteFunc(m.consoles, func(c io.Closer) bool { return c == machineSide })
+		machineSide.Close()
+	}}
+}
+
+type trackedStream struct {
+	io.ReadWriteCloser
+	release func()
+	once    sync.Once
+}
+
+func (t *trackedStream) Close() error {
+	t.once.Do(t.release)
+	return t.ReadWriteCloser.Close()
 }
