@@ -170,13 +170,19 @@ func (l *Log) OnRecord(f func(Entry)) {
 	l.listeners = append(l.listeners, f)
 }
 
-// Intercept is a machine.Interceptor that records every write made with a
-// context carrying an Actor (see WithActor), with its outcome. Reads, and
-// calls of nobody's (the backend's own), are not recorded.
+// OpCloseConsole is the entry of a console stream's end (the machine's
+// OpenConsole is that of its start): no machine call, but the protocol that
+// held the stream tells it through ConsoleClosed.
+const OpCloseConsole machine.Operation = "CloseConsole"
+
+// Intercept is a machine.Interceptor that records every write and every
+// console opened with a context carrying an Actor (see WithActor), with its
+// outcome. Reads, and calls of nobody's (the backend's own), are not
+// recorded.
 func (l *Log) Intercept(ctx context.Context, c machine.Call, call func(context.Context) error) error {
 	err := call(ctx)
 	actor, ok := ActorFrom(ctx)
-	if !ok || !c.IsWrite() {
+	if !ok || !(c.IsWrite() || c.Op == machine.OpOpenConsole) {
 		return err
 	}
 	e := Entry{Machine: c.Machine, Actor: actor, Kind: KindAction, Op: c.Op, Arg: c.Arg, Count: 1}
@@ -199,6 +205,20 @@ func describe(err error) string {
 		return "timed out"
 	}
 	return "internal error"
+}
+
+// ConsoleClosed records the end of a console stream that the Actor of ctx
+// opened on machineID, for why ("" when its client ended it).
+func (l *Log) ConsoleClosed(ctx context.Context, machineID string, k machine.ConsoleKind, why string) {
+	actor, ok := ActorFrom(ctx)
+	if !ok {
+		return
+	}
+	arg := string(k)
+	if why != "" {
+		arg += " (" + why + ")"
+	}
+	l.record(Entry{Machine: machineID, Actor: actor, Kind: KindAction, Op: OpCloseConsole, Arg: arg, Count: 1})
 }
 
 // LoginFailed records a failed login: a new entry, or one more in the
@@ -291,10 +311,17 @@ func (l *Log) LastChange(machineID string) time.Time {
 	return last
 }
 
-// PowerAndBoot selects the entries of power and boot actions: the ones
-// worth an Event on the VM.
-func PowerAndBoot(e Entry) bool {
-	return e.Kind == KindAction && (e.Op == machine.OpReset || e.Op == machine.OpSetBootOverride)
+// Eventful selects the entries worth an Event on the VM: power and boot
+// actions, and consoles opened and closed.
+func Eventful(e Entry) bool {
+	if e.Kind != KindAction {
+		return false
+	}
+	switch e.Op {
+	case machine.OpReset, machine.OpSetBootOverride, machine.OpOpenConsole, OpCloseConsole:
+		return true
+	}
+	return false
 }
 
 // Forward hands each new entry that want selects to send, in order, from a
@@ -367,10 +394,10 @@ var ErrForwardQueueFull = errors.New("forwarding queue full")
 // forwardQueue bounds the actions waiting for their Event.
 const forwardQueue = 64
 
-// ForwardActions copies each power and boot action to recorder (for
+// ForwardActions copies each Eventful entry to recorder (for
 // KubeVirt, an Event on the VM), as Forward does.
 func (l *Log) ForwardActions(ctx context.Context, recorder machine.ActionRecorder, onError func(Entry, error)) {
-	l.Forward(ctx, forwardQueue, PowerAndBoot, func(ctx context.Context, e Entry) error {
+	l.Forward(ctx, forwardQueue, Eventful, func(ctx context.Context, e Entry) error {
 		return recorder.RecordAction(ctx, e.Machine, string(e.Op), e.Err != "", e.Message())
 	}, onError)
 }

@@ -170,7 +170,7 @@ func TestForward(t *testing.T) {
 	taken := make(chan struct{}, 10)
 	sent := make(chan auditlog.Entry, 10)
 	failures := make(chan error, 10)
-	l.Forward(ctx, 1, auditlog.PowerAndBoot, func(_ context.Context, e auditlog.Entry) error {
+	l.Forward(ctx, 1, auditlog.Eventful, func(_ context.Context, e auditlog.Entry) error {
 		taken <- struct{}{}
 		<-release // a slow API server
 		sent <- e
@@ -222,5 +222,32 @@ func TestLoginFailureNameIsBounded(t *testing.T) {
 	e := l.Entries("vm-0")[0]
 	if len(e.Actor.Account) > 70 || !strings.HasPrefix(e.Actor.Account, "xxxx") {
 		t.Errorf("account kept as %d bytes", len(e.Actor.Account))
+	}
+}
+
+// TestConsoleSessions: opening and closing a console are entries (who,
+// from where, which console) and both are worth an Event; a console read
+// by nobody's context is not recorded.
+func TestConsoleSessions(t *testing.T) {
+	l, _ := newLog(10)
+	ctx := auditlog.WithActor(context.Background(), admin)
+	_ = write(l, ctx, machine.Call{Machine: "vm-0", Op: machine.OpOpenConsole, Arg: string(machine.ConsoleSerial)}, nil)
+	l.ConsoleClosed(ctx, "vm-0", machine.ConsoleSerial, "the machine stopped")
+	l.ConsoleClosed(context.Background(), "vm-0", machine.ConsoleSerial, "")
+	entries := l.Entries("vm-0")
+	if len(entries) != 2 {
+		t.Fatalf("%d entries, want the open and the close: %+v", len(entries), entries)
+	}
+	closed, opened := entries[0], entries[1]
+	if opened.Message() != "OpenConsole Serial by "+admin.Account+" from "+admin.Source+" via "+admin.Protocol+": done" {
+		t.Errorf("open: %q", opened.Message())
+	}
+	if closed.Op != auditlog.OpCloseConsole || closed.Arg != "Serial (the machine stopped)" || closed.Severity() != auditlog.SeverityOK || closed.Actor != admin {
+		t.Errorf("close: %+v", closed)
+	}
+	for _, e := range entries {
+		if !auditlog.Eventful(e) {
+			t.Errorf("%s is not forwarded as an Event", e.Message())
+		}
 	}
 }
