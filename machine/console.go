@@ -2,8 +2,10 @@ package machine
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
+	"sync"
 )
 
 // ConsoleKind names one of a machine's consoles.
@@ -50,4 +52,77 @@ type ConsoleController interface {
 	// protocol's to decide, not the backend's: a backend may end an older
 	// stream of the same kind when a new one opens (KubeVirt does).
 	OpenConsole(ctx context.Context, k ConsoleKind) (io.ReadWriteCloser, error)
+}
+
+// ErrConsoleInUse is a console that another client holds. It is a
+// conflict, and one that the protocols tell apart from a machine that is
+// not running (IPMI's "payload already active").
+var ErrConsoleInUse = fmt.Errorf("console in use: %w", ErrConflict)
+
+// ConsoleSessions admits one stream per machine and console kind at a
+// time, across every protocol that shares it: a server's console is one
+// line, and KubeVirt's ends the older stream when a newer one opens, so a
+// second client would silently take the first one's console. The zero
+// value is ready; a process shares one between its protocols.
+type ConsoleSessions struct {
+	mu   sync.Mutex
+	open map[consoleKey]bool
+}
+
+type consoleKey struct {
+	machine string
+	kind    ConsoleKind
+}
+
+// Open opens m's console of kind k unless a stream of it is open already
+// (ErrConsoleInUse); the console is free again once the returned stream
+// is closed.
+func (s *ConsoleSessions) Open(ctx context.Context, m Machine, k ConsoleKind) (io.ReadWriteCloser, error) {
+	key := consoleKey{m.ID(), k}
+	s.mu.Lock()
+	if s.open[key] {
+		s.mu.Unlock()
+		return nil, Errorf(ErrConsoleInUse, "%s console of %s", k, key.machine)
+	}
+	if s.open == nil {
+		s.open = map[consoleKey]bool{}
+	}
+	s.open[key] = true
+	s.mu.Unlock()
+	stream, err := m.OpenConsole(ctx, k)
+	if err != nil {
+		s.release(key)
+		return nil, err
+	}
+	return OnClose(stream, func() { s.release(key) }), nil
+}
+
+// InUse reports whether a stream of m's console of kind k is open.
+func (s *ConsoleSessions) InUse(machineID string, k ConsoleKind) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.open[consoleKey{machineID, k}]
+}
+
+func (s *ConsoleSessions) release(key consoleKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.open, key)
+}
+
+// OnClose is stream calling f, once, after its first Close.
+func OnClose(stream io.ReadWriteCloser, f func()) io.ReadWriteCloser {
+	return &closeHook{ReadWriteCloser: stream, f: f}
+}
+
+type closeHook struct {
+	io.ReadWriteCloser
+	f    func()
+	once sync.Once
+}
+
+func (h *closeHook) Close() error {
+	err := h.ReadWriteCloser.Close()
+	h.once.Do(h.f)
+	return err
 }

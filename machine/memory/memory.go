@@ -596,21 +596,10 @@ func (m *Machine) OpenConsole(_ context.Context, k machine.ConsoleKind) (io.Read
 // stream is closed, whichever is first. Callers hold mu.
 func (m *Machine) track(stream io.ReadWriteCloser, machineSide io.Closer) io.ReadWriteCloser {
 	m.consoles = append(m.consoles, machineSide)
-	return &trackedStream{ReadWriteCloser: stream, release: func() {
+	return machine.OnClose(stream, func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.consoles = slices.DeleteFunc(m.consoles, func(c io.Closer) bool { return c == machineSide })
 		machineSide.Close()
-	}}
-}
-
-type trackedStream struct {
-	io.ReadWriteCloser
-	release func()
-	once    sync.Once
-}
-
-func (t *trackedStream) Close() error {
-	t.once.Do(t.release)
-	return t.ReadWriteCloser.Close()
+	})
 }
