@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # hack/setup-envtest.sh [DEST]
 #
-# Puts kube-apiserver, etcd and kubectl for controller-runtime's envtest into
-# DEST and prints DEST, for:  export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)
+# Puts kube-apiserver and etcd for controller-runtime's envtest into DEST
+# and prints DEST, for:  export KUBEBUILDER_ASSETS=$(hack/setup-envtest.sh)
 #
 # 1. DEST already holds binaries of the wanted versions: nothing to do.
 # 2. Otherwise setup-envtest downloads the release binaries (short timeout).
 # 3. Where downloads are blocked, the binaries are built from the Go modules:
-#    kube-apiserver and kubectl from k8s.io/kubernetes (its go.mod points the
+#    kube-apiserver from k8s.io/kubernetes (its go.mod points the
 #    k8s.io/* staging modules at ./staging; those lines are swapped for the
 #    published v0.X.Y modules), etcd from go.etcd.io/etcd/server/v3 through a
 #    scratch module. Cold, this takes ~15 minutes on 2 cores; the Go build
-#    cache makes later runs fast.
+#    cache makes later runs fast. kubectl, which envtest can also use, is
+#    not built: no test runs it, and on 2 cores its build cost minutes of
+#    every cold run.
 #
 # Env: K8S_VERSION (v1.37.2), ETCD_VERSION (v3.7.3), SETUP_ENVTEST_VERSION
 #      (release-0.25), DOWNLOAD_TIMEOUT (90s), SRC_CACHE (where the rewritten
@@ -42,10 +44,9 @@ reports() {
 }
 
 apiserver_ok() { reports kube-apiserver "Kubernetes $K8S_VERSION" --version; }
-kubectl_ok() { reports kubectl "$K8S_VERSION" version --client; }
 etcd_ok() { reports etcd "etcd Version: ${ETCD_VERSION#v}" --version; }
 
-if apiserver_ok && kubectl_ok && [ -x "$DEST/etcd" ]; then
+if apiserver_ok && [ -x "$DEST/etcd" ]; then
   echo "$DEST"
   exit 0
 fi
@@ -57,7 +58,7 @@ try_download() {
   local dir
   if dir=$(timeout "$DOWNLOAD_TIMEOUT" go run "sigs.k8s.io/controller-runtime/tools/setup-envtest@$SETUP_ENVTEST_VERSION" \
       use "${K8S_VERSION#v}" --bin-dir "$store" -p path 2>/dev/null) && [ -x "$dir/kube-apiserver" ]; then
-    for b in kube-apiserver etcd kubectl; do cp -f "$dir/$b" "$DEST/$b"; done
+    for b in kube-apiserver etcd; do cp -f "$dir/$b" "$DEST/$b"; done
     rm -rf "$store"
     return 0
   fi
@@ -74,7 +75,7 @@ fi
 say "download unavailable; building from the Go modules"
 
 # --- 3. build from modules ----------------------------------------------------
-if ! apiserver_ok || ! kubectl_ok; then
+if ! apiserver_ok; then
   src=$SRC_CACHE/kubernetes-$K8S_VERSION
   if [ ! -f "$src/.staging-rewritten" ]; then
     moddir=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
@@ -98,11 +99,9 @@ if ! apiserver_ok || ! kubectl_ok; then
   ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1"
   ldflags="$ldflags -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
   ldflags="$ldflags -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  for b in kube-apiserver kubectl; do
-    say "building $b $K8S_VERSION"
-    (cd "$src" && go build -ldflags "$ldflags" -o "$DEST/.$b.new" "./cmd/$b")
-    mv -f "$DEST/.$b.new" "$DEST/$b"
-  done
+  say "building kube-apiserver $K8S_VERSION"
+  (cd "$src" && go build -ldflags "$ldflags" -o "$DEST/.kube-apiserver.new" ./cmd/kube-apiserver)
+  mv -f "$DEST/.kube-apiserver.new" "$DEST/kube-apiserver"
 fi
 
 if ! etcd_ok; then
