@@ -437,7 +437,9 @@ func rules(o *unstructured.Unstructured, k *marks) error {
 			return err
 		}
 		return k.each(
-			func() error { return k.mark(c, "image", scalar(`{{ include "virtmetal.image" (list . "bmc-controller") | quote }}`)) },
+			func() error {
+				return k.mark(c, "image", scalar(`{{ include "virtmetal.image" (list . "bmc-controller") | quote }}`))
+			},
 			func() error {
 				return k.markArg(c, "--mac-range=", scalar(`{{ printf "--mac-range=%s" .Values.controller.macRange | quote }}`))
 			},
@@ -486,7 +488,9 @@ func reconciler(o *unstructured.Unstructured, k *marks) error {
 	}
 	secret := scalar(`{{ .Values.maas.secretName | quote }}`)
 	return k.each(
-		func() error { return k.mark(c, "image", scalar(`{{ include "virtmetal.image" (list . "reconciler") | quote }}`)) },
+		func() error {
+			return k.mark(c, "image", scalar(`{{ include "virtmetal.image" (list . "reconciler") | quote }}`))
+		},
 		func() error { return k.mark(c, "resources", block(".Values.reconciler.resources")) },
 		func() error {
 			for _, e := range c["env"].([]any) {
