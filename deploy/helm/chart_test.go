@@ -2,6 +2,7 @@ package helm
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"maps"
@@ -19,10 +20,15 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	release "helm.sh/helm/v4/pkg/release/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/yaml"
 
+	"github.com/virtmetal/virtmetal/controllers"
 	"github.com/virtmetal/virtmetal/deploy"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 )
@@ -328,8 +334,27 @@ func TestValues(t *testing.T) {
 			if tc.namespace != "" {
 				namespace = tc.namespace
 			}
-			compare(t, renderChart(t, namespace, tc.values), want)
+			got := renderChart(t, namespace, tc.values)
+			compare(t, got, want)
+			controllerReads(t, get(t, got, "ConfigMap", "virtmetal-config"))
 		})
+	}
+}
+
+// controllerReads fails unless the controller takes the ConfigMap as its
+// config.
+func controllerReads(t *testing.T, o *unstructured.Unstructured) {
+	t.Helper()
+	cm := &corev1.ConfigMap{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, cm); err != nil {
+		t.Fatal(err)
+	}
+	source := &controllers.ConfigSource{
+		ConfigMap: types.NamespacedName{Namespace: cm.Namespace, Name: cm.Name},
+		Reader:    fake.NewClientBuilder().WithObjects(cm).Build(),
+	}
+	if _, err := source.Get(context.Background()); err != nil {
+		t.Errorf("the controller refuses the chart's config: %v", err)
 	}
 }
 
@@ -342,6 +367,7 @@ func TestRenderRefuses(t *testing.T) {
 		{"unknown reconciler mode", "reconciler: {mode: daemonset}\n", "'/reconciler/mode'"},
 		{"empty namespace selector", "namespaceSelector: ''\n", "'/namespaceSelector'"},
 		{"set-based namespace selector", "namespaceSelector: 'tier in (metal)'\n", "'/namespaceSelector'"},
+		{"two issuers", "tlsIssuer: a\ntlsClusterIssuer: b\n", "'not' failed"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
