@@ -36,7 +36,9 @@ func TestYAMLReadsTheSameIn11And12(t *testing.T) {
 			t.Errorf("quoted values: %v", err)
 		}
 	})
-	out, err := exec.Command("git", "-C", "..", "ls-files", "-z", "--", "*.yaml", "*.yml").Output()
+	// Helm's templates are Go templates that make YAML: deploy/helm's tests
+	// read what they render.
+	out, err := exec.Command("git", "-C", "..", "ls-files", "-z", "--", "*.yaml", "*.yml", ":(exclude)deploy/helm/virtmetal/templates").Output()
 	if err != nil {
 		t.Fatalf("git ls-files: %v", err)
 	}

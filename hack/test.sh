@@ -61,9 +61,13 @@ go vet ./...
 # bmclib's client for conformance is a module of its own (conformance/bmclib:
 # bmclib needs an older gofish than virtmetal's); its test builds it.
 (cd conformance/bmclib && go vet ./...)
+# The Helm chart's generator and tests are a module of their own too
+# (deploy/helm: Helm's dependencies stay out of virtmetal's module).
+(cd deploy/helm && go vet ./...)
 
 log "go test"
 go test -count=1 -timeout 40m ./...
+(cd deploy/helm && go test -count=1 -timeout 10m ./...)
 
 log "fuzzing each target ($fuzztime)"
 # Every FuzzXxx in the tree, found rather than listed, so a new target is
