@@ -111,18 +111,21 @@ func (s *Server) openConsole(c *call, kind machine.ConsoleKind) (result, error) 
 	if err != nil {
 		return result{}, s.mapBackendError(err, operation{resourceType: "ComputerSystem", resourceID: m.ID(), console: true})
 	}
-	session := consoleSession{machineID: m.ID(), kind: kind, stream: stream}
+	id := m.ID()
+	// The end is logged before the console is free, so that the log
+	// never shows the next client's opening first.
+	ended := func(why string) {
+		s.audit.ConsoleClosed(ctx, id, kind, why)
+		s.log.V(1).Info("console closed", "machine", id, "console", kind, "why", why)
+	}
 	return result{stream: func(w http.ResponseWriter, r *http.Request) {
 		conn, err := s.consoleUpgrader().Upgrade(w, r, nil)
 		if err != nil {
+			ended("the WebSocket handshake failed")
 			_ = stream.Close()
-			s.audit.ConsoleClosed(ctx, session.machineID, kind, "the WebSocket handshake failed")
 			return
 		}
-		session.conn = conn
-		why := s.serveConsole(r, &session)
-		s.audit.ConsoleClosed(ctx, session.machineID, kind, why)
-		s.log.V(1).Info("console closed", "machine", session.machineID, "console", kind, "why", why)
+		s.serveConsole(r, &consoleSession{kind: kind, stream: stream, conn: conn, ended: ended})
 	}}, nil
 }
 
@@ -134,21 +137,20 @@ func (s *Server) actorContext(c *call) context.Context {
 
 // consoleSession is one console carried over one WebSocket.
 type consoleSession struct {
-	machineID string
-	kind      machine.ConsoleKind
-	stream    io.ReadWriteCloser
-	conn      *websocket.Conn
-
-	once sync.Once
-	why  string // why it ended; "" when the client ended it
+	kind   machine.ConsoleKind
+	stream io.ReadWriteCloser
+	conn   *websocket.Conn
+	// ended is told why the session ended ("" when the client ended it).
+	ended func(why string)
+	once  sync.Once
 }
 
-// finish ends the session once: a close frame with code and reason (the
-// reason is also why), the console released, and the client given
-// consoleCloseGrace to answer the close before the connection goes.
+// finish ends the session once: a close frame with code and why, the end
+// told, the console released, and the client given consoleCloseGrace to
+// answer the close before the connection goes.
 func (cs *consoleSession) finish(code int, why string) {
 	cs.once.Do(func() {
-		cs.why = why
+		cs.ended(why)
 		deadline := time.Now().Add(consoleCloseGrace)
 		_ = cs.conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, why), deadline)
 		_ = cs.stream.Close()
@@ -157,9 +159,8 @@ func (cs *consoleSession) finish(code int, why string) {
 }
 
 // serveConsole carries the console both ways until either side ends it,
-// the credentials it was opened with stop working, or the service stops;
-// it returns why it ended.
-func (s *Server) serveConsole(r *http.Request, cs *consoleSession) string {
+// the credentials it was opened with stop working, or the service stops.
+func (s *Server) serveConsole(r *http.Request, cs *consoleSession) {
 	conn := cs.conn
 	conn.SetReadLimit(maxConsoleMessage)
 	alive := func() error { return conn.SetReadDeadline(time.Now().Add(2 * s.consoleKeepAlive)) }
@@ -195,7 +196,6 @@ func (s *Server) serveConsole(r *http.Request, cs *consoleSession) string {
 	}
 	_ = conn.Close()
 	<-outbound
-	return cs.why
 }
 
 // consoleInbound writes the client's messages to the console: binary, or
