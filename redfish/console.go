@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -66,6 +67,38 @@ func sessionToken(r *http.Request) string {
 	return ""
 }
 
+// checkHandshake refuses, before the console is opened, what the
+// upgrader would: a request that is no WebSocket opening, of a version
+// other than RFC 6455's, or from a page of another origin.
+func checkHandshake(r *http.Request) *apiError {
+	switch {
+	case r.Method != http.MethodGet || !websocket.IsWebSocketUpgrade(r):
+		e := newError(http.StatusBadRequest, msgHeaderMissing, "Upgrade: websocket")
+		e.header = http.Header{"Upgrade": {"websocket"}}
+		return e
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		e := newError(http.StatusBadRequest, msgHeaderInvalid, "Sec-WebSocket-Version")
+		e.header = http.Header{"Sec-WebSocket-Version": {"13"}}
+		return e
+	case r.Header.Get("Sec-WebSocket-Key") == "":
+		return newError(http.StatusBadRequest, msgHeaderMissing, "Sec-WebSocket-Key")
+	case !sameOrigin(r):
+		return newError(http.StatusForbidden, msgHeaderInvalid, "Origin")
+	}
+	return nil
+}
+
+// sameOrigin is true without an Origin (not a browser) or when Origin
+// names the host the request was sent to.
+func sameOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && strings.EqualFold(u.Host, r.Host)
+}
+
 // consoleUpgrader accepts same-origin browsers only (a page elsewhere
 // must not ride a browser's cached Basic credentials), answers its
 // refusals as Redfish errors, and never selects the token subprotocol, so
@@ -76,6 +109,7 @@ func (s *Server) consoleUpgrader() *websocket.Upgrader {
 		ReadBufferSize:   4 << 10,
 		WriteBufferSize:  4 << 10,
 		Subprotocols:     []string{"binary"}, // what noVNC and websockify offer
+		CheckOrigin:      sameOrigin,
 		Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
 			s.writeError(w, r, &apiError{status: status, messages: []message{{key: msgGeneralError, resolution: reason.Error()}}})
 		},
@@ -101,10 +135,8 @@ func (s *Server) openConsole(c *call, kind machine.ConsoleKind) (result, error) 
 	if !m.Capabilities().SupportsConsole(kind) {
 		return result{}, newError(http.StatusNotFound, msgResourceNotFound, string(kind)+"Console", m.ID())
 	}
-	if !websocket.IsWebSocketUpgrade(c.r) {
-		e := newError(http.StatusBadRequest, msgHeaderMissing, "Upgrade: websocket")
-		e.header = http.Header{"Upgrade": {"websocket"}}
-		return result{}, e
+	if err := checkHandshake(c.r); err != nil {
+		return result{}, err
 	}
 	ctx := s.actorContext(c)
 	stream, err := s.consoles.Open(ctx, m, kind)

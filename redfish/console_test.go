@@ -230,6 +230,17 @@ func TestConsoleRefusals(t *testing.T) {
 		{"token in the query", func(f *consoleFixture) { f.powerOn("vm-0") },
 			handshake(serialConsole0+"?X-Auth-Token="+strings.Repeat("0", 64), "", ""), http.StatusUnauthorized, "Base.1.19.NoValidSession"},
 		{"a POST", nil, asAdmin("POST", serialConsole0, `{}`), http.StatusMethodNotAllowed, "Base.1.19.OperationNotAllowed"},
+		{"another origin", func(f *consoleFixture) { f.powerOn("vm-0") }, withHeader(handshake(serialConsole0, adminUser, adminPass), "Origin", "https://evil.example"),
+			http.StatusForbidden, "Base.1.19.HeaderInvalid"},
+		{"an old WebSocket version", func(f *consoleFixture) { f.powerOn("vm-0") }, withHeader(handshake(serialConsole0, adminUser, adminPass), "Sec-WebSocket-Version", "8"),
+			http.StatusBadRequest, "Base.1.19.HeaderInvalid"},
+		{"no WebSocket key", func(f *consoleFixture) { f.powerOn("vm-0") }, withHeader(handshake(serialConsole0, adminUser, adminPass), "Sec-WebSocket-Key", ""),
+			http.StatusBadRequest, "Base.1.19.HeaderMissing"},
+		{"a HEAD", func(f *consoleFixture) { f.powerOn("vm-0") }, func() request {
+			r := handshake(serialConsole0, adminUser, adminPass)
+			r.method = "HEAD"
+			return r
+		}(), http.StatusBadRequest, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -241,14 +252,31 @@ func TestConsoleRefusals(t *testing.T) {
 			if res.status != tt.wantStatus {
 				t.Fatalf("status %d, want %d: %s", res.status, tt.wantStatus, res.raw)
 			}
+			if tt.wantID == "" { // a HEAD answer has no body
+				return
+			}
 			if ids := messageIDs(t, res); len(ids) != 1 || ids[0] != tt.wantID {
 				t.Errorf("MessageIds %v, want [%s]", ids, tt.wantID)
 			}
 			if strings.Contains(string(res.raw), "memory") || strings.Contains(string(res.raw), "Off") {
 				t.Errorf("the error tells backend details: %s", res.raw)
 			}
+			// A refused opening leaves no console held and nothing logged.
+			if f.sessions.InUse("vm-0", machine.ConsoleSerial) != (tt.name == "in use") {
+				t.Error("the refusal left the console held")
+			}
+			for _, e := range f.audit.Entries("vm-0") {
+				if e.Op == auditlog.OpCloseConsole && tt.name != "in use" {
+					t.Errorf("a refused opening logged %+v", e)
+				}
+			}
 		})
 	}
+}
+
+func withHeader(r request, name, value string) request {
+	r.headers[name] = value
+	return r
 }
 
 // TestConsoleTokenAsSubprotocol: a session token offered as a subprotocol

@@ -1,6 +1,7 @@
 // Package redfish is a Redfish BMC service in front of a machine.Backend:
 // one ComputerSystem, Manager and Chassis per machine, sessions and HTTP
-// Basic authentication, the standard roles, and Base registry errors. It
+// Basic authentication, the standard roles, and Base registry errors, and
+// each system's serial and graphical consoles over WebSockets. It
 // speaks the machine contract only; it knows nothing about Kubernetes.
 package redfish
 
