@@ -195,7 +195,8 @@ func (cs *consoleSession) finish(code int, why string) {
 func (s *Server) serveConsole(r *http.Request, cs *consoleSession) {
 	conn := cs.conn
 	conn.SetReadLimit(maxConsoleMessage)
-	alive := func() error { return conn.SetReadDeadline(time.Now().Add(2 * s.consoleKeepAlive)) }
+	// A client has the write timeout to answer a ping.
+	alive := func() error { return conn.SetReadDeadline(time.Now().Add(s.consoleKeepAlive + s.consoleWriteTimeout)) }
 	_ = alive()
 	conn.SetPongHandler(func(string) error { return alive() })
 

@@ -3,11 +3,14 @@ package redfish_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,8 +21,11 @@ import (
 	"github.com/stmcginnis/gofish"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/poll"
+	"github.com/virtmetal/virtmetal/internal/vhost"
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 	"github.com/virtmetal/virtmetal/sim/console"
 )
@@ -319,6 +325,8 @@ func TestConsoleTokenAsSubprotocol(t *testing.T) {
 		})
 	}
 	t.Run("the session ends", func(t *testing.T) {
+		// The first subtest's client hung up: its console is let go.
+		poll.True(t, "the console to be free", func() bool { return !f.sessions.InUse("vm-0", machine.ConsoleSerial) })
 		conn, _, err := (&websocket.Dialer{Subprotocols: []string{"x-auth-token." + token}}).Dial(url, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -337,30 +345,77 @@ func TestConsoleTokenAsSubprotocol(t *testing.T) {
 	})
 }
 
-// TestConsoleSharedModeKeepsTenantsApart: in shared mode every VM has a
-// service with accounts of its own; one VM's credentials open nothing of
-// another's.
+// TestConsoleSharedModeKeepsTenantsApart: in shared mode (internal/vhost)
+// each VM has a service of its own behind its host name, with its own
+// accounts; one VM's credentials open nothing of another's, though both
+// consoles have the same path.
 func TestConsoleSharedModeKeepsTenantsApart(t *testing.T) {
-	tenantA := newConsoleFixture(t, nil)
-	tenantB := newConsoleFixture(t, func(c *redfish.Config, _ *stubBackend) {
-		c.Accounts = []redfish.Account{{Username: "tenant-b", Password: "b-secret", Role: redfish.RoleAdministrator}}
-	})
-	tenantA.powerOn("vm-0")
-	tenantB.do(request{method: "POST", path: system0 + "/Actions/ComputerSystem.Reset", body: `{"ResetType":"On"}`, user: "tenant-b", pass: "b-secret"})
-	if _, err := tenantA.dial(serialConsole0, "tenant-b", "b-secret"); !errors.Is(err, websocket.ErrBadHandshake) {
-		t.Errorf("B's credentials at A's console: %v, want refused", err)
+	const hostA, hostB = "web1.team-a.bmc.example.com", "web2.team-b.bmc.example.com"
+	dir := t.TempDir()
+	for name, spec := range map[string]bmcspec.SharedVM{
+		"web1": {Username: "team-a", Password: "a-secret", Hosts: []string{hostA}},
+		"web2": {Username: "team-b", Password: "b-secret", Hosts: []string{hostB}},
+	} {
+		data, _ := json.Marshal(spec)
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if res := tenantA.do(handshake(serialConsole0, "tenant-b", "b-secret")); res.status != http.StatusUnauthorized {
-		t.Errorf("B's credentials at A's console: %d, want 401", res.status)
-	}
-	conn, err := tenantB.dial(serialConsole0, "tenant-b", "b-secret")
+	router, err := vhost.New(vhost.Config{Dir: dir, StartBackend: func(context.Context, string, bmcspec.SharedVM) (machine.Backend, error) {
+		return memory.New(memory.Options{}), nil
+	}})
 	if err != nil {
-		t.Fatalf("B at its own console: %v", err)
+		t.Fatal(err)
 	}
-	defer conn.Close()
-	readUntil(t, conn, console.Prompt("vm-0"))
-	if tenantA.sessions.InUse("vm-0", machine.ConsoleSerial) {
-		t.Error("B's console holds A's")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if n, err := router.Reload(ctx); n != 2 || err != nil {
+		t.Fatalf("Reload: %d VMs, %v", n, err)
+	}
+	ts := httptest.NewServer(router)
+	defer ts.Close()
+	as := func(host, user, pass string) http.Header {
+		r, _ := http.NewRequest("GET", "/", nil)
+		r.SetBasicAuth(user, pass)
+		r.Header.Set("Host", host)
+		return r.Header
+	}
+	for _, vm := range []struct{ host, user, pass string }{{hostA, "team-a", "a-secret"}, {hostB, "team-b", "b-secret"}} {
+		req, _ := http.NewRequest("POST", ts.URL+system0+"/Actions/ComputerSystem.Reset", strings.NewReader(`{"ResetType":"On"}`))
+		req.Host = vm.host
+		req.SetBasicAuth(vm.user, vm.pass)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil || res.StatusCode != http.StatusNoContent {
+			t.Fatalf("power on at %s: %v %v", vm.host, res, err)
+		}
+		res.Body.Close()
+	}
+	url := "ws" + strings.TrimPrefix(ts.URL, "http") + serialConsole0
+	for _, tt := range []struct {
+		name     string
+		header   http.Header
+		wantOpen bool
+	}{
+		{"B's credentials at A's console", as(hostA, "team-b", "b-secret"), false},
+		{"A's credentials at B's console", as(hostB, "team-a", "a-secret"), false},
+		{"A at its own console", as(hostA, "team-a", "a-secret"), true},
+		{"B at its own, while A holds its", as(hostB, "team-b", "b-secret"), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, res, err := websocket.DefaultDialer.Dial(url, tt.header)
+			if !tt.wantOpen {
+				if err == nil || res == nil || res.StatusCode != http.StatusUnauthorized {
+					t.Fatalf("opened or not 401: %v %v", res, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { conn.Close() })
+			readUntil(t, conn, console.Prompt("vm-0"))
+		})
 	}
 }
 
@@ -414,6 +469,26 @@ func TestConsoleClosesWithTheMachine(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("audit entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// TestConsoleClosesOnShutdown: a graceful shutdown (StopEventStreams)
+// closes open consoles with 1001, as hijacked connections are not the
+// HTTP server's to wait for.
+func TestConsoleClosesOnShutdown(t *testing.T) {
+	f := newConsoleFixture(t, nil)
+	f.powerOn("vm-0")
+	conn := f.mustDial(graphicalConsole0)
+	poll.True(t, "the console to open", func() bool { return f.sessions.InUse("vm-0", machine.ConsoleGraphical) })
+	f.server.StopEventStreams()
+	var err error
+	for err == nil {
+		_, _, err = conn.ReadMessage()
+	}
+	var closed *websocket.CloseError
+	if !errors.As(err, &closed) || closed.Code != websocket.CloseGoingAway || closed.Text != "the service is shutting down" {
+		t.Errorf("read after shutdown: %v, want close 1001", err)
+	}
+	poll.True(t, "the console to be free", func() bool { return !f.sessions.InUse("vm-0", machine.ConsoleGraphical) })
 }
 
 // endlessConsole is a console that always has output, and counts what is
@@ -518,6 +593,7 @@ func TestConsoleKeepAlive(t *testing.T) {
 		return conn.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(time.Second))
 	})
 	readUntil(t, conn, console.Prompt("vm-0"))
+	_ = conn.SetReadDeadline(time.Time{})
 	go func() {
 		for {
 			if _, _, err := conn.ReadMessage(); err != nil {
@@ -531,7 +607,10 @@ func TestConsoleKeepAlive(t *testing.T) {
 	}
 
 	// A client that never reads answers no ping.
-	silent := newConsoleFixture(t, func(c *redfish.Config, _ *stubBackend) { c.ConsoleKeepAlive = 50 * time.Millisecond })
+	silent := newConsoleFixture(t, func(c *redfish.Config, _ *stubBackend) {
+		c.ConsoleKeepAlive = 50 * time.Millisecond
+		c.ConsoleWriteTimeout = 200 * time.Millisecond
+	})
 	silent.powerOn("vm-0")
 	silent.mustDial(serialConsole0)
 	poll.True(t, "the console to open", func() bool { return silent.sessions.InUse("vm-0", machine.ConsoleSerial) })

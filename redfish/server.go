@@ -117,8 +117,8 @@ type Config struct {
 	// 10 s); meanwhile the console is not read, so nothing piles up.
 	ConsoleWriteTimeout time.Duration
 	// ConsoleKeepAlive is how often an open console's WebSocket is pinged
-	// (default 30 s); a client that answers nothing for two intervals is
-	// gone.
+	// (default 30 s); a client that answers nothing within
+	// ConsoleWriteTimeout of a ping is gone.
 	ConsoleKeepAlive time.Duration
 }
 
