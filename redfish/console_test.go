@@ -285,6 +285,42 @@ func withHeader(r request, name, value string) request {
 	return r
 }
 
+// TestConsoleGuessesAreThrottled: password guesses at a console count
+// with the logins' (one limiter), so a guessing source is refused at the
+// console and everywhere else, while the owner from another address is
+// not.
+func TestConsoleGuessesAreThrottled(t *testing.T) {
+	const guesser, owner = "198.51.100.66:4000", "192.0.2.10:5000"
+	f := newConsoleFixture(t, nil)
+	from := func(req request, remote string) int {
+		req.remote = remote
+		return f.do(req).status
+	}
+	for i := range 4 {
+		if got := from(handshake(serialConsole0, adminUser, "guess"), guesser); got != http.StatusUnauthorized {
+			t.Fatalf("guess %d: %d, want 401", i+1, got)
+		}
+	}
+	tests := []struct {
+		name   string
+		req    request
+		remote string
+		want   int
+	}{
+		{"the right password at the console from the guesser", handshake(serialConsole0, adminUser, adminPass), guesser, http.StatusUnauthorized},
+		{"the right password elsewhere from the guesser", asAdmin("GET", system0, ""), guesser, http.StatusUnauthorized},
+		// The machine is off: the credentials passed.
+		{"the owner at the console", handshake(serialConsole0, adminUser, adminPass), owner, http.StatusConflict},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := from(tt.req, tt.remote); got != tt.want {
+				t.Errorf("status %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
 // TestConsoleTokenAsSubprotocol: a session token offered as a subprotocol
 // (all a browser can send) opens the console, and is not echoed back.
 func TestConsoleTokenAsSubprotocol(t *testing.T) {
