@@ -223,7 +223,7 @@ func (a *authenticator) checkPassword(source, username, password string) (acc *a
 // counting a failure: a long-lived request (an SSE stream) asks it to end
 // once its credentials no longer would be accepted.
 func (a *authenticator) stillAuthorized(r *http.Request) bool {
-	if token := r.Header.Get("X-Auth-Token"); token != "" {
+	if token := sessionToken(r); token != "" {
 		_, ok := a.sessionPrincipal(token)
 		return ok
 	}
@@ -242,10 +242,11 @@ func (a *authenticator) stillAuthorized(r *http.Request) bool {
 	return false
 }
 
-// authenticate identifies the caller from X-Auth-Token or HTTP Basic. A
+// authenticate identifies the caller from X-Auth-Token (sessionToken) or
+// HTTP Basic. A
 // token wins when both are present, as DSP0266 prefers sessions.
 func (a *authenticator) authenticate(r *http.Request) (principal, bool) {
-	if token := r.Header.Get("X-Auth-Token"); token != "" {
+	if token := sessionToken(r); token != "" {
 		return a.sessionPrincipal(token)
 	}
 	username, password, ok := r.BasicAuth()

@@ -1,6 +1,8 @@
 package redfish_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,10 +11,13 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr"
+	"github.com/gorilla/websocket"
 
 	"github.com/virtmetal/virtmetal/internal/throttle"
+	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
+	"github.com/virtmetal/virtmetal/sim/console"
 )
 
 // benchServer is the full stack a BMC client meets: TLS, HTTP/1.1
@@ -206,5 +211,83 @@ func BenchmarkServeGetUnchanged(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkSerialConsoleEcho types into vm-0's serial console and reads
+// the echo back, through the console's WebSocket (TLS, as a client meets
+// it) and, for comparison, through the console stream itself: the
+// difference per op is what the WebSocket adds to a round trip, and
+// MB/s the echo throughput.
+func BenchmarkSerialConsoleEcho(b *testing.B) {
+	for _, size := range []int{64, 4 << 10} {
+		typed := bytes.Repeat([]byte{'x'}, size)
+		b.Run(fmt.Sprintf("direct/%dB", size), func(b *testing.B) {
+			backend := memory.New(memory.Options{Machines: 1})
+			m, err := backend.Machine(context.Background(), "vm-0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Reset(context.Background(), machine.ResetOn); err != nil {
+				b.Fatal(err)
+			}
+			stream, err := m.OpenConsole(context.Background(), machine.ConsoleSerial)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer stream.Close()
+			readPast(b, stream, console.Prompt("vm-0"))
+			buf := make([]byte, size)
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := stream.Write(typed); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(stream, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("websocket/%dB", size), func(b *testing.B) {
+			ts := benchServer(b)
+			if err := benchRequest(ts.Client(), "POST", ts.URL+reset0, `{"ResetType":"On"}`, http.StatusNoContent); err != nil {
+				b.Fatal(err)
+			}
+			dialer := websocket.Dialer{TLSClientConfig: ts.Client().Transport.(*http.Transport).TLSClientConfig}
+			r, _ := http.NewRequest("GET", "/", nil)
+			r.SetBasicAuth(adminUser, adminPass)
+			conn, _, err := dialer.Dial("wss"+strings.TrimPrefix(ts.URL, "https")+system0+"/Oem/VirtMetal/SerialConsole", r.Header)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			stream := &wsStream{conn: conn}
+			readPast(b, stream, console.Prompt("vm-0"))
+			buf := make([]byte, size)
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := conn.WriteMessage(websocket.BinaryMessage, typed); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(stream, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// readPast reads r up to and including want.
+func readPast(b *testing.B, r io.Reader, want string) {
+	b.Helper()
+	var got []byte
+	one := make([]byte, 1)
+	for !bytes.HasSuffix(got, []byte(want)) {
+		if _, err := io.ReadFull(r, one); err != nil {
+			b.Fatalf("read %q, waiting for %q: %v", got, want, err)
+		}
+		got = append(got, one[0])
 	}
 }

@@ -37,6 +37,7 @@ const (
 	msgActionParameterValueFormat     = "ActionParameterValueFormatError"
 	msgResourceNotFound               = "ResourceNotFound"
 	msgResourceInUse                  = "ResourceInUse"
+	msgResourceInStandby              = "ResourceInStandby"
 	msgOperationNotAllowed            = "OperationNotAllowed"
 	msgPayloadTooLarge                = "PayloadTooLarge"
 	msgNoValidSession                 = "NoValidSession"
@@ -82,6 +83,7 @@ var baseRegistry = map[string]registryEntry{
 	msgActionParameterValueFormat:     {"The value '%1' for the parameter '%2' in the action '%3' is not a format that the parameter can accept.", "Warning"},
 	msgResourceNotFound:               {"The requested resource of type '%1' named '%2' was not found.", "Critical"},
 	msgResourceInUse:                  {"The change to the requested resource failed because the resource is in use or in transition.", "Warning"},
+	msgResourceInStandby:              {"The request could not be performed because the resource is in standby.", "Critical"},
 	msgOperationNotAllowed:            {"The HTTP method is not allowed on this resource.", "Critical"},
 	msgPayloadTooLarge:                {"The supplied payload exceeds the maximum size supported by the service.", "Critical"},
 	msgNoValidSession:                 {"There is no valid session established with the implementation.", "Critical"},
@@ -241,6 +243,9 @@ type operation struct {
 	action       string // e.g. "Reset"; empty outside actions
 	parameter    string // action parameter or PATCH property (JSON pointer)
 	value        string // the value the client sent for parameter
+	// console: the request opens a console, so a conflict other than
+	// machine.ErrConsoleInUse is a machine that is not running.
+	console bool
 	// conflictsWith is the URI of the resource whose state a conflicting
 	// PATCH value meets (the empty virtual CD a Cd boot needs), or "".
 	conflictsWith string
@@ -295,6 +300,9 @@ func (s *Server) mapBackendError(err error, op operation) *apiError {
 	case errors.Is(err, machine.ErrConflict) && op.parameter != "" && op.conflictsWith != "":
 		return &apiError{status: http.StatusConflict, messages: []message{propertyError(msgPropertyValueResourceConflict, op.parameter,
 			op.parameter, op.value, op.conflictsWith)}, cause: err}
+	case errors.Is(err, machine.ErrConflict) && op.console && !errors.Is(err, machine.ErrConsoleInUse):
+		return &apiError{status: http.StatusConflict, messages: []message{{key: msgResourceInStandby,
+			resolution: "The console exists while the system runs. Power the system on and connect again."}}, cause: err}
 	case errors.Is(err, machine.ErrConflict):
 		return &apiError{status: http.StatusConflict, messages: []message{{key: msgResourceInUse}}, cause: err}
 	case errors.Is(err, machine.ErrUnavailable):

@@ -84,8 +84,8 @@ func (s *Server) EventStreams() int {
 	return s.streams.total
 }
 
-// StopEventStreams ends every SSE stream and push delivery and refuses new
-// streams, so that a graceful shutdown does not wait for clients that
+// StopEventStreams ends every SSE stream, console and push delivery and
+// refuses new streams, so that a graceful shutdown does not wait for clients that
 // never hang up. Register it with http.Server.RegisterOnShutdown.
 func (s *Server) StopEventStreams() {
 	s.streams.stopOnce.Do(func() { close(s.streams.stopped) })

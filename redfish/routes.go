@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	"github.com/gorilla/mux"
-
-	"github.com/virtmetal/virtmetal/internal/auditlog"
 )
 
 // call is one authorised request as a handler sees it.
@@ -104,6 +102,9 @@ func serverRoutes() []route {
 		{http.MethodGet, sys + "/SecureBoot", privLogin, (*Server).getSecureBoot, nil, whileMachineState},
 		{http.MethodPatch, sys + "/SecureBoot", privConfigureComponents, (*Server).patchSecureBoot, nil, perRequest},
 		{http.MethodPost, sys + "/SecureBoot/Actions/SecureBoot.ResetKeys", privConfigureComponents, (*Server).resetSecureBootKeys, nil, perRequest},
+		// The consoles are WebSockets (console.go): the handshake is a GET.
+		{http.MethodGet, sys + "/Oem/VirtMetal/SerialConsole", privConfigureComponents, (*Server).openSerialConsole, nil, perRequest},
+		{http.MethodGet, sys + "/Oem/VirtMetal/GraphicalConsole", privConfigureComponents, (*Server).openGraphicalConsole, nil, perRequest},
 		{http.MethodGet, sys + "/VirtualMedia", privLogin, (*Server).getVirtualMediaCollection, nil, whileMachineState},
 		{http.MethodGet, sysCD, privLogin, (*Server).getVirtualMedia, nil, whileMachineState},
 		{http.MethodGet, sysCD + "/InsertMediaActionInfo", privLogin, (*Server).getInsertMediaActionInfo, nil, whileMachineState},
@@ -313,8 +314,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodOptions {
 			// The audit log says who asked for the writes this request makes.
-			c.r = r.WithContext(auditlog.WithActor(r.Context(), auditlog.Actor{
-				Protocol: auditlog.Redfish, Account: user.username, Source: s.auth.clients.source(r)}))
+			c.r = r.WithContext(s.actorContext(c))
 		}
 	}
 	if err := checkProtocol(r, rt.path == ssePath); err != nil {

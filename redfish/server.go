@@ -1,15 +1,18 @@
 // Package redfish is a Redfish BMC service in front of a machine.Backend:
 // one ComputerSystem, Manager and Chassis per machine, sessions and HTTP
-// Basic authentication, the standard roles, and Base registry errors. It
+// Basic authentication, the standard roles, and Base registry errors, and
+// each system's serial and graphical consoles over WebSockets. It
 // speaks the machine contract only; it knows nothing about Kubernetes.
 package redfish
 
 import (
+	"bufio"
 	"cmp"
 	"crypto/rand"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"regexp"
@@ -105,6 +108,18 @@ type Config struct {
 	// EventDestinationRoots verify destinations' certificates (default
 	// the system's roots).
 	EventDestinationRoots *x509.CertPool
+	// ConsoleSessions admits one stream per machine and console; share
+	// the one IPMI's Serial-over-LAN uses, so that a console held over
+	// one protocol is refused over the other. nil means the server's own.
+	ConsoleSessions *machine.ConsoleSessions
+	// ConsoleWriteTimeout is how long a console's output waits for a
+	// client that does not read it before the console is closed (default
+	// 10 s); meanwhile the console is not read, so nothing piles up.
+	ConsoleWriteTimeout time.Duration
+	// ConsoleKeepAlive is how often an open console's WebSocket is pinged
+	// (default 30 s); a client that answers nothing within
+	// ConsoleWriteTimeout of a ping is gone.
+	ConsoleKeepAlive time.Duration
 }
 
 // Observer learns what the service answered. Its method must be cheap and
@@ -165,6 +180,11 @@ type Server struct {
 	// protocols is what Manager.NetworkProtocol says.
 	protocols NetworkProtocol
 
+	// consoles admits one stream per machine and console kind.
+	consoles            *machine.ConsoleSessions
+	consoleWriteTimeout time.Duration
+	consoleKeepAlive    time.Duration
+
 	// patchLocks serialises If-Match checks with the writes they guard, per
 	// machine.
 	patchLocksMu sync.Mutex
@@ -193,6 +213,8 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("redfish: MaxBodyBytes %d is negative", cfg.MaxBodyBytes)
 	case cfg.MaxEventSubscriptions < 0 || cfg.EventDeliveryRetryAttempts < 0 || cfg.EventDeliveryRetryInterval < 0:
 		return nil, errors.New("redfish: MaxEventSubscriptions, EventDeliveryRetryAttempts and EventDeliveryRetryInterval cannot be negative")
+	case cfg.ConsoleWriteTimeout < 0 || cfg.ConsoleKeepAlive < 0:
+		return nil, errors.New("redfish: ConsoleWriteTimeout and ConsoleKeepAlive cannot be negative")
 	case cfg.RetryAfter != 0 && cfg.RetryAfter < time.Second:
 		return nil, fmt.Errorf("redfish: RetryAfter %v is under the one second Retry-After can express", cfg.RetryAfter)
 	}
@@ -240,6 +262,12 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s.firmwareVersion = orDefault(cfg.FirmwareVersion, buildVersion())
 	s.protocols = cfg.NetworkProtocol
+	s.consoles = cfg.ConsoleSessions
+	if s.consoles == nil {
+		s.consoles = &machine.ConsoleSessions{}
+	}
+	s.consoleWriteTimeout = orDefault(cfg.ConsoleWriteTimeout, defaultConsoleWriteTimeout)
+	s.consoleKeepAlive = orDefault(cfg.ConsoleKeepAlive, defaultConsoleKeepAlive)
 	s.audit = cfg.AuditLog
 	if s.audit == nil {
 		s.audit = auditlog.New(auditlog.Options{Now: now})
@@ -402,6 +430,15 @@ func (w *recordingWriter) WriteHeader(status int) {
 		w.status, w.wroteHeader = status, true
 	}
 	w.ResponseWriter.WriteHeader(status)
+}
+
+// Hijack hands the connection to a console's WebSocket (console.go).
+func (w *recordingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil {
+		w.status, w.wroteHeader = http.StatusSwitchingProtocols, true
+	}
+	return conn, rw, err
 }
 
 // Unwrap lets http.ResponseController reach the connection (SSE streams

@@ -171,6 +171,13 @@ func (s *Server) systemBody(ctx context.Context, m machine.Machine) (map[string]
 	if caps.VirtualMedia {
 		body["VirtualMedia"] = link(mediaCollectionPath(id))
 	}
+	serial, graphical := s.consoleProperties(id, caps)
+	if serial != nil {
+		body["SerialConsole"] = serial
+	}
+	if graphical != nil {
+		body["GraphicalConsole"] = graphical
+	}
 	body["Links"] = map[string]any{
 		"Chassis":   links(chassisPath(id)),
 		"ManagedBy": links(managerPath(id)),
