@@ -84,8 +84,12 @@ func (s *Serial) Read(p []byte) (int, error) {
 func (s *Serial) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The reader is woken once a write, or when the writer must wait for
+	// it, not once a byte.
+	defer s.cond.Broadcast()
 	for i, b := range p {
 		for len(s.pending) >= MaxPending && !s.closed {
+			s.cond.Broadcast()
 			s.cond.Wait()
 		}
 		if s.closed {
@@ -97,7 +101,6 @@ func (s *Serial) Write(p []byte) (int, error) {
 		default:
 			s.pending = append(s.pending, b)
 		}
-		s.cond.Broadcast()
 	}
 	return len(p), nil
 }
