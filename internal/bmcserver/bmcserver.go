@@ -126,6 +126,8 @@ func serveBackend(ctx context.Context, stop context.CancelCauseFunc, cfg Config,
 			log.Error(err, "the action is in the BMC's log but not recorded on the VM", "action", e.Message())
 		})
 	}
+	// One console per machine and kind, whichever protocol opens it.
+	consoles := &machine.ConsoleSessions{}
 	var observer redfish.Observer
 	if metrics != nil {
 		backend, observer = machine.InterceptBackend(backend, metrics.Intercept), metrics
@@ -143,6 +145,7 @@ func serveBackend(ctx context.Context, stop context.CancelCauseFunc, cfg Config,
 		TrustedProxies:  cfg.TrustedProxies,
 		Observer:        observer,
 		AuditLog:        audit,
+		ConsoleSessions: consoles,
 		NetworkProtocol: networkProtocol(ctx, cfg, backend),
 
 		EventDestinationsDenied:        cfg.EventDestinationsDenied,
