@@ -4,7 +4,8 @@
 // internal/kubetest/realkubevirt runs them, with its stand-in for the node
 // that runs the VMs), the real bmc-controller and bmc-server binaries
 // (started from what the controller asks for, with the RBAC the manifests
-// give them), the real MaaS reconciler, and a MaaS that enlists PXE-booting
+// give them; bmc-server from its image, by runc, when runc and podman are
+// installed), the real MaaS reconciler, and a MaaS that enlists PXE-booting
 // VMs, runs the real commissioning script and powers machines through their
 // BMCs the way MaaS's power drivers do. What cannot run here is simulated,
 // by the packages of sim/: the guests (sim/guest, booted when the node

@@ -1,12 +1,34 @@
 // Package node simulates the Kubernetes node and Ingress controller that
-// run virtmetal's BMC pods, which cannot run here: for each of
-// bmc-controller's BMC Deployments it runs the real bmc-server binary as a
-// process, as the kubelet would run its one container, and routes each
-// BMC's Ingress host to it. Not modelled: images and containers (the binary
-// runs as this user, with only KUBECONFIG and HOME set), replicas beyond
-// one, scheduling, resource limits, liveness probes, volumes other than
-// Secrets, Service ports and endpoints, TLS at the Ingress (bmc-server's own
-// is reached through Dial), and DNS beyond the Ingress hosts.
+// run virtmetal's BMC pods: for each of bmc-controller's BMC Deployments it
+// runs the pod's one container and routes each BMC's Ingress host to it.
+//
+// With runc and podman (Options.Containers) it does what a kubelet and its
+// runtime do with the pod: the container's image, taken from a podman
+// store, is unpacked into an OCI bundle, and runc runs it with the pod's
+// securityContext (its user and groups, a read-only root file system, the
+// capabilities left after its drops, no new privileges), the image's
+// entrypoint with the container's command, args and env, its Secret and
+// ConfigMap volumes bind-mounted read-only from folders kept as the
+// kubelet keeps them (files behind a ..data link swapped in one rename
+// when the object changes), and the Deployment's httpGet readiness and
+// liveness probes deciding whether the container is routed to and whether
+// it is killed and started again. Without them the container's command
+// runs as a process of this user, the bmc-server binary of
+// Options.Binary, its mount paths in its arguments changed for the
+// folders.
+//
+// Unlike a kubelet, the node stand-in gives a container no network
+// namespace of its own (it shares the host's, each container port moved to
+// a free loopback port named in its arguments), no cgroup namespace, no
+// resource limits and no rlimits (the sandbox it runs in refuses them), no
+// seccomp profile, no /etc/hosts, resolv.conf nor KUBERNETES_SERVICE_*
+// variables; its ServiceAccount's credentials are a kubeconfig (KUBECONFIG,
+// in a volume at the usual service-account path) rather than a projected
+// token; a readiness probe runs every 50 ms until it first passes rather
+// than every period. Not modelled either: replicas beyond one, scheduling,
+// image pulls (the images are in the store already), restart back-off,
+// Service ports and endpoints, TLS at the Ingress (bmc-server's own is
+// reached through Dial), and DNS beyond the Ingress hosts.
 package node
 
 import (
@@ -70,12 +92,12 @@ type Options struct {
 }
 
 // Node plays the kubelet and the Ingress controller for the controller's
-// BMC Deployments, whatever their workload mode: one bmc-server process per
-// Deployment, started with the container's arguments, its Secret volumes
-// written to folders (and rewritten when the Secrets change, as the kubelet
-// does), a kubeconfig of the pod's ServiceAccount, and loopback ports in
-// place of the container ports. A process that exits is started again, as
-// its pod would be; a changed pod template replaces it. Each Ingress host
+// BMC Deployments, whatever their workload mode: one container per
+// Deployment, run from its image by runc or as a process (see the package
+// doc), with its volumes, a kubeconfig of the pod's ServiceAccount, and
+// loopback ports in place of the container ports. A container that exits,
+// or that its liveness probe kills, is started again, as its pod's would
+// be; a changed pod template replaces it. Each Ingress host
 // leads through Dial to the ready process of the Deployment its backend
 // Service selects; a per-VM process's IPMI port is found through
 // IPMIAddress.
