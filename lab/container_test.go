@@ -42,7 +42,7 @@ func TestBMCContainer(t *testing.T) {
 				return nil
 			}
 		}
-		return fmt.Errorf("no ready BMC: %+v", l.BMCs())
+		return fmt.Errorf("no ready BMC of %s", preExisting)
 	})
 	checkContainer(t, ctx, l, preExisting)
 }
