@@ -62,8 +62,8 @@ import (
 
 // Options are what a node needs from the cluster and the host.
 type Options struct {
-	// Client lists Deployments, Services, Ingresses, Secrets and
-	// VirtualMachineBMCs.
+	// Client lists Deployments, Services, Ingresses, Secrets, ConfigMaps
+	// and VirtualMachineBMCs.
 	Client client.Reader
 	// Containers runs each BMC pod's container from its image; nil: the
 	// container's command runs as a process of this user, Binary.
