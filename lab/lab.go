@@ -58,16 +58,16 @@ import (
 // Names the lab gives what the manifests deploy.
 const (
 	// DefaultDomain is the BMC domain: <vm>.<namespace>.<domain>.
-	DefaultDomain      = "bmc.lab.virtmetal.test"
-	systemNamespace    = "virtmetal-system"
-	controllerAccount  = "virtmetal-controller"
-	reconcilerAccount  = "maas-reconciler"
-	imagePrefix        = "virtmetal"
-	imageTag           = "lab"
-	bmcImage           = imagePrefix + "/bmc-server:" + imageTag
+	DefaultDomain     = "bmc.lab.virtmetal.test"
+	systemNamespace   = "virtmetal-system"
+	controllerAccount = "virtmetal-controller"
+	reconcilerAccount = "maas-reconciler"
+	imagePrefix       = "virtmetal"
+	imageTag          = "lab"
+	bmcImage          = imagePrefix + "/bmc-server:" + imageTag
 	// podmanStore is the folder, in Build's, of the podman store that
 	// holds the images.
-	podmanStore = "podman"
+	podmanStore        = "podman"
 	enrolmentLabel     = "virtmetal.io/enabled"
 	controllerRoleFile = "deploy/controller/rbac/role.yaml"
 	reconcilerRBACFile = "deploy/reconciler/rbac.yaml"
