@@ -18,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/virtmetal/virtmetal/sim/node"
 )
 
 // nonRootUID is the user the Dockerfile's images run as.
@@ -167,33 +169,16 @@ func checkBinary(t *testing.T, binary string) {
 }
 
 // podmanStore is the environment that gives podman a store of its own in
-// a temporary folder, configured there and nowhere else. vfs copies layers
-// instead of mounting them, so it works wherever the test runs (overlay
-// needs a kernel and a file system that allow it, rarely so in a
-// container) and leaves nothing mounted; the images are scratch plus a few
-// files, so the copies are small. Builds need no network: nothing is pulled
-// and nothing is run.
+// a temporary folder, the one the lab's node runs the BMC pods from
+// (node.PodmanStore: vfs, configured there and nowhere else). Builds need
+// no network: nothing is pulled and nothing is run.
 func podmanStore(t *testing.T) []string {
-	dir := t.TempDir()
-	for _, sub := range []string{"root", "run", "libpod", "tmp", "data"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
-			t.Fatal(err)
-		}
+	env, err := node.PodmanStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
 	}
-	storage := filepath.Join(dir, "storage.conf")
-	containers := filepath.Join(dir, "containers.conf")
-	writeFile(t, storage, "[storage]\ndriver = \"vfs\"\ngraphroot = \""+dir+"/root\"\nrunroot = \""+dir+"/run\"\n")
-	// libpod's state (default /run/libpod) here, and no event log.
-	writeFile(t, containers, "[engine]\ntmp_dir = \""+dir+"/libpod\"\nevents_logger = \"none\"\n")
 	removeBlobInfoCache(t)
-	return []string{
-		"CONTAINERS_STORAGE_CONF=" + storage,
-		// Only this file, not the host's containers.conf.
-		"CONTAINERS_CONF=" + containers,
-		// Build files (default /var/tmp), and a rootless podman's cache.
-		"TMPDIR=" + dir + "/tmp",
-		"XDG_DATA_HOME=" + dir + "/data",
-	}
+	return env
 }
 
 // removeBlobInfoCache removes, after the test, what podman as root writes
@@ -216,13 +201,6 @@ func removeBlobInfoCache(t *testing.T) {
 			_ = os.Remove(p)
 		}
 	})
-}
-
-func writeFile(t *testing.T, name, content string) {
-	t.Helper()
-	if err := os.WriteFile(name, []byte(content), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // checkImage reads image ref of Dockerfile target name with podman: its

@@ -30,6 +30,9 @@ command -v ironic-api >/dev/null || need_apt+=(ironic-api)
 # deploy/'s TestImages builds and reads the images with podman (it fails
 # without it under CI=true), from binaries and the host's CA bundle.
 command -v podman >/dev/null || need_apt+=(podman)
+# The lab runs the BMC pods from that image with runc, as a kubelet's
+# runtime would (its TestBMCContainer fails without runc under CI=true).
+command -v runc >/dev/null || need_apt+=(runc)
 # internal/kubetest/realkubevirt runs KubeVirt in a network namespace of its own.
 command -v ip >/dev/null || need_apt+=(iproute2)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)

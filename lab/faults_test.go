@@ -43,6 +43,8 @@ func TestFlowSurvivesFaults(t *testing.T) {
 		t.Fatalf("not Ready after the faults: %v; steps %v", err, l.Timeline(vm))
 	}
 	checkReadyMachine(t, ctx, l, vm)
+	// The container started again is the image's, as hardened.
+	checkContainer(t, ctx, l, vm)
 	failed := 0
 	for _, r := range l.MaaS.Requests() {
 		if r.StatusCode == 503 {

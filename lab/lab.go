@@ -4,7 +4,8 @@
 // internal/kubetest/realkubevirt runs them, with its stand-in for the node
 // that runs the VMs), the real bmc-controller and bmc-server binaries
 // (started from what the controller asks for, with the RBAC the manifests
-// give them), the real MaaS reconciler, and a MaaS that enlists PXE-booting
+// give them; bmc-server from its image, by runc, when runc and podman are
+// installed), the real MaaS reconciler, and a MaaS that enlists PXE-booting
 // VMs, runs the real commissioning script and powers machines through their
 // BMCs the way MaaS's power drivers do. What cannot run here is simulated,
 // by the packages of sim/: the guests (sim/guest, booted when the node
@@ -57,11 +58,16 @@ import (
 // Names the lab gives what the manifests deploy.
 const (
 	// DefaultDomain is the BMC domain: <vm>.<namespace>.<domain>.
-	DefaultDomain      = "bmc.lab.virtmetal.test"
-	systemNamespace    = "virtmetal-system"
-	controllerAccount  = "virtmetal-controller"
-	reconcilerAccount  = "maas-reconciler"
-	bmcImage           = "virtmetal/bmc-server:lab"
+	DefaultDomain     = "bmc.lab.virtmetal.test"
+	systemNamespace   = "virtmetal-system"
+	controllerAccount = "virtmetal-controller"
+	reconcilerAccount = "maas-reconciler"
+	imagePrefix       = "virtmetal"
+	imageTag          = "lab"
+	bmcImage          = imagePrefix + "/bmc-server:" + imageTag
+	// podmanStore is the folder, in Build's, of the podman store that
+	// holds the images.
+	podmanStore        = "podman"
 	enrolmentLabel     = "virtmetal.io/enabled"
 	controllerRoleFile = "deploy/controller/rbac/role.yaml"
 	reconcilerRBACFile = "deploy/reconciler/rbac.yaml"
@@ -83,9 +89,10 @@ type Options struct {
 	// Logs receives the processes' output and the reconciler's log; nil
 	// keeps them in files under the lab's folder only.
 	Logs io.Writer
-	// Binaries is a folder where Build put bmc-server and bmc-controller;
-	// empty, Start builds them. A test builds them first, so that no
-	// deadline of its covers a cold compile.
+	// Binaries is a folder where Build put bmc-server and bmc-controller,
+	// and the bmc-server image when runc and podman are installed; empty,
+	// Start builds them. A test builds them first, so that no deadline of
+	// its covers a cold compile.
 	Binaries string
 }
 
@@ -177,8 +184,15 @@ func Start(ctx context.Context, opts Options) (_ *Lab, err error) {
 		return nil, err
 	}
 
+	// The BMC pods run from their image when Build could build it.
+	var containers *node.Containers
+	if store := filepath.Join(l.bins, podmanStore); fileExists(store) {
+		if containers, err = node.FindContainers(node.PodmanStoreEnv(store)); err != nil {
+			return nil, err
+		}
+	}
 	l.node = node.New(node.Options{
-		Client: l.watched, Binary: filepath.Join(l.bins, "bmc-server"), Dir: l.dir, Domain: l.Domain,
+		Client: l.watched, Containers: containers, Binary: filepath.Join(l.bins, "bmc-server"), Dir: l.dir, Domain: l.Domain,
 		Kubeconfig: l.kubeconfig, Log: l.logFile, Logf: l.logf,
 		OnReady: func(vm maas.VMRef, detail string) { l.progress.record(vm, StepBMCReady, detail) },
 	})
@@ -279,22 +293,53 @@ func moduleRoot(ctx context.Context) (string, error) {
 	return filepath.Dir(gomod), nil
 }
 
-// Build compiles the binaries the manifests deploy into dir, as
-// hack/images.sh builds them for the images: static, so that each of the
-// many bmc-server processes starts without the dynamic loader.
+// Build builds what the lab deploys into dir as `make images` does
+// (hack/images.sh): bmc-server and bmc-controller, static, and, when runc
+// and podman are installed (CanRunContainers), their images, in a podman
+// store of dir's, for the node to run the BMC pods from. It takes minutes
+// cold, mostly Go's compile.
 func Build(ctx context.Context, dir string) error {
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", dir+string(filepath.Separator),
-		"./cmd/bmc-server", "./cmd/bmc-controller")
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "hack", "images.sh"))
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), "IMAGE_PREFIX="+imagePrefix, "IMAGE_TAG="+imageTag,
+		"IMAGES=bmc-server bmc-controller", "IMAGES_CONTEXT="+dir, "CONTAINER_ENGINE=none")
+	if CanRunContainers() == nil {
+		podman, _ := exec.LookPath("podman")
+		store, err := node.PodmanStore(filepath.Join(dir, podmanStore))
+		if err != nil {
+			return err
+		}
+		cmd.Env = append(append(cmd.Env, store...), "CONTAINER_ENGINE="+podman)
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build: %w\n%s", err, out)
+		return fmt.Errorf("hack/images.sh: %w\n%s", err, out)
 	}
 	return nil
+}
+
+// CanRunContainers says why the lab cannot run the BMC pods from their
+// image (runc or podman is missing); nil when it can.
+func CanRunContainers() error {
+	_, err := node.FindContainers(nil)
+	return err
+}
+
+// RunsContainers says whether the BMC pods run from their image, with
+// runc; else they are processes of this user.
+func (l *Lab) RunsContainers() bool { return fileExists(filepath.Join(l.bins, podmanStore)) }
+
+// BMCContainer is what runc reports of the container serving the VM's BMC.
+func (l *Lab) BMCContainer(ctx context.Context, vm maas.VMRef) (node.ContainerState, error) {
+	return l.node.ContainerState(ctx, vm)
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // installRBAC creates what the manifests give the controller and the

@@ -125,6 +125,7 @@ func checkFlow(t *testing.T, ctx context.Context, l *lab.Lab, vms ...maas.VMRef)
 	for _, vm := range vms {
 		t.Run(vm.String(), func(t *testing.T) {
 			checkReadyMachine(t, ctx, l, vm)
+			checkContainer(t, ctx, l, vm)
 			took, _ := l.TimeToReady(vm)
 			t.Logf("%s Ready %v after its creation", vm, took.Round(time.Millisecond))
 		})

@@ -1,26 +1,49 @@
 // Package node simulates the Kubernetes node and Ingress controller that
-// run virtmetal's BMC pods, which cannot run here: for each of
-// bmc-controller's BMC Deployments it runs the real bmc-server binary as a
-// process, as the kubelet would run its one container, and routes each
-// BMC's Ingress host to it. Not modelled: images and containers (the binary
-// runs as this user, with only KUBECONFIG and HOME set), replicas beyond
-// one, scheduling, resource limits, liveness probes, volumes other than
-// Secrets, Service ports and endpoints, TLS at the Ingress (bmc-server's own
-// is reached through Dial), and DNS beyond the Ingress hosts.
+// run virtmetal's BMC pods: for each of bmc-controller's BMC Deployments it
+// runs the pod's one container and routes each BMC's Ingress host to it.
+//
+// With runc and podman (Options.Containers) it does what a kubelet and its
+// runtime do with the pod: the container's image, taken from a podman
+// store, is unpacked into an OCI bundle, and runc runs it with the pod's
+// securityContext (its user and groups, a read-only root file system, the
+// capabilities left after its drops, no new privileges), the image's
+// entrypoint with the container's command, args and env, its Secret and
+// ConfigMap volumes bind-mounted read-only from folders kept as the
+// kubelet keeps them (files behind a ..data link swapped in one rename
+// when the object changes), and the Deployment's httpGet readiness and
+// liveness probes deciding whether the container is routed to and whether
+// it is killed and started again. Without them the container's command
+// runs as a process of this user, the bmc-server binary of
+// Options.Binary, its mount paths in its arguments changed for the
+// folders.
+//
+// Unlike a kubelet, the node stand-in gives a container no network
+// namespace of its own (it shares the host's, each container port moved to
+// a free loopback port named in its arguments), no cgroup namespace, no
+// resource limits and no rlimits (the sandbox it runs in refuses them), no
+// seccomp profile, no /etc/hosts, resolv.conf nor KUBERNETES_SERVICE_*
+// variables; its ServiceAccount's credentials are a kubeconfig (KUBECONFIG,
+// in a volume at the usual service-account path) rather than a projected
+// token; a readiness probe runs every 50 ms until it first passes rather
+// than every period. Not modelled either: replicas beyond one, scheduling,
+// image pulls (the images are in the store already), restart back-off,
+// Service ports and endpoints, TLS at the Ingress (bmc-server's own is
+// reached through Dial), and DNS beyond the Ingress hosts.
 package node
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,12 +62,17 @@ import (
 
 // Options are what a node needs from the cluster and the host.
 type Options struct {
-	// Client lists Deployments, Services, Ingresses, Secrets and
-	// VirtualMachineBMCs.
+	// Client lists Deployments, Services, Ingresses, Secrets, ConfigMaps
+	// and VirtualMachineBMCs.
 	Client client.Reader
-	// Binary is the bmc-server executable every BMC container runs.
+	// Containers runs each BMC pod's container from its image; nil: the
+	// container's command runs as a process of this user, Binary.
+	Containers *Containers
+	// Binary is the bmc-server executable every BMC container runs
+	// without Containers.
 	Binary string
-	// Dir holds the Secret volumes; it is the processes' HOME too.
+	// Dir holds the volumes, and the images and containers of
+	// Containers; it is the processes' HOME too.
 	Dir string
 	// Domain is the BMC domain: Ingress hosts <vm>.<namespace>.<domain>
 	// name the VMs.
@@ -64,18 +92,19 @@ type Options struct {
 }
 
 // Node plays the kubelet and the Ingress controller for the controller's
-// BMC Deployments, whatever their workload mode: one bmc-server process per
-// Deployment, started with the container's arguments, its Secret volumes
-// written to folders (and rewritten when the Secrets change, as the kubelet
-// does), a kubeconfig of the pod's ServiceAccount, and loopback ports in
-// place of the container ports. A process that exits is started again, as
-// its pod would be; a changed pod template replaces it. Each Ingress host
+// BMC Deployments, whatever their workload mode: one container per
+// Deployment, run from its image by runc or as a process (see the package
+// doc), with its volumes, a kubeconfig of the pod's ServiceAccount, and
+// loopback ports in place of the container ports. A container that exits,
+// or that its liveness probe kills, is started again, as its pod's would
+// be; a changed pod template replaces it. Each Ingress host
 // leads through Dial to the ready process of the Deployment its backend
 // Service selects; a per-VM process's IPMI port is found through
 // IPMIAddress.
 type Node struct {
-	opts Options
-	wake chan struct{} // a process got ready: route it without waiting
+	opts   Options
+	wake   chan struct{} // a process got ready: route it without waiting
+	images images        // unpacked for Containers
 
 	mu      sync.Mutex
 	running map[types.NamespacedName]*bmcProcess // by Deployment
@@ -99,21 +128,13 @@ type bmcProcess struct {
 	vm         maas.VMRef        // its one VM; zero for a shared process
 	labels     map[string]string // its pod's
 	template   string            // what the process was started from
-	volumes    []*secretVolume   // read and written by sync only
+	volumes    []*volume         // read and written by sync only
 	proc       *Process
+	container  string // runc's ID of the container; "" for a process
 	redfish    string
 	ipmi       string
 	ready      bool
 	starts     int
-	probe      string // the readiness probe's path
-}
-
-// secretVolume is a Secret volume as mounted: its folder and the data last
-// written there.
-type secretVolume struct {
-	secret types.NamespacedName
-	dir    string
-	data   map[string][]byte
 }
 
 // serves says whether the process serves vm: a per-VM process its VM, a
@@ -168,21 +189,35 @@ func (s *Node) sync(ctx context.Context) error {
 		services    corev1.ServiceList
 		ingresses   networkingv1.IngressList
 		secretList  corev1.SecretList
+		configMaps  corev1.ConfigMapList
 		bmcs        v1beta1.VirtualMachineBMCList
 	)
 	if err := s.opts.Client.List(ctx, &deployments, client.MatchingLabels{v1beta1.LabelManagedBy: v1beta1.ManagedByValue}); err != nil {
 		return err
 	}
-	for _, list := range []client.ObjectList{&services, &ingresses, &secretList, &bmcs} {
+	for _, list := range []client.ObjectList{&services, &ingresses, &secretList, &configMaps, &bmcs} {
 		if err := s.opts.Client.List(ctx, list); err != nil {
 			return err
 		}
 	}
 	secrets := map[types.NamespacedName]map[string][]byte{}
+	all := sources{}
 	for _, secret := range secretList.Items {
-		secrets[client.ObjectKeyFromObject(&secret)] = secret.Data
+		key := client.ObjectKeyFromObject(&secret)
+		secrets[key] = secret.Data
+		all[source{kind: "Secret", NamespacedName: key}] = secret.Data
 	}
-	if err := s.syncProcesses(ctx, deployments.Items, secrets); err != nil {
+	for _, cm := range configMaps.Items {
+		data := maps.Clone(cm.BinaryData)
+		if data == nil {
+			data = map[string][]byte{}
+		}
+		for k, v := range cm.Data {
+			data[k] = []byte(v)
+		}
+		all[source{kind: "ConfigMap", NamespacedName: client.ObjectKeyFromObject(&cm)}] = data
+	}
+	if err := s.syncProcesses(ctx, deployments.Items, all); err != nil {
 		return err
 	}
 	s.route(ingresses.Items, services.Items, vmCredentials(bmcs.Items, secrets))
@@ -191,7 +226,7 @@ func (s *Node) sync(ctx context.Context) error {
 
 // syncProcesses starts, replaces and stops processes after the Deployments
 // and refreshes the volumes of the ones that keep running.
-func (s *Node) syncProcesses(ctx context.Context, deployments []appsv1.Deployment, secrets map[types.NamespacedName]map[string][]byte) error {
+func (s *Node) syncProcesses(ctx context.Context, deployments []appsv1.Deployment, all sources) error {
 	wanted := map[types.NamespacedName]bool{}
 	for i := range deployments {
 		d := &deployments[i]
@@ -213,7 +248,7 @@ func (s *Node) syncProcesses(ctx context.Context, deployments []appsv1.Deploymen
 		case p.proc.Exited():
 			s.remove(key, p)
 		default:
-			if err := refreshVolumes(p, secrets); err != nil {
+			if err := refreshVolumes(p, all); err != nil {
 				s.logf("refreshing the volumes of %s: %v", key, err)
 			}
 			continue
@@ -225,7 +260,7 @@ func (s *Node) syncProcesses(ctx context.Context, deployments []appsv1.Deploymen
 		if p != nil {
 			starts = p.starts + 1
 		}
-		if err := s.start(ctx, d, template, starts, secrets); err != nil {
+		if err := s.start(ctx, d, template, starts, all); err != nil {
 			s.logf("starting bmc-server for %s: %v", key, err)
 		}
 	}
@@ -253,107 +288,216 @@ func (s *Node) remove(key types.NamespacedName, p *bmcProcess) {
 	}
 }
 
-// start runs the Deployment's one container as its pod would.
-func (s *Node) start(ctx context.Context, d *appsv1.Deployment, template string, starts int, secrets map[types.NamespacedName]map[string][]byte) error {
+// start runs the Deployment's one container as its pod would: from its
+// image with Containers, else as a process of this user.
+func (s *Node) start(ctx context.Context, d *appsv1.Deployment, template string, starts int, all sources) error {
 	pod := d.Spec.Template.Spec
 	if len(pod.Containers) != 1 {
 		return fmt.Errorf("want one container, got %d", len(pod.Containers))
 	}
 	container := pod.Containers[0]
 	key := client.ObjectKeyFromObject(d)
-	p := &bmcProcess{deployment: key, labels: d.Spec.Template.Labels, template: template, starts: starts, probe: "/"}
+	p := &bmcProcess{deployment: key, labels: d.Spec.Template.Labels, template: template, starts: starts}
 	if name := d.Labels[v1beta1.LabelVM]; name != "" {
 		p.vm = maas.VMRef{Namespace: d.Namespace, Name: name}
 	}
-	if probe := container.ReadinessProbe; probe != nil && probe.HTTPGet != nil {
-		p.probe = probe.HTTPGet.Path
-	}
-
-	mounts, err := s.mountVolumes(d, pod, container, p, secrets)
+	mounts, err := s.mountVolumes(d, pod, container, p, all)
 	if err != nil {
 		return err
 	}
-	args := slices.Clone(container.Args)
-	for i := 0; i < len(args); i++ {
-		for from, to := range mounts {
-			if args[i] == from || strings.HasPrefix(args[i], from+"/") {
-				args[i] = to + strings.TrimPrefix(args[i], from)
-			}
-		}
-		if i+1 >= len(args) {
-			continue
-		}
-		switch args[i] {
-		case "--listen":
-			port, err := FreePort("tcp")
-			if err != nil {
-				return err
-			}
-			p.redfish = fmt.Sprintf("127.0.0.1:%d", port)
-			args[i+1] = p.redfish
-		case "--metrics-listen":
-			port, err := FreePort("tcp")
-			if err != nil {
-				return err
-			}
-			args[i+1] = fmt.Sprintf("127.0.0.1:%d", port)
-		case "--ipmi-listen":
-			port, err := FreePort("udp")
-			if err != nil {
-				return err
-			}
-			p.ipmi = fmt.Sprintf("127.0.0.1:%d", port)
-			args[i+1] = p.ipmi
-		}
+	args, ports, err := p.movePorts(container.Args)
+	if err != nil {
+		return err
 	}
-	if p.redfish == "" {
-		return fmt.Errorf("no --listen in %q", container.Args)
+	readiness, err := probeOf(container.ReadinessProbe, container, ports)
+	if err != nil {
+		return err
+	}
+	liveness, err := probeOf(container.LivenessProbe, container, ports)
+	if err != nil {
+		return err
 	}
 	kubeconfig, err := s.opts.Kubeconfig(d.Namespace, pod.ServiceAccountName)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(s.opts.Binary, args...)
-	cmd.Env = []string{"KUBECONFIG=" + kubeconfig, "HOME=" + s.opts.Dir}
 	logs, err := s.opts.Log("bmc-" + d.Namespace + "-" + d.Name)
 	if err != nil {
 		return err
 	}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if p.proc, err = StartProcess(cmd); err != nil {
+	if s.opts.Containers != nil {
+		err = s.runContainer(ctx, d, container, args, kubeconfig, mounts, logs, p)
+	} else {
+		err = s.runProcess(container, args, kubeconfig, mounts, logs, p)
+	}
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	s.running[key] = p
 	s.mu.Unlock()
-	go s.awaitReady(ctx, key, p)
+	go s.runProbes(ctx, key, p, readiness, liveness)
 	return nil
 }
 
-// mountVolumes writes the pod's Secret volumes into folders, as the kubelet
-// mounts them, and returns mount path → folder.
-func (s *Node) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, container corev1.Container, p *bmcProcess, secrets map[types.NamespacedName]map[string][]byte) (map[string]string, error) {
-	mounts := map[string]string{}
-	for _, mount := range container.VolumeMounts {
-		var secretName string
-		for _, v := range pod.Volumes {
-			if v.Name == mount.Name && v.Secret != nil {
-				secretName = v.Secret.SecretName
+// movePorts gives each port the container listens on a free loopback
+// port in its place, in args: the container shares the host's network.
+// It returns the arguments and container port → the address standing for
+// it.
+func (p *bmcProcess) movePorts(containerArgs []string) ([]string, map[int32]string, error) {
+	args := slices.Clone(containerArgs)
+	ports := map[int32]string{}
+	for i := 0; i+1 < len(args); i++ {
+		network := "tcp"
+		switch args[i] {
+		case "--listen", "--metrics-listen":
+		case "--ipmi-listen":
+			network = "udp"
+		default:
+			continue
+		}
+		_, portText, err := net.SplitHostPort(args[i+1])
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s %s: %w", args[i], args[i+1], err)
+		}
+		containerPort, err := strconv.ParseInt(portText, 10, 32)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s %s: %w", args[i], args[i+1], err)
+		}
+		port, err := FreePort(network)
+		if err != nil {
+			return nil, nil, err
+		}
+		args[i+1] = fmt.Sprintf("127.0.0.1:%d", port)
+		switch args[i] {
+		case "--listen":
+			p.redfish = args[i+1]
+		case "--ipmi-listen":
+			p.ipmi = args[i+1]
+		}
+		if network == "tcp" {
+			ports[int32(containerPort)] = args[i+1]
+		}
+	}
+	if p.redfish == "" {
+		return nil, nil, fmt.Errorf("no --listen in %q", containerArgs)
+	}
+	return args, ports, nil
+}
+
+// runProcess runs the container's command as a process of this user, its
+// mount paths in args changed for the volumes' folders.
+func (s *Node) runProcess(container corev1.Container, args []string, kubeconfig string, mounts map[string]string, logs io.Writer, p *bmcProcess) error {
+	for i := range args {
+		for from, to := range mounts {
+			if args[i] == from || strings.HasPrefix(args[i], from+"/") {
+				args[i] = to + strings.TrimPrefix(args[i], from)
 			}
 		}
-		if secretName == "" {
-			return nil, fmt.Errorf("volume %s is not a Secret; the node mounts only Secrets", mount.Name)
+	}
+	env, err := envOf(container)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.opts.Binary, args...)
+	cmd.Env = append(env, "KUBECONFIG="+kubeconfig, "HOME="+s.opts.Dir)
+	cmd.Stdout, cmd.Stderr = logs, logs
+	p.proc, err = StartProcess(cmd)
+	return err
+}
+
+// serviceAccountPath is where a pod's ServiceAccount credentials are
+// mounted.
+const serviceAccountPath = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// runContainer runs the container from its image with runc, as its user,
+// its volumes bind-mounted read-only at their mount paths and its
+// ServiceAccount's kubeconfig at serviceAccountPath.
+func (s *Node) runContainer(ctx context.Context, d *appsv1.Deployment, container corev1.Container, args []string, kubeconfig string, mounts map[string]string, logs io.Writer, p *bmcProcess) error {
+	c := s.opts.Containers
+	img, err := c.unpack(ctx, &s.images, filepath.Join(s.opts.Dir, "images"), container.Image)
+	if err != nil {
+		return err
+	}
+	pod := d.Spec.Template.Spec
+	container.Args = args
+	spec := containerSpec{
+		id:       fmt.Sprintf("%s.%s.%s.%d", filepath.Base(s.opts.Dir), d.Namespace, d.Name, p.starts),
+		hostname: d.Name,
+		args:     commandOf(container, img),
+	}
+	if err := securityOf(&spec, pod, container, img); err != nil {
+		return err
+	}
+	// The ServiceAccount's credentials, as a volume of their own.
+	account := &volume{dir: filepath.Join(s.opts.Dir, "volumes", d.Namespace, d.Name, "serviceaccount"), mode: 0o440, gid: int(spec.gid)}
+	if len(spec.groups) > 0 {
+		account.gid = int(spec.groups[0])
+	}
+	config, err := os.ReadFile(kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(account.dir); err != nil {
+		return err
+	}
+	if err := account.write(map[string][]byte{"kubeconfig": config}); err != nil {
+		return err
+	}
+	spec.mounts = append(spec.mounts, bindMount{source: account.dir, destination: serviceAccountPath})
+	for path, dir := range mounts {
+		spec.mounts = append(spec.mounts, bindMount{source: dir, destination: path})
+	}
+	slices.SortFunc(spec.mounts, func(a, b bindMount) int { return strings.Compare(a.destination, b.destination) })
+	env, err := envOf(container)
+	if err != nil {
+		return err
+	}
+	// The image's, then the pod's; HOME as runtimes set it for a user
+	// without a passwd entry.
+	spec.env = append(append(append(slices.Clone(img.env), "HOSTNAME="+spec.hostname, "HOME=/"), env...),
+		"KUBECONFIG="+serviceAccountPath+"/kubeconfig")
+	spec.workingDir = container.WorkingDir
+	if spec.workingDir == "" {
+		spec.workingDir = img.workingDir
+	}
+	p.container = spec.id
+	p.proc, err = c.run(img, spec, s.runcRoot(), filepath.Join(s.opts.Dir, "containers"), logs)
+	return err
+}
+
+func (s *Node) runcRoot() string { return filepath.Join(s.opts.Dir, "runc") }
+
+// envOf is the container's environment; values from other objects are
+// not looked up by the stand-in.
+func envOf(container corev1.Container) ([]string, error) {
+	var env []string
+	for _, e := range container.Env {
+		if e.ValueFrom != nil {
+			return nil, fmt.Errorf("env %s: valueFrom is not resolved by the node stand-in", e.Name)
 		}
-		secret := types.NamespacedName{Namespace: d.Namespace, Name: secretName}
-		data, ok := secrets[secret]
-		if !ok {
-			return nil, fmt.Errorf("volume %s: Secret %s not found", mount.Name, secret)
-		}
-		v := &secretVolume{secret: secret, dir: filepath.Join(s.opts.Dir, "volumes", d.Namespace, d.Name, mount.Name)}
-		if err := os.RemoveAll(v.dir); err != nil {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	if len(container.EnvFrom) > 0 {
+		return nil, errors.New("envFrom is not resolved by the node stand-in")
+	}
+	return env, nil
+}
+
+// mountVolumes lays out the container's volumes in folders, as the kubelet
+// mounts them, and returns mount path → folder.
+func (s *Node) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, container corev1.Container, p *bmcProcess, all sources) (map[string]string, error) {
+	mounts := map[string]string{}
+	for _, mount := range container.VolumeMounts {
+		v, err := volumeOf(pod, mount.Name, d.Namespace, filepath.Join(s.opts.Dir, "volumes", d.Namespace, d.Name, mount.Name))
+		if err != nil {
 			return nil, err
 		}
-		if err := os.MkdirAll(v.dir, 0o700); err != nil {
+		data, err := v.dataOf(all)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", mount.Name, err)
+		}
+		if err := os.RemoveAll(v.dir); err != nil {
 			return nil, err
 		}
 		if err := v.write(data); err != nil {
@@ -365,89 +509,18 @@ func (s *Node) mountVolumes(d *appsv1.Deployment, pod corev1.PodSpec, container 
 	return mounts, nil
 }
 
-// refreshVolumes writes what changed in the process's Secrets into its
-// volumes, as the kubelet does while the pod runs; a deleted Secret leaves
-// its volume as it was.
-func refreshVolumes(p *bmcProcess, secrets map[types.NamespacedName]map[string][]byte) error {
+// refreshVolumes brings the process's volumes to what their sources hold
+// now, as the kubelet does while the pod runs; a deleted source leaves its
+// volume as it was.
+func refreshVolumes(p *bmcProcess, all sources) error {
 	for _, v := range p.volumes {
-		if data, ok := secrets[v.secret]; ok {
+		if data, ok := all[v.source]; ok {
 			if err := v.write(data); err != nil {
 				return err
 			}
 		}
 	}
 	return nil
-}
-
-// write brings the folder from the data last written to data: each changed
-// file is written aside and renamed into place, so that a reader sees the
-// old file or the new one, never half of one; removed keys go.
-func (v *secretVolume) write(data map[string][]byte) error {
-	for name, value := range data {
-		if old, ok := v.data[name]; ok && bytes.Equal(old, value) {
-			continue
-		}
-		if err := writeFileAtomic(filepath.Join(v.dir, name), value); err != nil {
-			return err
-		}
-	}
-	for name := range v.data {
-		if _, ok := data[name]; !ok {
-			if err := os.Remove(filepath.Join(v.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return err
-			}
-		}
-	}
-	v.data = data
-	return nil
-}
-
-// writeFileAtomic writes a read-only file through a hidden temporary one in
-// the same folder (readers of a Secret volume skip dot files, as they skip
-// the kubelet's ..data).
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // after a failure; gone after the rename
-	_, err = f.Write(data)
-	if closeErr := f.Close(); err == nil {
-		err = closeErr
-	}
-	if err == nil {
-		err = os.Chmod(f.Name(), 0o400)
-	}
-	if err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
-}
-
-// awaitReady is the container's readiness probe: the process's hosts
-// resolve once it passes.
-func (s *Node) awaitReady(ctx context.Context, key types.NamespacedName, p *bmcProcess) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() {
-		select {
-		case <-p.proc.done:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	if err := WaitHTTP(ctx, "https://"+p.redfish+p.probe, 2*time.Minute); err != nil {
-		return
-	}
-	s.mu.Lock()
-	if s.running[key] == p {
-		p.ready = true
-	}
-	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 }
 
 // vmCredentials are each VM's username and password, from its BMC's
@@ -581,6 +654,9 @@ type BMC struct {
 	Password string
 	Ready    bool
 	Starts   int // how often its process was started
+	// Container is runc's ID of the container serving it; "" when the
+	// node runs processes.
+	Container string
 }
 
 // BMCs lists the BMCs of the VMs whose Ingress leads to a process.
@@ -590,10 +666,25 @@ func (s *Node) BMCs() []BMC {
 	var out []BMC
 	for vm, b := range s.vms {
 		out = append(out, BMC{VM: vm, Host: b.host, Server: b.proc.deployment.String(), Redfish: "https://" + b.proc.redfish,
-			IPMI: b.proc.ipmi, Username: b.username, Password: b.password, Ready: b.ready, Starts: b.proc.starts})
+			IPMI: b.proc.ipmi, Username: b.username, Password: b.password, Ready: b.ready, Starts: b.proc.starts,
+			Container: b.proc.container})
 	}
 	slices.SortFunc(out, func(a, b BMC) int { return strings.Compare(a.VM.String(), b.VM.String()) })
 	return out
+}
+
+// ContainerState is what runc reports of the container serving the VM.
+func (s *Node) ContainerState(ctx context.Context, vm maas.VMRef) (ContainerState, error) {
+	s.mu.Lock()
+	b := s.vms[vm]
+	s.mu.Unlock()
+	switch {
+	case b == nil:
+		return ContainerState{}, fmt.Errorf("no BMC of %s runs", vm)
+	case b.proc.container == "" || s.opts.Containers == nil:
+		return ContainerState{}, fmt.Errorf("the BMC of %s runs as a process, not a container", vm)
+	}
+	return s.opts.Containers.state(ctx, s.runcRoot(), b.proc.container)
 }
 
 // Kill kills the bmc-server process serving the VM (the VMs it shares it
