@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"io"
 	"os/exec"
 	"strings"
@@ -123,11 +126,26 @@ func solServer(t *testing.T) (host, port string, m *memory.Machine, log *auditlo
 	t.Helper()
 	log = auditlog.New(auditlog.Options{})
 	consoles = &machine.ConsoleSessions{}
-	host, port, m = udpServer(t, func(c *Config) { c.AuditLog = log; c.ConsoleSessions = consoles })
+	host, port, m = udpServerOn(t, lowPortConn(t), func(c *Config) { c.AuditLog = log; c.ConsoleSessions = consoles })
 	if err := m.Reset(context.Background(), machine.ResetOn); err != nil {
 		t.Fatal(err)
 	}
 	return host, port, m, log, consoles
+}
+
+// lowPortConn listens on a loopback port below 32768: ipmiconsole (freeipmi
+// 1.6.10) keeps the port in a signed 16-bit integer, and calls the host
+// invalid for ephemeral ports above it.
+func lowPortConn(t *testing.T) net.PacketConn {
+	t.Helper()
+	for range 100 {
+		conn, err := net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+		if err == nil {
+			return conn
+		}
+	}
+	t.Fatal("no free UDP port below 32768")
+	return nil
 }
 
 // waitConsoleFree waits until no stream of the machine's serial console is
@@ -162,7 +180,7 @@ func TestIpmitoolSOL(t *testing.T) {
 	ipmitool := requireTool(t, "ipmitool")
 	for _, suite := range []string{"3", "17"} {
 		t.Run("suite "+suite, func(t *testing.T) {
-			host, port, _, log, consoles := solServer(t)
+			host, port, m, log, consoles := solServer(t)
 			args := []string{"-I", "lanplus", "-C", suite, "-H", host, "-p", port, "-U", testUser, "-P", testPassword}
 			tm := startTerminal(t, ipmitool, append(args, "sol", "activate")...)
 			at := tm.waitFor(0, "[SOL Session operational.")
@@ -201,16 +219,119 @@ func TestIpmitoolSOL(t *testing.T) {
 				t.Fatalf("ipmitool after another session's deactivate: %v\n%s", err, tm.output())
 			}
 
+			// Again, ended by a restart of the machine; then a new
+			// activation shows the new boot.
+			tm = startTerminal(t, ipmitool, append(args, "sol", "activate")...)
+			tm.waitFor(0, console.Prompt("vm-0"))
+			if err := m.Reset(context.Background(), machine.ResetForceRestart); err != nil {
+				t.Fatal(err)
+			}
+			waitConsoleFree(t, consoles)
+			tm.typeKeys("x")
+			if err := tm.exited(); !errors.As(err, &exit) || !strings.Contains(tm.output(), "SOL session closed by BMC") {
+				t.Fatalf("ipmitool after the restart: %v\n%s", err, tm.output())
+			}
+			tm = startTerminal(t, ipmitool, append(args, "sol", "activate")...)
+			tm.waitFor(tm.waitFor(0, console.BootLines("vm-0")[0]), console.Prompt("vm-0"))
+			tm.typeKeys("~.")
+			if err := tm.exited(); err != nil {
+				t.Fatalf("ipmitool after ~.: %v\n%s", err, tm.output())
+			}
+			waitConsoleFree(t, consoles)
+
+			// A machine that is off has no console to activate.
+			mustRun(t, ipmitool, append(args, "power", "off")...)
+			if out, err := runTool(t, ipmitool, append(args, "sol", "activate")...); err == nil ||
+				!strings.Contains(out, "Error activating SOL payload: Command not supported in present state") {
+				t.Fatalf("sol activate on a machine that is off: %v\n%s", err, out)
+			}
+
 			// Newest first.
-			want := []string{"CloseConsole Serial (deactivated by another session) ", "OpenConsole Serial ", "CloseConsole Serial ", "OpenConsole Serial "}
+			want := []string{"OpenConsole Serial conflicts with machine state", "CloseConsole Serial ", "OpenConsole Serial ", "CloseConsole Serial (the console ended) ", "OpenConsole Serial ",
+				"CloseConsole Serial (deactivated by another session) ", "OpenConsole Serial ", "CloseConsole Serial ", "OpenConsole Serial "}
 			if got := consoleEntries(log); strings.Join(got, "|") != strings.Join(want, "|") {
 				t.Errorf("audit entries %q, want %q", got, want)
 			}
 			for _, e := range log.Entries("vm-0") {
+				if e.Op == machine.OpReset && e.Arg == string(machine.ResetForceRestart) {
+					continue // the test's own
+				}
 				if e.Actor.Protocol != auditlog.IPMI || e.Actor.Account != testUser || e.Actor.Source != "127.0.0.1" {
 					t.Errorf("entry %+v: actor", e)
 				}
 			}
 		})
+	}
+}
+
+// TestIpmiconsoleSOL: freeipmi's ipmiconsole shows the guest's console,
+// echoes, and ends with &.; a machine restart ends its SOL (the
+// "SOL deactivating" bit, which ipmiconsole obeys), after which a new
+// activation shows the new boot.
+func TestIpmiconsoleSOL(t *testing.T) {
+	ipmiconsole := requireTool(t, "ipmiconsole")
+	for _, suite := range []string{"3", "17"} {
+		t.Run("suite "+suite, func(t *testing.T) {
+			host, port, m, log, consoles := solServer(t)
+			args := []string{"-h", host + ":" + port, "-u", testUser, "-p", testPassword, "-I", suite}
+			tm := startTerminal(t, ipmiconsole, args...)
+			at := tm.waitFor(0, "[SOL established]")
+			for _, l := range console.BootLines("vm-0") {
+				at = tm.waitFor(at, l)
+			}
+			at = tm.waitFor(at, console.Prompt("vm-0"))
+			tm.typeKeys("root\r")
+			tm.waitFor(at, "root\r\n"+console.Prompt("vm-0"))
+			tm.typeKeys("&.")
+			if err := tm.exited(); err != nil {
+				t.Fatalf("ipmiconsole after &.: %v\n%s", err, tm.output())
+			}
+			waitConsoleFree(t, consoles)
+
+			tm = startTerminal(t, ipmiconsole, args...)
+			tm.waitFor(0, console.Prompt("vm-0"))
+			if err := m.Reset(context.Background(), machine.ResetForceRestart); err != nil {
+				t.Fatal(err)
+			}
+			tm.exited() // ipmiconsole ends on "SOL deactivating", as it would on a stolen session
+			waitConsoleFree(t, consoles)
+			tm = startTerminal(t, ipmiconsole, args...)
+			tm.waitFor(tm.waitFor(0, console.BootLines("vm-0")[0]), console.Prompt("vm-0"))
+			tm.typeKeys("&.")
+			if err := tm.exited(); err != nil {
+				t.Fatalf("ipmiconsole after &.: %v\n%s", err, tm.output())
+			}
+			waitConsoleFree(t, consoles)
+			want := []string{"CloseConsole Serial ", "OpenConsole Serial ", "CloseConsole Serial (the console ended) ", "OpenConsole Serial ", "CloseConsole Serial ", "OpenConsole Serial "}
+			if got := consoleEntries(log); strings.Join(got, "|") != strings.Join(want, "|") {
+				t.Errorf("audit entries %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestSOLTakeover: ipmiconsole takes the console from an ipmitool holding
+// it (it deactivates the payload first, as it does by default), and with
+// --dont-steal reports it in use instead.
+func TestSOLTakeover(t *testing.T) {
+	ipmitool := requireTool(t, "ipmitool")
+	ipmiconsole := requireTool(t, "ipmiconsole")
+	host, port, _, _, _ := solServer(t)
+	holder := startTerminal(t, ipmitool, "-I", "lanplus", "-C", "17", "-H", host, "-p", port, "-U", testUser, "-P", testPassword, "sol", "activate")
+	holder.waitFor(0, console.Prompt("vm-0"))
+	args := []string{"-h", host + ":" + port, "-u", testUser, "-p", testPassword, "-I", "17"}
+	// ipmiconsole exits 0 after reporting the error.
+	if out, _ := runTool(t, ipmiconsole, append(args, "--dont-steal")...); !strings.Contains(out, "[error received]: SOL in use") {
+		t.Fatalf("ipmiconsole --dont-steal:\n%s", out)
+	}
+	tm := startTerminal(t, ipmiconsole, args...)
+	tm.waitFor(tm.waitFor(0, "[SOL established]"), console.Prompt("vm-0"))
+	holder.typeKeys("x")
+	if err := holder.exited(); err == nil || !strings.Contains(holder.output(), "SOL session closed by BMC") {
+		t.Fatalf("ipmitool after the takeover: %v\n%s", err, holder.output())
+	}
+	tm.typeKeys("&.")
+	if err := tm.exited(); err != nil {
+		t.Fatalf("ipmiconsole after &.: %v\n%s", err, tm.output())
 	}
 }
