@@ -236,7 +236,6 @@ const (
 	solAuthForced  = 0xc0
 	solRetryMask   = 0x07
 	bitRate115200  = 0x0a
-	bitRateMask    = 0x0f
 	setStateMask   = 0x03
 	retriesDefault = 7
 )
