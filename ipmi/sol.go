@@ -317,7 +317,7 @@ func (s *Server) solPacket(sess *session, p []byte) ([]byte, error) {
 		sol.cond.Broadcast()
 	}
 	var status byte
-	if taken < len(data) && taken == 0 {
+	if taken == 0 && len(data) > 0 {
 		status = solStatusNACK | solStatusUnavailable
 	}
 	return s.solAck(sol, seq, byte(taken), status), nil

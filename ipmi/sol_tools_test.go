@@ -199,6 +199,10 @@ func TestIpmitoolSOL(t *testing.T) {
 				!strings.Contains(info, "Payload Port                    : "+port) {
 				t.Errorf("sol info:\n%s", info)
 			}
+			mustRun(t, ipmitool, append(args, "sol", "set", "retry-count", "5")...)
+			if info := mustRun(t, ipmitool, append(args, "sol", "info")...); !strings.Contains(info, "Retry Count                     : 5") {
+				t.Errorf("sol info after sol set retry-count 5:\n%s", info)
+			}
 
 			tm.typeKeys("~.")
 			if err := tm.exited(); err != nil {
