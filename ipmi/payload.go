@@ -1,6 +1,7 @@
 package ipmi
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 
@@ -45,6 +46,9 @@ const (
 	solPortPrimary                = 0x01
 	payloadActivationInstanceBits = 0x01
 )
+
+// solPort is the UDP port SOL runs on: the session's own.
+func (l link) solPort() uint16 { return cmp.Or(l.port, rmcpPort) }
 
 // payloadRequestOK checks the payload type and instance bytes of the
 // payload commands: SOL, instance 1.
@@ -108,7 +112,7 @@ func (s *Server) activatePayload(ctx context.Context, r *request) (byte, []byte)
 	out := make([]byte, 4) // no auxiliary data for SOL
 	out = binary.LittleEndian.AppendUint16(out, solPayloadSize)
 	out = binary.LittleEndian.AppendUint16(out, solPayloadSize)
-	out = binary.LittleEndian.AppendUint16(out, s.port)
+	out = binary.LittleEndian.AppendUint16(out, r.link.solPort())
 	return ccOK, binary.LittleEndian.AppendUint16(out, vlanNotUsed)
 }
 
@@ -298,7 +302,7 @@ func (s *Server) getSOLConfig(_ context.Context, r *request) (byte, []byte) {
 	case solParamChannel:
 		v = []byte{lanChannel}
 	case solParamPort:
-		v = binary.LittleEndian.AppendUint16(nil, s.port)
+		v = binary.LittleEndian.AppendUint16(nil, r.link.solPort())
 	default:
 		return ccSOLParamUnsupported, nil
 	}

@@ -126,9 +126,6 @@ type Server struct {
 	// SOL payload, if any (one serial port, one instance).
 	solConfig solConfig
 	sol       *solSession
-	// port is the UDP port Serve answers on, which Activate Payload and
-	// the SOL payload port parameter report.
-	port uint16
 }
 
 // NewServer validates cfg and returns a server with no sessions.
@@ -157,7 +154,6 @@ func NewServer(cfg Config) (*Server, error) {
 		s.consoles = &machine.ConsoleSessions{}
 	}
 	s.solConfig = defaultSOLConfig
-	s.port = rmcpPort
 	// Unlocked outermost, so that the audit log's work runs without mu too.
 	s.machine = machine.Intercept(cfg.Machine, machine.Chain(s.callUnlocked, s.audit.Intercept))
 	s.ready = func() error { return nil }
@@ -217,10 +213,9 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	// Unblock the read below when ctx ends.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
+	var port uint16
 	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok {
-		s.mu.Lock()
-		s.port = uint16(a.Port)
-		s.mu.Unlock()
+		port = uint16(a.Port)
 	}
 	// A SOL payload sends through conn: it ends with Serve.
 	defer s.endSOL("the BMC stopped")
@@ -241,7 +236,7 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 		slots <- struct{}{}
 		inFlight.Go(func() {
 			defer func() { <-slots }()
-			l := link{remote: addr.String(), send: func(p []byte) {
+			l := link{remote: addr.String(), port: port, send: func(p []byte) {
 				if _, err := conn.WriteTo(p, addr); err != nil {
 					s.log.Error(err, "cannot send", "remote", addr.String())
 				}
@@ -261,6 +256,9 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 // than the answer (SOL output).
 type link struct {
 	remote string
+	// port is the BMC's UDP port the datagram came to (0: the standard
+	// port), which SOL runs on.
+	port uint16
 	// send is nil where no more can be sent (in-process tests).
 	send func(pkt []byte)
 }
