@@ -190,6 +190,12 @@ func TestIpmitoolSOL(t *testing.T) {
 			at = tm.waitFor(at, console.Prompt("vm-0"))
 			tm.typeKeys("root\r")
 			at = tm.waitFor(at, "root\r\n"+console.Prompt("vm-0"))
+			// A break is acknowledged (the console contract cannot carry
+			// it), and the session goes on.
+			tm.typeKeys("~B")
+			at = tm.waitFor(at, "[send break]")
+			tm.typeKeys("x\r")
+			at = tm.waitFor(at, "x\r\n"+console.Prompt("vm-0"))
 
 			out, err := runTool(t, ipmitool, append(args, "sol", "activate")...)
 			if err == nil || !strings.Contains(out, "SOL payload already active on another session") {
