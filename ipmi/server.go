@@ -467,6 +467,9 @@ func (s *Server) handleV20(ctx context.Context, body []byte, l link, now time.Ti
 		return nil, nil, err
 	}
 	sess.lastSeen = now
+	// Any sign of life from the console resends SOL output whose retries
+	// ran out.
+	defer s.solResendStalled(sess)
 	if h.payloadType == payloadSOL {
 		reply, err := s.solPacket(sess, plain)
 		return reply, nil, err
@@ -481,9 +484,6 @@ func (s *Server) handleV20(ctx context.Context, body []byte, l link, now time.Ti
 	if end {
 		s.endSession(sess, "closed")
 	}
-	// Any sign of life from the console resends SOL output whose retries
-	// ran out.
-	s.solResendStalled(sess)
 	return out, r.afterReply, nil
 }
 
