@@ -89,6 +89,9 @@ type lanplusClient struct {
 	// afterOpen, when set, runs between Open Session and RAKP 1, where a
 	// flood would evict an unprotected handshake.
 	afterOpen func()
+	// unsolicited, when set, receives what the BMC sends besides replies
+	// (SOL output); a full channel loses the packet, as UDP would.
+	unsolicited chan []byte
 }
 
 func newLanplusClient(s *Server, suiteID byte, username, password string) *lanplusClient {
@@ -102,7 +105,21 @@ func newLanplusClient(s *Server, suiteID byte, username, password string) *lanpl
 }
 
 func (c *lanplusClient) exchange(pkt []byte) ([]byte, error) {
-	reply := c.srv.handlePacket(context.Background(), pkt, c.remote)
+	var reply []byte
+	if c.unsolicited == nil {
+		reply = c.srv.handlePacket(context.Background(), pkt, c.remote)
+	} else {
+		var afterReply func()
+		reply, afterReply = c.srv.handleFrom(context.Background(), pkt, link{remote: c.remote, send: func(p []byte) {
+			select {
+			case c.unsolicited <- p:
+			default:
+			}
+		}})
+		if afterReply != nil {
+			afterReply()
+		}
+	}
 	if reply == nil {
 		return nil, errNoReply
 	}

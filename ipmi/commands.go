@@ -55,6 +55,10 @@ func completionCode(err error) byte {
 		return ccOK
 	case errors.Is(err, machine.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		return ccNodeBusy
+	case errors.Is(err, machine.ErrConsoleInUse):
+		// Only console opens return it, and Activate Payload's 80h is
+		// "payload already active".
+		return ccPayloadActive
 	case errors.Is(err, machine.ErrNotSupported), errors.Is(err, machine.ErrInvalidArgument):
 		return ccInvalidField
 	case errors.Is(err, machine.ErrConflict):
@@ -83,6 +87,11 @@ func printableName(name []byte) string {
 	}, string(name))
 }
 
+// actorOf is who makes a request, for the audit log.
+func actorOf(r *request) auditlog.Actor {
+	return auditlog.Actor{Protocol: auditlog.IPMI, Account: printableName(r.sess.username), Source: throttle.Source(r.remote)}
+}
+
 // machineFailure logs a failed machine call and returns its completion code.
 func (s *Server) machineFailure(err error, operation string) (byte, []byte) {
 	cc := completionCode(err)
@@ -99,6 +108,10 @@ type request struct {
 	// endSession is set by Close Session for the requesting session, which
 	// must still sign the reply.
 	endSession bool
+	// link is how to reach the requester; afterReply, when set, runs once
+	// the reply is sent.
+	link       link
+	afterReply func()
 }
 
 type command struct {
@@ -124,6 +137,15 @@ var commands = map[uint16]command{
 	commandKey(netFnApp, cmdCloseSession):             {privCallback, false, (*Server).closeSession},
 	commandKey(netFnApp, cmdGetSessionInfo):           {privUser, false, (*Server).getSessionInfo},
 	commandKey(netFnApp, cmdGetChannelCipherSuites):   {0, false, (*Server).getChannelCipherSuites},
+
+	commandKey(netFnApp, cmdActivatePayload):              {privUser, true, (*Server).activatePayload},
+	commandKey(netFnApp, cmdDeactivatePayload):            {privUser, false, (*Server).deactivatePayload},
+	commandKey(netFnApp, cmdGetPayloadActivationStatus):   {privUser, false, (*Server).getPayloadActivationStatus},
+	commandKey(netFnApp, cmdGetPayloadInstanceInfo):       {privUser, false, (*Server).getPayloadInstanceInfo},
+	commandKey(netFnApp, cmdGetChannelPayloadSupport):     {privUser, false, (*Server).getChannelPayloadSupport},
+	commandKey(netFnApp, cmdGetChannelPayloadVersion):     {privUser, false, (*Server).getChannelPayloadVersion},
+	commandKey(netFnTransport, cmdSetSOLConfigParameters): {privAdmin, false, (*Server).setSOLConfig},
+	commandKey(netFnTransport, cmdGetSOLConfigParameters): {privUser, false, (*Server).getSOLConfig},
 
 	commandKey(netFnChassis, cmdGetChassisStatus):     {privUser, true, (*Server).getChassisStatus},
 	commandKey(netFnChassis, cmdChassisControl):       {privOperator, true, (*Server).chassisControl},
@@ -166,8 +188,7 @@ func (s *Server) run(ctx context.Context, r *request) (byte, []byte) {
 		}
 		if cmd.minPriv >= privOperator {
 			// The audit log says who asked for the writes it makes.
-			ctx = auditlog.WithActor(ctx, auditlog.Actor{
-				Protocol: auditlog.IPMI, Account: printableName(r.sess.username), Source: throttle.Source(r.remote)})
+			ctx = auditlog.WithActor(ctx, actorOf(r))
 		}
 	}
 	return cmd.run(s, ctx, r)

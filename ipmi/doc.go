@@ -11,6 +11,12 @@
 // specification (rev 1.1); where freeipmi or ipmitool depend on a detail
 // the specification leaves open, a comment says so.
 //
-// One Server owns the session table and the boot-option parameters of its
-// machine; boot flags themselves live in the machine (BootOverride).
+// Serial over LAN (payload type 1) carries the machine's serial console
+// (machine.ConsoleController) inside an RMCP+ session, sealed as its IPMI
+// messages are; machine.ConsoleSessions keeps it to one client at a time
+// across IPMI and Redfish. sol.go says how output is paced and bounded.
+//
+// One Server owns the session table, the boot-option and SOL parameters
+// and the SOL payload of its machine; boot flags themselves live in the
+// machine (BootOverride).
 package ipmi

@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/virtmetal/virtmetal/machine"
 )
 
 // capturedPackets returns the datagrams real clients sent (see the header
@@ -196,5 +198,35 @@ func FuzzServerPacket(f *testing.F) {
 		if cc, _, err := c.command(netFnApp, cmdGetDeviceID); err != nil || cc != ccOK {
 			t.Fatalf("session broken by % x: cc %#x, %v", p, cc, err)
 		}
+	})
+}
+
+// FuzzSOLPacket feeds SOL payloads, sealed with the session's keys, to a
+// server whose SOL payload that session holds: whatever they say, the
+// server must not panic, the payload's buffers stay bounded, and the
+// session keeps answering.
+func FuzzSOLPacket(f *testing.F) {
+	for _, p := range [][]byte{{1, 0, 0, 0, 'a'}, {0, 1, 3, 0}, {2, 1, 3, solOpNACK, 'b'}, {3, 0, 0, solOpBreak | solOpFlushInbound | solOpFlushOutbound}, {1}} {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, p []byte) {
+		s, m, _ := testServer(t, nil)
+		if err := m.Reset(context.Background(), machine.ResetOn); err != nil {
+			t.Fatal(err)
+		}
+		c := newSOLClient(t, s, 17, privAdmin)
+		c.mustCommand(t, netFnApp, cmdActivatePayload, activateSOL...)
+		defer s.endSOL("fuzz case over")
+		for range 2 { // and its replay under a new session sequence number
+			if _, err := c.sendSOLRaw(p); err != nil {
+				t.Fatalf("answer to % x: %v", p, err)
+			}
+		}
+		s.mu.Lock()
+		if sol := s.sol; sol != nil && (len(sol.in) > solInputLimit || len(sol.out) > 2*solMaxChars || len(sol.inflight) > solMaxChars) {
+			t.Errorf("buffers in %d out %d in flight %d", len(sol.in), len(sol.out), len(sol.inflight))
+		}
+		s.mu.Unlock()
+		c.mustCommand(t, netFnApp, cmdGetDeviceID)
 	})
 }

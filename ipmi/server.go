@@ -62,6 +62,11 @@ type Config struct {
 	// server's, so each protocol shows the other's actions too. nil means
 	// a log of this server's own.
 	AuditLog *auditlog.Log
+	// ConsoleSessions admits one serial console stream per machine: SOL
+	// takes the console through it. Share the Redfish server's, so that a
+	// console held over one protocol reads as "payload already active"
+	// over the other. nil means a table of this server's own.
+	ConsoleSessions *machine.ConsoleSessions
 }
 
 const (
@@ -115,6 +120,12 @@ type Server struct {
 	selErased      time.Time
 	audit          *auditlog.Log
 	machineID      string
+
+	consoles *machine.ConsoleSessions
+	// solConfig holds the SOL configuration parameters; sol is the active
+	// SOL payload, if any (one serial port, one instance).
+	solConfig solConfig
+	sol       *solSession
 }
 
 // NewServer validates cfg and returns a server with no sessions.
@@ -138,6 +149,11 @@ func NewServer(cfg Config) (*Server, error) {
 		s.audit = auditlog.New(auditlog.Options{Now: cfg.Now})
 	}
 	s.machineID = cfg.Machine.ID()
+	s.consoles = cfg.ConsoleSessions
+	if s.consoles == nil {
+		s.consoles = &machine.ConsoleSessions{}
+	}
+	s.solConfig = defaultSOLConfig
 	// Unlocked outermost, so that the audit log's work runs without mu too.
 	s.machine = machine.Intercept(cfg.Machine, machine.Chain(s.callUnlocked, s.audit.Intercept))
 	s.ready = func() error { return nil }
@@ -197,6 +213,12 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 	// Unblock the read below when ctx ends.
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
+	var port uint16
+	if a, ok := conn.LocalAddr().(*net.UDPAddr); ok {
+		port = uint16(a.Port)
+	}
+	// A SOL payload sends through conn: it ends with Serve.
+	defer s.endSOL("the BMC stopped")
 	// Packets are served concurrently, so one slow machine call does not
 	// stall every other client.
 	slots := make(chan struct{}, maxConcurrentPackets)
@@ -214,29 +236,66 @@ func (s *Server) Serve(ctx context.Context, conn net.PacketConn) error {
 		slots <- struct{}{}
 		inFlight.Go(func() {
 			defer func() { <-slots }()
-			reply := s.handlePacket(ctx, buf[:n], addr.String())
-			if reply == nil {
-				return
+			l := link{remote: addr.String(), port: port, send: func(p []byte) {
+				if _, err := conn.WriteTo(p, addr); err != nil {
+					s.log.Error(err, "cannot send", "remote", addr.String())
+				}
+			}}
+			reply, afterReply := s.handleFrom(ctx, buf[:n], l)
+			if reply != nil {
+				l.send(reply)
 			}
-			if _, err := conn.WriteTo(reply, addr); err != nil {
-				s.log.Error(err, "cannot send reply", "remote", addr.String())
+			if afterReply != nil {
+				afterReply()
 			}
 		})
 	}
 }
 
+// link is where a datagram came from, and the way to send that peer more
+// than the answer (SOL output).
+type link struct {
+	remote string
+	// port is the BMC's UDP port the datagram came to (0: the standard
+	// port), which SOL runs on.
+	port uint16
+	// send is nil where no more can be sent (in-process tests).
+	send func(pkt []byte)
+}
+
 // handlePacket answers one datagram from remote; nil means no answer.
-func (s *Server) handlePacket(ctx context.Context, pkt []byte, remote string) (reply []byte) {
+func (s *Server) handlePacket(ctx context.Context, pkt []byte, remote string) []byte {
+	reply, _ := s.handleFrom(ctx, pkt, link{remote: remote})
+	return reply
+}
+
+// handleFrom answers one datagram; afterReply, when set, is to run once the
+// answer is sent (an activated SOL payload starts its output then, so its
+// first packet cannot overtake the activation's answer).
+func (s *Server) handleFrom(ctx context.Context, pkt []byte, l link) (reply []byte, afterReply func()) {
+	remote := l.remote
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// A bug in one handler costs its packet, not the BMC.
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error(fmt.Errorf("panic: %v", p), "packet handler panicked", "remote", remote)
-			reply = nil
+			reply, afterReply = nil, nil
 		}
 	}()
 	now := s.now()
+	s.expireSessions(now)
+	reply, afterReply, err := s.route(ctx, pkt, l, now)
+	if err != nil {
+		s.log.V(1).Info("dropped packet", "remote", remote, "reason", err.Error())
+		return nil, nil
+	}
+	return reply, afterReply
+}
+
+// expireSessions ends the sessions idle for too long, and those of a
+// rotated-out password past its grace window.
+func (s *Server) expireSessions(now time.Time) {
 	for _, sess := range s.sessions.expired(now, s.timeout, s.handshake) {
 		if sess.state == stateRAKP2Sent {
 			s.handshakeAbandoned(sess)
@@ -244,33 +303,29 @@ func (s *Server) handlePacket(ctx context.Context, pkt []byte, remote string) (r
 		s.endSession(sess, "timed out")
 	}
 	s.endRotatedOut(now)
-	reply, err := s.route(ctx, pkt, remote, now)
-	if err != nil {
-		s.log.V(1).Info("dropped packet", "remote", remote, "reason", err.Error())
-		return nil
-	}
-	return reply
 }
 
-func (s *Server) route(ctx context.Context, pkt []byte, remote string, now time.Time) ([]byte, error) {
+func (s *Server) route(ctx context.Context, pkt []byte, l link, now time.Time) ([]byte, func(), error) {
+	remote := l.remote
 	class, seq, body, err := decodeRMCP(pkt)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	switch class {
 	case rmcpClassASF:
 		tag, err := decodeASFPing(body)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return encodeASFPong(seq, tag), nil
+		return encodeASFPong(seq, tag), nil, nil
 	case rmcpClassIPMI:
 		if len(body) > 0 && body[0] == authTypeRMCPPlus {
-			return s.handleV20(ctx, body, remote, now)
+			return s.handleV20(ctx, body, l, now)
 		}
-		return s.handleV15(ctx, body, remote, now)
+		reply, err := s.handleV15(ctx, body, remote, now)
+		return reply, nil, err
 	}
-	return nil, malformed("RMCP class %#x", class)
+	return nil, nil, malformed("RMCP class %#x", class)
 }
 
 // handleV15 answers an IPMI 1.5 packet: sessionless, the Activate Session
@@ -359,73 +414,94 @@ func password16(password []byte) [authCodeLength]byte {
 }
 
 // handleV20 answers an RMCP+ packet: a handshake message, a sessionless
-// IPMI message, or a message inside an active RMCP+ session.
-func (s *Server) handleV20(ctx context.Context, body []byte, remote string, now time.Time) ([]byte, error) {
+// IPMI message, or an IPMI message or SOL packet inside an active RMCP+
+// session.
+func (s *Server) handleV20(ctx context.Context, body []byte, l link, now time.Time) ([]byte, func(), error) {
+	remote := l.remote
 	h, payload, trailer, err := decodeV20(body)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if h.sessionID == 0 {
 		if h.encrypted || h.authenticated {
-			return nil, errors.New("protected RMCP+ payload without a session")
+			return nil, nil, errors.New("protected RMCP+ payload without a session")
 		}
+		var reply []byte
 		switch h.payloadType {
 		case payloadOpenSessionRequest:
-			return s.openSession(payload, remote, now)
+			reply, err = s.openSession(payload, remote, now)
 		case payloadRAKP1:
-			return s.rakp1(ctx, payload, remote, now)
+			reply, err = s.rakp1(ctx, payload, remote, now)
 		case payloadRAKP3:
-			return s.rakp3(payload, remote, now)
+			reply, err = s.rakp3(payload, remote, now)
 		case payloadIPMI:
-			msg, err := decodeMessage(payload)
-			if err != nil {
-				return nil, err
+			var msg message
+			if msg, err = decodeMessage(payload); err == nil {
+				out, _ := s.dispatch(ctx, &request{msg: msg, remote: remote, now: now})
+				reply = sessionKeys{}.seal(payloadIPMI, 0, 0, out)
 			}
-			reply, _ := s.dispatch(ctx, &request{msg: msg, remote: remote, now: now})
-			return sessionKeys{}.seal(payloadIPMI, 0, 0, reply), nil
+		default:
+			err = fmt.Errorf("payload type %#x without a session", h.payloadType)
 		}
-		return nil, fmt.Errorf("payload type %#x without a session", h.payloadType)
+		return reply, nil, err
 	}
 	sess := s.sessions.byID[h.sessionID]
 	if sess == nil || !sess.v2 || sess.state != stateActive || sess.remote != remote {
-		return nil, fmt.Errorf("no active RMCP+ session %#x for this remote", h.sessionID)
+		return nil, nil, fmt.Errorf("no active RMCP+ session %#x for this remote", h.sessionID)
 	}
-	if h.payloadType != payloadIPMI {
-		return nil, fmt.Errorf("payload type %#x is not supported", h.payloadType)
+	if h.payloadType != payloadIPMI && h.payloadType != payloadSOL {
+		return nil, nil, fmt.Errorf("payload type %#x is not supported", h.payloadType)
 	}
 	suite := sess.keys.suite
 	if h.authenticated != (suite.integrity != integrityNone) || h.encrypted != (suite.confidentiality != confidentialityNone) {
-		return nil, fmt.Errorf("packet protection does not match cipher suite %d", suite.id)
+		return nil, nil, fmt.Errorf("packet protection does not match cipher suite %d", suite.id)
 	}
 	if h.authenticated && !sess.keys.verifyTrailer(body, trailer) {
-		return nil, errors.New("integrity check failed")
+		return nil, nil, errors.New("integrity check failed")
 	}
 	if !sess.in.accept(h.seq) {
-		return nil, fmt.Errorf("sequence number %d replayed or outside the window", h.seq)
+		return nil, nil, fmt.Errorf("sequence number %d replayed or outside the window", h.seq)
 	}
 	plain, err := sess.keys.open(payload)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	sess.lastSeen = now
+	// Any sign of life from the console resends SOL output whose retries
+	// ran out.
+	defer s.solResendStalled(sess)
+	if h.payloadType == payloadSOL {
+		reply, err := s.solPacket(sess, plain)
+		return reply, nil, err
 	}
 	msg, err := decodeMessage(plain)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	sess.lastSeen = now
-	r := &request{sess: sess, msg: msg, remote: remote, now: now}
+	r := &request{sess: sess, msg: msg, remote: remote, now: now, link: l}
 	reply, end := s.dispatch(ctx, r)
 	out := sess.keys.seal(payloadIPMI, sess.consoleID, sess.nextOutSeq(), reply)
 	if end {
 		s.endSession(sess, "closed")
 	}
-	return out, nil
+	return out, r.afterReply, nil
 }
 
 // endSession removes sess and releases what it held.
 func (s *Server) endSession(sess *session, reason string) {
 	delete(s.sessions.byID, sess.id)
+	if s.sol != nil && s.sol.owner == sess {
+		why := "session " + reason
+		if reason == "closed" {
+			why = "" // the client's own Close Session
+		}
+		s.solEnd(why, false)
+	}
 	if s.boot.setInProgress && s.boot.owner == sess.id {
 		s.boot.setInProgress = false
+	}
+	if s.solConfig.setInProgress && s.solConfig.owner == sess.id {
+		s.solConfig.setInProgress = false
 	}
 	log := s.log.V(1)
 	if sess.state == stateActive {

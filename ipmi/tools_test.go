@@ -45,6 +45,17 @@ func requireTool(t *testing.T, name string) string {
 // udpServer serves a fresh in-memory machine on an ephemeral loopback port.
 func udpServer(t *testing.T, edit func(*Config)) (host, port string, m *memory.Machine) {
 	t.Helper()
+	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return udpServerOn(t, conn, edit)
+}
+
+// udpServerOn serves a fresh in-memory machine on conn, and closes it at
+// the end of the test.
+func udpServerOn(t *testing.T, conn net.PacketConn, edit func(*Config)) (host, port string, m *memory.Machine) {
+	t.Helper()
 	m = memory.New(memory.Options{}).Get("vm-0")
 	// IPMI 1.5 on, so the lan interface can be tested; TestIPMI15OffByDefault
 	// shows the default.
@@ -54,10 +65,7 @@ func udpServer(t *testing.T, edit func(*Config)) (host, port string, m *memory.M
 	}
 	s, err := NewServer(cfg)
 	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
+		conn.Close()
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
