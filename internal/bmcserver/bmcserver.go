@@ -164,7 +164,7 @@ func serveBackend(ctx context.Context, stop context.CancelCauseFunc, cfg Config,
 		return err
 	}
 	if cfg.IPMIListen != "" {
-		ipmiSrv, addr, err := startIPMI(ctx, stop, cfg, backend, creds, limiter, audit, log.WithName("ipmi"))
+		ipmiSrv, addr, err := startIPMI(ctx, stop, cfg, backend, creds, sharedByProtocols{limiter, audit, consoles}, log.WithName("ipmi"))
 		if err != nil {
 			listener.Close()
 			return err
