@@ -72,7 +72,7 @@ type Options struct {
 	// pod's name); empty means "bmc-server".
 	ReportingInstance string
 	// StateSecret is the Secret of the VM's namespace the backend keeps
-	// protocol state in (the controller's deploy/bmc.StateSecretName);
+	// protocol state in (bmcspec.StateSecretName);
 	// empty keeps none.
 	StateSecret string
 	// StateEntry, when set, is the key of StateSecret that holds the
