@@ -81,6 +81,8 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 		b.ReportMetric(idleFile, "idle-file-MB")
 		b.ReportMetric(idleAnon, "idle-anon-MB")
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmRSS"), "loaded-MB")
+		b.ReportMetric(procStatus(b, cmd.Process.Pid, "RssFile"), "loaded-file-MB")
+		b.ReportMetric(procStatus(b, cmd.Process.Pid, "RssAnon"), "loaded-anon-MB")
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmHWM"), "peak-MB")
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"time"
@@ -31,10 +30,8 @@ func goRuntime(w *bufio.Writer) {
 	writeSample(w, "go_gc_duration_seconds_sum", nil, labelValues{}, "", "", gc.PauseTotal.Seconds())
 	writeSample(w, "go_gc_duration_seconds_count", nil, labelValues{}, "", "", float64(gc.NumGC))
 
-	settings := []metrics.Sample{{Name: "/gc/gogc:percent"}, {Name: "/gc/gomemlimit:bytes"}}
-	metrics.Read(settings)
-	writeFamily(w, "go_gc_gogc_percent", "The collector's GOGC percentage (-1: off).", "gauge", sampleValue(settings[0]))
-	writeFamily(w, "go_gc_gomemlimit_bytes", "The runtime's soft memory limit (GOMEMLIMIT).", "gauge", sampleValue(settings[1]))
+	writeFamily(w, "go_gc_gogc_percent", "The collector's GOGC percentage (-1: off).", "gauge", gogc())
+	writeFamily(w, "go_gc_gomemlimit_bytes", "The runtime's soft memory limit (GOMEMLIMIT).", "gauge", float64(debug.SetMemoryLimit(-1)))
 	writeFamily(w, "go_goroutines", "Goroutines that exist now.", "gauge", float64(runtime.NumGoroutine()))
 	header{"go_info", "The Go version the program was built with.", "gauge"}.writeHeader(w)
 	writeSample(w, "go_info", nil, labelValues{}, "version", runtime.Version(), 1)
@@ -75,14 +72,22 @@ func goRuntime(w *bufio.Writer) {
 	writeFamily(w, "go_threads", "Operating system threads created.", "gauge", float64(threads))
 }
 
-func sampleValue(s metrics.Sample) float64 {
-	switch s.Value.Kind() {
-	case metrics.KindUint64:
-		return float64(s.Value.Uint64())
-	case metrics.KindFloat64:
-		return s.Value.Float64()
+// gogc is the collector's percentage as the runtime took it from GOGC at
+// start: bmc-server never sets another (runtime/metrics would say, but
+// linking it costs every BMC pod its tables).
+func gogc() float64 {
+	switch v := os.Getenv("GOGC"); v {
+	case "":
+		return 100
+	case "off":
+		return -1
+	default:
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return 100 // the runtime ignores a GOGC it cannot read
+		}
+		return float64(n)
 	}
-	return math.NaN()
 }
 
 // userHZ is the unit of /proc's CPU times: 100 a second on Linux whatever
