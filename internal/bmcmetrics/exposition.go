@@ -15,7 +15,7 @@ import (
 
 // The metrics are written in Prometheus's text exposition format by the
 // few types below rather than by Prometheus's client library: that library
-// and the protocol buffers it links cost every BMC pod about 3 MB of
+// and the protocol buffers it links cost every BMC pod about 2 MB of
 // resident memory (docs/benchmarks.md), for counters, histograms and
 // gauges read at each scrape.
 
