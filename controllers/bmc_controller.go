@@ -389,7 +389,7 @@ func (r *BMCReconciler) keepSharedEntry(ctx context.Context, b *v1beta1.VirtualM
 // Deployment, so its own bmc-server reads them as it starts and the
 // controller never claims the data the server writes.
 func (r *BMCReconciler) keepSharedState(ctx context.Context, b *v1beta1.VirtualMachineBMC) error {
-	key := types.NamespacedName{Namespace: b.Namespace, Name: bmc.StateSecretName(b.Spec.VMName)}
+	key := types.NamespacedName{Namespace: b.Namespace, Name: bmcspec.StateSecretName(b.Spec.VMName)}
 	if err := r.Client.Get(ctx, key, &corev1.Secret{}); !apierrors.IsNotFound(err) {
 		return err
 	}

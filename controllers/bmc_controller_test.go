@@ -27,6 +27,7 @@ import (
 
 	"github.com/virtmetal/virtmetal/api/v1beta1"
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/kubetest"
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
@@ -561,7 +562,7 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := kubevirt.New(cfg, vm.Namespace, "web1", kubevirt.Options{StateSecret: bmc.StateSecretName("web1")})
+	store, err := kubevirt.New(cfg, vm.Namespace, "web1", kubevirt.Options{StateSecret: bmcspec.StateSecretName("web1")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -570,9 +571,9 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 		t.Errorf("LoadState as the BMC = %q, %v", data, err)
 	}
 	poll.Until(t, "web2's state Secret", func() error {
-		return get(types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web2")}, &corev1.Secret{})
+		return get(types.NamespacedName{Namespace: vm.Namespace, Name: bmcspec.StateSecretName("web2")}, &corev1.Secret{})
 	})
-	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web2")}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
+	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: bmcspec.StateSecretName("web2")}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
 		t.Errorf("read of another VM's state Secret = %v, want Forbidden", err)
 	}
 	if err := bmcClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: vm.Namespace, Name: "minted"}}); !apierrors.IsForbidden(err) {
@@ -580,7 +581,7 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	}
 	// The controller puts back a drifted state Secret (its label taken
 	// off) and leaves what the BMC wrote in it.
-	stateKey := types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName("web1")}
+	stateKey := types.NamespacedName{Namespace: vm.Namespace, Name: bmcspec.StateSecretName("web1")}
 	update(t, stateKey, &corev1.Secret{}, func(obj client.Object) { obj.SetLabels(nil) })
 	poll.Until(t, "the state Secret's labels put back", func() error {
 		secret := &corev1.Secret{}

@@ -457,7 +457,7 @@ func (r *SharedReconciler) ensureStateSecret(ctx context.Context, namespace stri
 	for _, vm := range vms {
 		served[vm.name] = true
 		own := &corev1.Secret{}
-		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmc.StateSecretName(vm.name)}, own); {
+		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.StateSecretName(vm.name)}, own); {
 		case apierrors.IsNotFound(err):
 			continue
 		case err != nil:
@@ -535,7 +535,7 @@ func (r *SharedReconciler) statePending(ctx context.Context, namespace, vm strin
 	if !leaving[vm] {
 		return false, nil
 	}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmc.StateSecretName(vm)}, &corev1.Secret{})
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: bmcspec.StateSecretName(vm)}, &corev1.Secret{})
 	if apierrors.IsNotFound(err) {
 		return true, nil
 	}

@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
@@ -82,7 +81,7 @@ func TestStateEntriesWaitForLeavingVMs(t *testing.T) {
 		return s
 	}
 	ownState := func(vm string) *corev1.Secret {
-		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmc.StateSecretName(vm), Labels: childLabels(vm)}}
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: bmcspec.StateSecretName(vm), Labels: childLabels(vm)}}
 	}
 	tests := []struct {
 		name    string

@@ -190,7 +190,7 @@ func servedShared(vm types.NamespacedName) error {
 			return err
 		}
 	}
-	if err := gone(types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName(vm.Name)}, &corev1.Secret{}); err != nil {
+	if err := gone(types.NamespacedName{Namespace: vm.Namespace, Name: bmcspec.StateSecretName(vm.Name)}, &corev1.Secret{}); err != nil {
 		return err
 	}
 	entries, err := aggregate(vm.Namespace)
@@ -367,7 +367,7 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: "web1-bmc"}, &corev1.Secret{})
 		}},
 		{"read a VM's own state Secret's name", func() error {
-			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: bmc.StateSecretName("web1")}, &corev1.Secret{})
+			return bmcClient.Get(ctx, types.NamespacedName{Namespace: ns, Name: bmcspec.StateSecretName("web1")}, &corev1.Secret{})
 		}},
 		{"create a Secret", func() error {
 			return bmcClient.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "minted"}})
@@ -412,7 +412,7 @@ func TestSharedModeKeepsIPMIPodPerVM(t *testing.T) {
 		t.Errorf("credentials Secret %s/%s, want the entry's %s/%s", creds.Data["username"], creds.Data["password"], e.Username, e.Password)
 	}
 	ownState := &corev1.Secret{}
-	if err := get(types.NamespacedName{Namespace: ns, Name: bmc.StateSecretName("web2")}, ownState); err != nil {
+	if err := get(types.NamespacedName{Namespace: ns, Name: bmcspec.StateSecretName("web2")}, ownState); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(ownState.Data["redfish-subscriptions"], kept) {
@@ -503,7 +503,7 @@ func TestSwitchWorkloadAtRunTime(t *testing.T) {
 	vm := enrolledVM(t, "switch", "web1")
 	// What its own bmc-server kept moves into the namespace's state Secret;
 	// its credentials Secret stays its own.
-	own := types.NamespacedName{Namespace: vm.Namespace, Name: bmc.StateSecretName(vm.Name)}
+	own := types.NamespacedName{Namespace: vm.Namespace, Name: bmcspec.StateSecretName(vm.Name)}
 	kept := []byte(`{"version":1,"lastId":3,"subscriptions":[]}`)
 	update(t, own, &corev1.Secret{}, func(obj client.Object) {
 		obj.(*corev1.Secret).Data = map[string][]byte{"redfish-subscriptions": kept}

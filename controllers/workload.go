@@ -205,7 +205,7 @@ func PodPerVM(in WorkloadInput) (Workload, error) {
 		w.Objects = append(w.Objects, policy)
 	}
 
-	w.Objects = append(w.Objects, stateSecret(meta(bmc.StateSecretName(b.Spec.VMName))))
+	w.Objects = append(w.Objects, stateSecret(meta(bmcspec.StateSecretName(b.Spec.VMName))))
 
 	if ingress != nil {
 		w.Objects = append(w.Objects, ingress)

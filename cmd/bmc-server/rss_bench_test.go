@@ -32,7 +32,8 @@ import (
 // resident memory from /proc: once ready and idle, after eight keep-alive
 // clients polled the system (with a power action every 64th request), and
 // its peak (VmHWM). The load is b.N requests; the process and the API
-// server are started once.
+// server are started once. VIRTMETAL_BMC_SERVER_BINARY names another
+// commit's binary to measure instead, beside this one's in one session.
 func BenchmarkKubeVirtRSS(b *testing.B) {
 	env, dir := rssCluster(b)
 	vm := benchVM(1)
@@ -40,7 +41,10 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 		b.Fatalf("creating the VM: %v", err)
 	}
 
-	binary := buildAsTheImage(b, dir)
+	binary := os.Getenv(bmcServerBinaryEnv)
+	if binary == "" {
+		binary = buildAsTheImage(b, dir)
+	}
 	cmd, base, _, stop := startBMCServer(b, binary, dir, []string{"BMC_USERNAME=maas", "BMC_PASSWORD=s3cret"},
 		"--backend", "kubevirt", "--namespace", "default", "--vm", "node-1", "--listen", "127.0.0.1:0")
 	b.Cleanup(stop)
@@ -77,6 +81,8 @@ func BenchmarkKubeVirtRSS(b *testing.B) {
 		b.ReportMetric(idleFile, "idle-file-MB")
 		b.ReportMetric(idleAnon, "idle-anon-MB")
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmRSS"), "loaded-MB")
+		b.ReportMetric(procStatus(b, cmd.Process.Pid, "RssFile"), "loaded-file-MB")
+		b.ReportMetric(procStatus(b, cmd.Process.Pid, "RssAnon"), "loaded-anon-MB")
 		b.ReportMetric(procStatus(b, cmd.Process.Pid, "VmHWM"), "peak-MB")
 	})
 }

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/virtmetal/virtmetal/deploy/bmc"
 	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
@@ -67,7 +66,7 @@ func newStateFixture(t *testing.T, env *kubevirttest.Cluster, prefix string) *st
 	for i, vm := range []string{"web1", "web2"} {
 		createVM(t, env.Client, f.namespace, vm, "6a1c2a3e-1b2d-4c5e-8f90-a1b2c3d4e5f"+strconv.Itoa(i+1), "02:00:00:00:02:0"+strconv.Itoa(i+1))
 		f.hosts[vm] = vm + "." + f.namespace + ".bmc.example.com"
-		secrets = append(secrets, bmc.StateSecretName(vm))
+		secrets = append(secrets, bmcspec.StateSecretName(vm))
 	}
 	for _, name := range secrets {
 		if err := env.Client.Create(t.Context(), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: f.namespace, Name: name}}); err != nil {
@@ -143,7 +142,7 @@ func (f *stateFixture) subscribe(t *testing.T, s *started, vm, context string) {
 // Secret's key, or, in the namespace's Secret, its entry's.
 func (f *stateFixture) kept(t *testing.T, vm, stateSecret string) string {
 	t.Helper()
-	name := cmp.Or(stateSecret, bmc.StateSecretName(vm))
+	name := cmp.Or(stateSecret, bmcspec.StateSecretName(vm))
 	var secret corev1.Secret
 	if err := f.env.Client.Get(t.Context(), client.ObjectKey{Namespace: f.namespace, Name: name}, &secret); err != nil {
 		t.Fatal(err)

@@ -64,13 +64,6 @@ type rendering struct {
 	VMs, Media, States, Claims, Instancetypes, ClusterInstancetypes []string
 }
 
-// StateSecretName is the Secret a VM's own bmc-server (not the shared one:
-// bmcspec.SharedStateSecret) keeps its protocols' state in (Redfish's event subscriptions, whose headers may carry a
-// destination's credentials, hence a Secret). The controller creates it;
-// the bmc-server may only get and patch it, since Kubernetes cannot limit
-// create by name.
-func StateSecretName(vm string) string { return vm + "-bmc-state" }
-
 // ClusterRBACName is the name of the ClusterRole and ClusterRoleBinding that
 // grant the cluster instancetypes; vm is "" for a shared bmc-server. A
 // namespace's name holds no dot, so the dot after it keeps every
@@ -150,7 +143,7 @@ func (p RBACParams) rendering() (rendering, error) {
 	for _, vm := range r.VMs {
 		r.Media = append(r.Media, vm+"-virtmetal-media")
 		if !r.Shared {
-			r.States = append(r.States, StateSecretName(vm))
+			r.States = append(r.States, bmcspec.StateSecretName(vm))
 		}
 	}
 	if r.Shared {

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 )
 
 func TestRBACObjects(t *testing.T) {
@@ -61,7 +62,7 @@ func TestRBACObjects(t *testing.T) {
 				if slices.Contains(resources, "virtualmachines") && !slices.Equal(names, []string{tc.params.VMName}) {
 					t.Errorf("VM rule names %v", names)
 				}
-				if slices.Contains(resources, "secrets") && (!slices.Equal(names, []string{bmc.StateSecretName(tc.params.VMName)}) || !slices.Equal(verbs, []string{"get", "patch"})) {
+				if slices.Contains(resources, "secrets") && (!slices.Equal(names, []string{bmcspec.StateSecretName(tc.params.VMName)}) || !slices.Equal(verbs, []string{"get", "patch"})) {
 					t.Errorf("Secret rule grants %v on %v, want get and patch of the state Secret only", verbs, names)
 				}
 				if slices.Contains(resources, "persistentvolumeclaims") && (!slices.Equal(names, tc.params.Claims) || !slices.Equal(verbs, []string{"get"})) {

@@ -2,6 +2,7 @@ package bmcmetrics_test
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -315,5 +316,68 @@ func TestUnknownDeliveryOutcome(t *testing.T) {
 	}
 	if _, ok := f.scrape().Value("virtmetal_bmc_event_deliveries_total", map[string]string{"outcome": "throttled"}); ok {
 		t.Error("an unknown outcome became a label value")
+	}
+}
+
+// TestExpositionAsPrometheusReadsIt: what Prometheus's client library
+// exported is still there under its names and types, read back by
+// Prometheus's own parser: label values that need escaping, cumulative
+// histogram buckets, and the Go runtime's and process's figures.
+func TestExpositionAsPrometheusReadsIt(t *testing.T) {
+	f := newFixture(t)
+	odd := "/redfish/v1/\"quoted\"\\back\nslash"
+	f.metrics.ObserveRequest(odd, "GET", 200, 3*time.Millisecond)
+	f.metrics.ObserveRequest(odd, "GET", 200, 30*time.Millisecond)
+	f.metrics.ObserveRequest(odd, "GET", 200, time.Minute)
+	families := f.scrape()
+	if got, ok := families.Value("virtmetal_bmc_redfish_requests_total", map[string]string{"route": odd}); !ok || got != 3 {
+		t.Errorf("requests with an escaped route = %v (found %v), want 3", got, ok)
+	}
+	histogram := families["virtmetal_bmc_redfish_request_duration_seconds"].Metric[0].Histogram
+	for _, b := range histogram.Bucket {
+		var want uint64
+		switch bound := b.GetUpperBound(); {
+		case math.IsInf(bound, 1):
+			want = 3 // the minute is above every other bound
+		case bound >= 0.05:
+			want = 2
+		case bound >= 0.005:
+			want = 1
+		}
+		if b.GetCumulativeCount() != want {
+			t.Errorf("bucket le=%v holds %d, want %d", b.GetUpperBound(), b.GetCumulativeCount(), want)
+		}
+	}
+	if histogram.GetSampleCount() != 3 || histogram.GetSampleSum() < 60 {
+		t.Errorf("count %d, sum %v; want 3 and over 60 s", histogram.GetSampleCount(), histogram.GetSampleSum())
+	}
+	for _, tt := range []struct {
+		name     string
+		kind     string
+		min, max float64
+	}{
+		{"go_goroutines", "GAUGE", 1, 1e6},
+		{"go_memstats_heap_alloc_bytes", "GAUGE", 1, 1 << 40},
+		{"go_memstats_mallocs_total", "COUNTER", 1, math.Inf(1)},
+		{"go_gc_duration_seconds", "SUMMARY", 0, math.Inf(1)},
+		{"go_sched_gomaxprocs_threads", "GAUGE", 1, 1 << 20},
+		{"go_threads", "GAUGE", 1, 1 << 20},
+		{"process_resident_memory_bytes", "GAUGE", 1 << 20, 1 << 40},
+		{"process_open_fds", "GAUGE", 1, 1 << 20},
+		{"process_cpu_seconds_total", "COUNTER", 0, 1e9},
+		{"process_start_time_seconds", "GAUGE", float64(time.Now().Add(-24 * time.Hour).Unix()), float64(time.Now().Unix() + 1)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			family := families[tt.name]
+			if family == nil {
+				t.Fatal("missing")
+			}
+			if got := family.GetType().String(); got != tt.kind {
+				t.Errorf("type %s, want %s", got, tt.kind)
+			}
+			if v, _ := families.Value(tt.name, nil); tt.kind != "SUMMARY" && (v < tt.min || v > tt.max) {
+				t.Errorf("%v, want within [%v, %v]", v, tt.min, tt.max)
+			}
+		})
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/bmcspec"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/memory"
@@ -58,7 +58,7 @@ func eventPoll(backend string) time.Duration {
 // server's Secret of the namespace, bmcspec.SharedStateSecret) or, when
 // stateSecret is empty, in the VM's own Secret, as older controllers made.
 func startKubeVirt(ctx context.Context, restCfg *rest.Config, namespace, vm string, informers *kubevirt.Informers, stateSecret string, log logr.Logger) (machine.Backend, error) {
-	opts := kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmc.StateSecretName(vm), Informers: informers}
+	opts := kubevirt.Options{Logger: log.WithName("kubevirt"), StateSecret: bmcspec.StateSecretName(vm), Informers: informers}
 	if stateSecret != "" {
 		opts.StateSecret, opts.StateEntry = stateSecret, vm
 	}

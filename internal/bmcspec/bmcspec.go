@@ -33,6 +33,13 @@ const SharedSecret = "virtmetal-bmcs"
 // Secret a namespace, not one a VM, so that enrolling a VM writes none.
 const SharedStateSecret = "virtmetal-bmcs-state"
 
+// StateSecretName is the Secret a VM's own bmc-server (not the shared
+// one: SharedStateSecret) keeps its protocols' state in (Redfish's event
+// subscriptions, whose headers may carry a destination's credentials,
+// hence a Secret). The controller creates it; the bmc-server may only get
+// and patch it, since Kubernetes cannot limit create by name.
+func StateSecretName(vm string) string { return vm + "-bmc-state" }
+
 // SharedVM is one VM's file in the shared bmc-server's --vms-dir, a key
 // named after the VM in the controller's Secret SharedSecret. The
 // bmc-server serves the VM at Hosts (the request's Host header picks the

@@ -72,7 +72,7 @@ type Options struct {
 	// pod's name); empty means "bmc-server".
 	ReportingInstance string
 	// StateSecret is the Secret of the VM's namespace the backend keeps
-	// protocol state in (the controller's deploy/bmc.StateSecretName);
+	// protocol state in (bmcspec.StateSecretName);
 	// empty keeps none.
 	StateSecret string
 	// StateEntry, when set, is the key of StateSecret that holds the
@@ -165,7 +165,7 @@ func (b *Backend) Ready() error {
 var backendScheme = sync.OnceValue(func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme, corev1.AddToScheme,
+		kubevirtv1.AddToScheme, instancetypev1beta1.AddToScheme, cdiv1beta1.AddToScheme, eventsv1.AddToScheme, addCoreKinds,
 	} {
 		if err := add(s); err != nil {
 			panic(err) // static registrations: cannot fail
@@ -173,6 +173,14 @@ var backendScheme = sync.OnceValue(func() *runtime.Scheme {
 	}
 	return s
 })
+
+// addCoreKinds registers the two core kinds the backend reads and writes,
+// not the group's sixty: each registered kind is maps in every BMC's heap.
+func addCoreKinds(s *runtime.Scheme) error {
+	s.AddKnownTypes(corev1.SchemeGroupVersion, &corev1.Secret{}, &corev1.PersistentVolumeClaim{})
+	metav1.AddToGroupVersion(s, corev1.SchemeGroupVersion)
+	return nil
+}
 
 // New creates the backend for the VM namespace/vmName. It does not contact
 // the API server; Start does.
