@@ -208,13 +208,14 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	}
 	b.cdi = &cdiAnswer{}
 	// Every request answers whether the API server is reachable.
+	consoleCfg := cfg
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, to: b} })
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	if b.api, err = newAPIGroups(cfg, httpClient, backendScheme()); err != nil {
+	if b.api, err = newAPIGroups(cfg, consoleCfg, httpClient, backendScheme()); err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
 	b.informers = newOwnInformers(b.api.kubevirt, namespace, vmName,
@@ -297,11 +298,15 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 	if id != b.vmName {
 		return nil, machine.Errorf(machine.ErrNotFound, "machine %q (this BMC serves %q)", id, b.vmName)
 	}
-	vm, _, err := b.read(ctx)
+	vm, vmi, err := b.read(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{b: b, modes: bootModes(vm), media: b.cdiInstalledRecently(ctx)}, nil
+	var running *kubevirtv1.VirtualMachineInstanceSpec
+	if vmi != nil {
+		running = &vmi.Spec
+	}
+	return &Machine{b: b, modes: bootModes(vm), media: b.cdiInstalledRecently(ctx), consoles: consoleKinds(&vm.Spec.Template.Spec, running)}, nil
 }
 
 // read returns the VM and its VMI (nil when there is none).

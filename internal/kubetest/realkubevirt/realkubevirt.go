@@ -44,7 +44,6 @@
 // Known gaps: virt-controller logs, at level "fatal" but keeps running,
 // that /etc/virt-controller/exportca and /etc/virt-controller/backupca do
 // not exist (fixed paths, no flags): VM export and backup have no CA here.
-// virt-api's console/VNC calls to virt-handler have nowhere to go.
 //
 // Networking: an EndpointSlice may not hold a loopback address, so the
 // cluster runs in a network namespace made for it (see netns.go): etcd,
@@ -156,6 +155,8 @@ type Cluster struct {
 	procs     []*proc
 	nodes     []*Node
 	keepDir   bool
+	// consoles is virt-handler's console server (consoles.go).
+	consoles consoles
 }
 
 // Start starts the cluster. On error it stops what it started.
@@ -978,6 +979,7 @@ func (c *Cluster) Stop() error {
 		n.Stop()
 	}
 	c.nodes = nil
+	c.stopConsoles()
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
 		sig := syscall.SIGTERM
