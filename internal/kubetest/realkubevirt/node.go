@@ -39,7 +39,10 @@ const HoldStartAnnotation = "realkubevirt.virtmetal.io/hold-start"
 //     Succeeded, writing status as virt-handler does, with virt-handler's
 //     ServiceAccount token bound to a virt-handler pod on this node (so
 //     virt-api's node restriction applies to it as to the real one);
-//   - keeps the Node's kubevirt.io/heartbeat fresh.
+//   - keeps the Node's kubevirt.io/heartbeat fresh;
+//   - gives each boot of a VMI a serial console and a screen (sim/console),
+//     which virt-api reaches as virt-handler's (consoles.go), and ends
+//     their streams when the boot ends.
 //
 // No guest runs: a VMI is Running as soon as its pod is, unless its VM
 // holds HoldStartAnnotation; what it boots is sim/guest's BootDevice, told

@@ -37,7 +37,10 @@
 // a node stand-in (node.go) for the scheduler, the kubelet and virt-handler
 // of one Node: it binds and "runs" virt-launcher pods and writes VMI status
 // with a virt-handler token bound to a pod on that Node, so virt-api's node
-// restriction holds. Namespaces are never finalized (create fresh ones);
+// restriction holds, and answers virt-handler's console server for every
+// node (consoles.go): virt-api's console and vnc subresources reach
+// sim/console's serial console and screen of each running VMI. Namespaces
+// are never finalized (create fresh ones);
 // the ServiceAccount admission plugin is off (no token controller makes
 // "default" accounts).
 //
