@@ -146,13 +146,15 @@ func (o *output) end(tb testing.TB, what string) {
 	}
 }
 
-func openSerial(t testing.TB, m machine.Machine) (io.ReadWriteCloser, *output) {
+// openSerial opens the serial console and reads up to the login prompt;
+// the stream is closed when owner (t or a test above it) ends.
+func openSerial(t, owner testing.TB, m machine.Machine) (io.ReadWriteCloser, *output) {
 	t.Helper()
 	stream, err := m.OpenConsole(context.Background(), machine.ConsoleSerial)
 	if err != nil {
 		t.Fatalf("OpenConsole(Serial): %v", err)
 	}
-	t.Cleanup(func() { stream.Close() })
+	owner.Cleanup(func() { stream.Close() })
 	out := readOutput(stream)
 	out.until(t, console.Prompt(m.ID()))
 	return stream, out
@@ -178,7 +180,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 	}
 	waitPower(t, m, key, machine.PowerOn)
 
-	serial, out := openSerial(t, m)
+	serial, out := openSerial(t, t, m)
 	if _, err := io.WriteString(serial, "root\r"); err != nil {
 		t.Fatalf("typing: %v", err)
 	}
@@ -194,6 +196,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 		t.Fatalf("RFB handshake over vnc: %+v, %v", rfb, err)
 	}
 
+	parent := t
 	t.Run("another VM's console is refused", func(t *testing.T) {
 		eventually(t, "the other VM running", func() (bool, error) {
 			vmi := &kubevirtv1.VirtualMachineInstance{}
@@ -213,7 +216,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 	})
 
 	t.Run("a newer stream ends the older", func(t *testing.T) {
-		_, newer := openSerial(t, m)
+		_, newer := openSerial(t, parent, m)
 		out.end(t, "the older serial stream")
 		out = newer
 	})
@@ -225,7 +228,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 		}
 		out.end(t, "serial across a reboot")
 		screenOut.end(t, "vnc across a reboot")
-		_, out = openSerial(t, m)
+		_, out = openSerial(t, parent, m)
 	})
 
 	t.Run("a stop ends the stream; a new start has a console", func(t *testing.T) {
@@ -243,7 +246,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitPower(t, m, key, machine.PowerOn)
-		_, out = openSerial(t, m)
+		_, out = openSerial(t, parent, m)
 	})
 
 	t.Run("the guest powering off ends the stream", func(t *testing.T) {
