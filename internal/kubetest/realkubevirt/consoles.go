@@ -229,12 +229,13 @@ func (c *Cluster) serveConsole(w http.ResponseWriter, r *http.Request, kind stri
 	}()
 	go func() { // what the client types
 		defer func() { done <- struct{}{} }()
+		buf := make([]byte, 10<<10)
 		for {
 			_, msg, err := conn.NextReader()
 			if err != nil {
 				return
 			}
-			if _, err := io.Copy(guest, msg); err != nil && !errors.Is(err, io.EOF) {
+			if _, err := io.CopyBuffer(guest, msg, buf); err != nil && !errors.Is(err, io.EOF) {
 				return
 			}
 		}
