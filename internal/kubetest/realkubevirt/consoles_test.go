@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -434,3 +436,74 @@ func (s *rawSocket) Write(p []byte) (int, error) {
 }
 
 func (s *rawSocket) Close() error { return s.conn.Close() }
+
+// A console nobody reads holds the typing back, all the way from
+// sim/console's guest (its output held, MaxPending) through virt-api to the
+// backend's Write, instead of anything in between buffering it; reading
+// again lets the typing go on.
+func TestUnreadConsoleHoldsTypingBack(t *testing.T) {
+	ctx := context.Background()
+	ns, key := newHaltedVM(t)
+	m, _ := bmcConsoleMachine(t, ns, "vm")
+	if err := m.Reset(ctx, machine.ResetOn); err != nil {
+		t.Fatal(err)
+	}
+	waitPower(t, m, key, machine.PowerOn)
+	stream, err := m.OpenConsole(ctx, machine.ConsoleSerial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	const chunk, limit = 64 << 10, 256 << 20
+	var typed atomic.Int64
+	go func() {
+		line := bytes.Repeat([]byte{'x'}, chunk)
+		for typed.Load() < limit {
+			if _, err := stream.Write(line); err != nil {
+				return
+			}
+			typed.Add(chunk)
+		}
+	}()
+	stalledAt := func() int64 {
+		t.Helper()
+		last, since := int64(-1), time.Now()
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if n := typed.Load(); n != last {
+				last, since = n, time.Now()
+			} else if time.Since(since) > 2*time.Second {
+				return n
+			}
+		}
+		t.Fatalf("the typing never stalled: %d bytes typed", typed.Load())
+		return 0
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	held := stalledAt()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	// The guest holds 64 KiB, the sockets of the three hops each way (the
+	// kernel's, up to some 10 MiB each) the rest: far less than limit.
+	if held >= limit {
+		t.Fatalf("%d bytes typed into a console nobody reads: nothing held them back", held)
+	}
+	// Of this process's memory, the backend's and the guest's side, a
+	// few buffers.
+	if grown := int64(after.HeapInuse) - int64(before.HeapInuse); grown > 8<<20 {
+		t.Errorf("the heap grew by %d KiB while the typing was held back", grown>>10)
+	}
+	t.Logf("typing held back after %d KiB; heap in use %d KiB before, %d KiB after", held>>10, before.HeapInuse>>10, after.HeapInuse>>10)
+	out := readOutput(stream)
+	poll := time.After(30 * time.Second)
+	for typed.Load() < held+8*chunk {
+		select {
+		case <-out.chunks:
+		case err := <-out.err:
+			t.Fatalf("the console ended: %v", err)
+		case <-poll:
+			t.Fatalf("reading again did not let the typing go on (%d bytes typed, held at %d)", typed.Load(), held)
+		}
+	}
+}
