@@ -1,8 +1,9 @@
 // Package kubevirt is the machine backend for one KubeVirt VirtualMachine:
 // a BMC's view of a VM. It translates power actions into the VM's
 // runStrategy and KubeVirt's start, stop and restart subresources, boot overrides
-// into the devices' bootOrder, and virtual media into a CDI DataVolume
-// attached as a CD-ROM.
+// into the devices' bootOrder, virtual media into a CDI DataVolume
+// attached as a CD-ROM, and consoles into WebSockets of virt-api's console
+// and vnc subresources (console.go).
 //
 // Reads come from an informer cache: of the backend's own, scoped by field
 // selector to the one VM and its VMI (so a Role with resourceNames
