@@ -50,6 +50,7 @@ const legacyClusterRBACFinalizer = "bmc.virtmetal.io/cluster-rbac"
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch;delete
 // +kubebuilder:rbac:groups=subresources.kubevirt.io,resources=virtualmachines/start;virtualmachines/stop;virtualmachines/restart,verbs=update
+// +kubebuilder:rbac:groups=subresources.kubevirt.io,resources=virtualmachineinstances/console;virtualmachineinstances/vnc,verbs=get
 // +kubebuilder:rbac:groups=cdi.kubevirt.io,resources=datavolumes,verbs=create;get;delete
 // +kubebuilder:rbac:groups=instancetype.kubevirt.io,resources=virtualmachineinstancetypes;virtualmachineclusterinstancetypes,verbs=get
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get

@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -541,6 +542,24 @@ func TestBMCRoleReachesOnlyItsVM(t *testing.T) {
 	if err := bmcClient.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: "web1-bmc"}, &corev1.Secret{}); !apierrors.IsForbidden(err) {
 		t.Errorf("read of its Secret through the API = %v, want Forbidden (it is mounted)", err)
 	}
+	// Its VM's serial console and screen, no other VM's, nothing else of
+	// KubeVirt's streams.
+	for _, tc := range []struct {
+		verb, subresource, vm string
+		allowed               bool
+	}{
+		{"get", "console", "web1", true},
+		{"get", "vnc", "web1", true},
+		{"get", "console", "web2", false},
+		{"get", "vnc", "web2", false},
+		{"get", "portforward", "web1", false},
+		{"get", "usbredir", "web1", false},
+		{"update", "console", "web1", false},
+	} {
+		if got := mayUseSubresource(t, vm.Namespace, "bmc-web1", tc.verb, tc.subresource, tc.vm); got != tc.allowed {
+			t.Errorf("%s virtualmachineinstances/%s of %s allowed = %v, want %v", tc.verb, tc.subresource, tc.vm, got, tc.allowed)
+		}
+	}
 	// Its audit trail: Events in its own namespace, nowhere else.
 	event := func(namespace string) *eventsv1.Event {
 		return &eventsv1.Event{
@@ -1034,4 +1053,23 @@ func TestClusterRBACIsOwnedByItsNamespace(t *testing.T) {
 		}
 		return gone(name, &rbacv1.ClusterRoleBinding{})
 	})
+}
+
+// mayUseSubresource asks the API server's authorizer whether the
+// ServiceAccount may verb a VMI's subresource.kubevirt.io subresource (what
+// virt-api's aggregated API is authorized as; envtest runs no virt-api).
+func mayUseSubresource(t *testing.T, namespace, account, verb, subresource, vmi string) bool {
+	t.Helper()
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+		User:   kubetest.ServiceAccountUser(namespace, account),
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+		ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Namespace: namespace, Verb: verb, Group: kubevirtv1.SubresourceGroupName,
+			Resource: "virtualmachineinstances", Subresource: subresource, Name: vmi,
+		},
+	}}
+	if err := admin.Create(context.Background(), review); err != nil {
+		t.Fatalf("SubjectAccessReview: %v", err)
+	}
+	return review.Status.Allowed
 }

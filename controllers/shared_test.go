@@ -354,6 +354,19 @@ func TestSharedRoleReachesOnlyItsVMs(t *testing.T) {
 	poll.Until(t, "the state Secret", func() error {
 		return bmcClient.Patch(ctx, state, client.RawPatch(types.MergePatchType, []byte(`{"data":{"web1":"e30="}}`)))
 	})
+	for _, tc := range []struct {
+		subresource, vm string
+		allowed         bool
+	}{
+		{"console", "web1", true},
+		{"vnc", "web2", true},
+		{"console", "other", false},
+		{"vnc", "other", false},
+	} {
+		if got := mayUseSubresource(t, ns, sharedName, "get", tc.subresource, tc.vm); got != tc.allowed {
+			t.Errorf("get virtualmachineinstances/%s of %s allowed = %v, want %v", tc.subresource, tc.vm, got, tc.allowed)
+		}
+	}
 	tests := []struct {
 		name string
 		call func() error

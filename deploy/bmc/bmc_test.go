@@ -46,13 +46,20 @@ func TestRBACObjects(t *testing.T) {
 				t.Fatalf("ServiceAccount %q, want %q", objs[0].GetName(), tc.account)
 			}
 			rules, _, _ := unstructured.NestedSlice(objs[1].Object, "rules")
-			var forcing []string // subresources.kubevirt.io resources granted
+			var forcing, consoles []string // subresources.kubevirt.io resources granted update, get
 			for _, r := range rules {
 				groups, resources, names, verbs := ruleFields(r)
 				if slices.Contains(groups, "subresources.kubevirt.io") {
-					forcing = append(forcing, resources...)
-					if !slices.Equal(names, []string{tc.params.VMName}) || !slices.Equal(verbs, []string{"update"}) {
-						t.Errorf("subresource rule on %v grants %v on %v, want update on [%s]", resources, verbs, names, tc.params.VMName)
+					switch {
+					case slices.Equal(verbs, []string{"update"}):
+						forcing = append(forcing, resources...)
+					case slices.Equal(verbs, []string{"get"}):
+						consoles = append(consoles, resources...)
+					default:
+						t.Errorf("subresource rule on %v grants %v, want update or get alone", resources, verbs)
+					}
+					if !slices.Equal(names, []string{tc.params.VMName}) {
+						t.Errorf("subresource rule on %v names %v, want [%s]", resources, names, tc.params.VMName)
 					}
 				}
 				// Only create may go without resourceNames: Kubernetes cannot scope it.
@@ -76,7 +83,11 @@ func TestRBACObjects(t *testing.T) {
 			}
 			slices.Sort(forcing)
 			if want := []string{"virtualmachines/restart", "virtualmachines/start", "virtualmachines/stop"}; !slices.Equal(forcing, want) {
-				t.Errorf("subresources.kubevirt.io resources %v, want %v", forcing, want)
+				t.Errorf("subresources.kubevirt.io resources updated %v, want %v", forcing, want)
+			}
+			slices.Sort(consoles)
+			if want := []string{"virtualmachineinstances/console", "virtualmachineinstances/vnc"}; !slices.Equal(consoles, want) {
+				t.Errorf("subresources.kubevirt.io resources read %v, want %v", consoles, want)
 			}
 			if tc.extra != "" {
 				var all strings.Builder
@@ -132,7 +143,7 @@ func TestSharedRBAC(t *testing.T) {
 					_, resources, names, verbs := ruleFields(r)
 					var want []string
 					switch resources[0] {
-					case "virtualmachines", "virtualmachineinstances", "virtualmachines/start":
+					case "virtualmachines", "virtualmachineinstances", "virtualmachines/start", "virtualmachineinstances/console":
 						if len(names) == 0 && slices.Equal(verbs, []string{"list", "watch"}) {
 							continue // the shared informers: TestSharedRoleWritesOnlyItsVMs
 						}
@@ -203,6 +214,12 @@ func TestSharedRoleWritesOnlyItsVMs(t *testing.T) {
 		{subresources, "virtualmachines/start", "update", "other", false},
 		{subresources, "virtualmachines/stop", "update", "other", false},
 		{subresources, "virtualmachines/restart", "update", "other", false},
+		{subresources, "virtualmachineinstances/console", "get", "node-2", true},
+		{subresources, "virtualmachineinstances/vnc", "get", "node-1", true},
+		{subresources, "virtualmachineinstances/console", "get", "other", false},
+		{subresources, "virtualmachineinstances/vnc", "get", "other", false},
+		{subresources, "virtualmachineinstances/portforward", "get", "node-1", false},
+		{subresources, "virtualmachineinstances/console", "update", "node-1", false},
 		{core, "persistentvolumeclaims", "get", "node-1-data", true},
 		{core, "persistentvolumeclaims", "get", "other", false},
 		{core, "persistentvolumeclaims", "list", "", false},

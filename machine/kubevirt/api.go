@@ -37,9 +37,13 @@ type apiGroups struct {
 	subresources rest.Interface
 	events       rest.Interface // events.k8s.io/v1: the audit trail on the VM
 	core         rest.Interface // v1: the state Secret
+	// consoles opens virt-api's console and vnc WebSockets.
+	consoles *consoleDialer
 }
 
-func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Scheme) (apiGroups, error) {
+// newAPIGroups makes the clients; consoleCfg is cfg without the
+// reachability wrapper (a console's stream is no answer of the API server).
+func newAPIGroups(cfg, consoleCfg *rest.Config, httpClient *http.Client, scheme *runtime.Scheme) (apiGroups, error) {
 	codecs := serializer.NewCodecFactory(scheme).WithoutConversion()
 	forGroup := func(gv schema.GroupVersion) (rest.Interface, error) {
 		c := rest.CopyConfig(cfg)
@@ -60,6 +64,9 @@ func newAPIGroups(cfg *rest.Config, httpClient *http.Client, scheme *runtime.Sch
 		core.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
 	var err error
+	if g.consoles, err = newConsoleDialer(consoleCfg); err != nil {
+		return apiGroups{}, fmt.Errorf("console dialer: %w", err)
+	}
 	if g.core, err = rest.RESTClientForConfigAndClient(core, httpClient); err != nil {
 		return apiGroups{}, fmt.Errorf("REST client for %s: %w", corev1.SchemeGroupVersion, err)
 	}

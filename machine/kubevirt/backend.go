@@ -1,8 +1,9 @@
 // Package kubevirt is the machine backend for one KubeVirt VirtualMachine:
 // a BMC's view of a VM. It translates power actions into the VM's
 // runStrategy and KubeVirt's start, stop and restart subresources, boot overrides
-// into the devices' bootOrder, and virtual media into a CDI DataVolume
-// attached as a CD-ROM.
+// into the devices' bootOrder, virtual media into a CDI DataVolume
+// attached as a CD-ROM, and consoles into WebSockets of virt-api's console
+// and vnc subresources (console.go).
 //
 // Reads come from an informer cache: of the backend's own, scoped by field
 // selector to the one VM and its VMI (so a Role with resourceNames
@@ -216,13 +217,14 @@ func New(cfg *rest.Config, namespace, vmName string, opts Options) (*Backend, er
 	}
 	b.cdi = &cdiAnswer{}
 	// Every request answers whether the API server is reachable.
+	consoleCfg := cfg
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, to: b} })
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
-	if b.api, err = newAPIGroups(cfg, httpClient, backendScheme()); err != nil {
+	if b.api, err = newAPIGroups(cfg, consoleCfg, httpClient, backendScheme()); err != nil {
 		return nil, fmt.Errorf("kubevirt backend: %w", err)
 	}
 	b.informers = newOwnInformers(b.api.kubevirt, namespace, vmName,
@@ -305,11 +307,15 @@ func (b *Backend) Machine(ctx context.Context, id string) (machine.Machine, erro
 	if id != b.vmName {
 		return nil, machine.Errorf(machine.ErrNotFound, "machine %q (this BMC serves %q)", id, b.vmName)
 	}
-	vm, _, err := b.read(ctx)
+	vm, vmi, err := b.read(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &Machine{b: b, modes: bootModes(vm), media: b.cdiInstalledRecently(ctx)}, nil
+	var running *kubevirtv1.VirtualMachineInstanceSpec
+	if vmi != nil {
+		running = &vmi.Spec
+	}
+	return &Machine{b: b, modes: bootModes(vm), media: b.cdiInstalledRecently(ctx), consoles: consoleKinds(&vm.Spec.Template.Spec, running)}, nil
 }
 
 // read returns the VM and its VMI (nil when there is none).

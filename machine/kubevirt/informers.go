@@ -72,13 +72,14 @@ func NewInformers(cfg *rest.Config, namespace string, opts InformersOptions) (*I
 		return nil, errors.New("kubevirt informers: a namespace is required")
 	}
 	inf := &Informers{}
+	consoleCfg := cfg
 	cfg = rest.CopyConfig(cfg)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &reachability{next: rt, to: inf} })
 	httpClient, err := rest.HTTPClientFor(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt informers: %w", err)
 	}
-	api, err := newAPIGroups(cfg, httpClient, backendScheme())
+	api, err := newAPIGroups(cfg, consoleCfg, httpClient, backendScheme())
 	if err != nil {
 		return nil, fmt.Errorf("kubevirt informers: %w", err)
 	}

@@ -13,9 +13,10 @@ import (
 // Machine is the VM as a machine. Capabilities reflect the VM as it was
 // when Backend.Machine returned it; everything else reads the VM anew.
 type Machine struct {
-	b     *Backend
-	modes []machine.BootMode
-	media bool
+	b        *Backend
+	modes    []machine.BootMode
+	media    bool
+	consoles []machine.ConsoleKind
 }
 
 var _ machine.Machine = (*Machine)(nil)
@@ -30,13 +31,15 @@ var resetTypes = []machine.ResetType{
 }
 
 // Capabilities lists the resets KubeVirt can do, the boot targets a VM's
-// bootOrder can express, and the firmware modes of the VM's architecture.
+// bootOrder can express, the firmware modes of the VM's architecture, and
+// the consoles its devices give it.
 func (m *Machine) Capabilities() machine.Capabilities {
 	return machine.Capabilities{
 		ResetTypes:   resetTypes,
 		BootTargets:  []machine.BootTarget{machine.BootPxe, machine.BootHdd, machine.BootCd},
 		BootModes:    m.modes,
 		VirtualMedia: m.media,
+		Consoles:     m.consoles,
 	}
 }
 

@@ -1,6 +1,7 @@
 package kubevirt_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
+	"github.com/virtmetal/virtmetal/sim/console"
 )
 
 // startInformers runs namespace-wide informers, as a shared bmc-server
@@ -83,6 +85,7 @@ func TestSharedInformersRBAC(t *testing.T) {
 			t.Fatalf("%s Reset(On): %v", name, err)
 		}
 		waitPower(t, m, machine.PowerOn)
+		serialPrompt(t, m)
 		if err := m.Reset(ctx, machine.ResetForceOff); err != nil {
 			t.Fatalf("%s Reset(ForceOff): %v", name, err)
 		}
@@ -134,12 +137,61 @@ func TestSharedInformersRBAC(t *testing.T) {
 			return forcing.Put().Namespace(ns).Resource("virtualmachines").Name("other").SubResource(subresource).Body([]byte(`{}`)).Do(ctx).Error()
 		}})
 	}
+	// The console of a VM it does not serve, which its informers see.
+	powerOnBehindTheBMC(t, ns, "other")
+	notServed := mustMachine(t, kubevirttest.StartBackend(t, cfg, ns, "other", kubevirt.Options{Informers: informers}), "other")
+	waitPower(t, notServed, machine.PowerOn)
+	for _, k := range machine.AllConsoleKinds {
+		forbidden = append(forbidden, struct {
+			name string
+			call func() error
+		}{"open the " + string(k) + " console of a VM not served", func() error {
+			stream, err := notServed.OpenConsole(ctx, k)
+			if err == nil {
+				stream.Close()
+			}
+			return err
+		}})
+	}
 	for _, tc := range forbidden {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := tc.call(); !apierrors.IsForbidden(err) {
 				t.Fatalf("error = %v, want Forbidden", err)
 			}
 		})
+	}
+}
+
+// serialPrompt opens the machine's serial console and reads up to the
+// guest's login prompt.
+func serialPrompt(t *testing.T, m machine.Machine) {
+	t.Helper()
+	stream, err := m.OpenConsole(t.Context(), machine.ConsoleSerial)
+	if err != nil {
+		t.Fatalf("%s OpenConsole(Serial): %v", m.ID(), err)
+	}
+	defer stream.Close()
+	read := make(chan error, 1)
+	go func() {
+		var seen []byte
+		buf := make([]byte, 4<<10)
+		for !bytes.Contains(seen, []byte(console.Prompt(m.ID()))) {
+			n, err := stream.Read(buf)
+			if err != nil {
+				read <- fmt.Errorf("%w after %q", err, seen)
+				return
+			}
+			seen = append(seen, buf[:n]...)
+		}
+		read <- nil
+	}()
+	select {
+	case err := <-read:
+		if err != nil {
+			t.Fatalf("%s serial console: %v", m.ID(), err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s serial console: no login prompt in 30 s", m.ID())
 	}
 }
 

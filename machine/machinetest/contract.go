@@ -13,7 +13,8 @@ import (
 	"github.com/virtmetal/virtmetal/machine"
 )
 
-// Subject is one fresh machine under test and the means to observe it.
+// Subject is one fresh machine under test and the means to observe it. Its
+// guest, where it runs, is sim/console's, named after the machine.
 type Subject struct {
 	// Machine starts powered off, with no boot override and no media.
 	Machine machine.Machine
@@ -52,6 +53,7 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"refused firmware changes nothing", testFirmwareRefused},
 		{"locator light", testLocator},
 		{"every write changes the state version", testStateVersion},
+		{"consoles live as long as a boot", testConsoles},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -39,7 +39,10 @@ const HoldStartAnnotation = "realkubevirt.virtmetal.io/hold-start"
 //     Succeeded, writing status as virt-handler does, with virt-handler's
 //     ServiceAccount token bound to a virt-handler pod on this node (so
 //     virt-api's node restriction applies to it as to the real one);
-//   - keeps the Node's kubevirt.io/heartbeat fresh.
+//   - keeps the Node's kubevirt.io/heartbeat fresh;
+//   - gives each boot of a VMI a serial console and a screen (sim/console),
+//     which virt-api reaches as virt-handler's (consoles.go), and ends
+//     their streams when the boot ends.
 //
 // No guest runs: a VMI is Running as soon as its pod is, unless its VM
 // holds HoldStartAnnotation; what it boots is sim/guest's BootDevice, told
@@ -112,7 +115,11 @@ func (c *Cluster) StartNode(ctx context.Context, name string, opts NodeOptions) 
 	if err := c.Client.Create(ctx, pod); err != nil {
 		return nil, fmt.Errorf("creating the virt-handler pod: %w", err)
 	}
-	if err := c.markRunning(ctx, pod); err != nil {
+	if err := c.startConsoles(); err != nil {
+		return nil, fmt.Errorf("virt-handler's console server: %w", err)
+	}
+	// Its IP is where virt-api dials it for consoles: the console server's.
+	if err := c.markRunning(ctx, pod, c.ns.HostIP); err != nil {
 		return nil, err
 	}
 	tr, err := c.Kube.CoreV1().ServiceAccounts(Namespace).CreateToken(ctx, "kubevirt-handler", &authenticationv1.TokenRequest{
@@ -226,6 +233,7 @@ func (n *Node) lockSettled(key types.NamespacedName) {
 }
 
 func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) {
+	n.c.bootConsoles(n.Name, vmi)
 	n.mu.Lock()
 	n.record(key, vmi)
 	n.mu.Unlock()
@@ -236,6 +244,9 @@ func (n *Node) boot(key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInst
 // runs, and records the guest's boot; Boots waits while the write is in
 // flight (lockSettled). A conflicting write is left to the next round.
 func (n *Node) startGuest(ctx context.Context, key types.NamespacedName, vmi *kubevirtv1.VirtualMachineInstance) error {
+	// The guest's consoles are there before anyone sees it Running (a
+	// failed write's are replaced at the next attempt, or end with it).
+	n.c.bootConsoles(n.Name, vmi)
 	done := make(chan struct{})
 	n.mu.Lock()
 	n.starting[key] = done
@@ -346,7 +357,7 @@ func (n *Node) round(ctx context.Context) error {
 				return fmt.Errorf("binding %s/%s: %w", pod.Namespace, pod.Name, err)
 			}
 		case pod.Spec.NodeName == n.Name && pod.Status.Phase == corev1.PodPending:
-			return c.markRunning(ctx, pod)
+			return c.markRunning(ctx, pod, launcherPodIP)
 		}
 		return nil
 	})
@@ -357,6 +368,12 @@ func (n *Node) round(ctx context.Context) error {
 	if err := n.watched.List(ctx, vmis); err != nil {
 		return err
 	}
+	// A guest whose VMI ended, went or was replaced has no consoles.
+	alive := map[types.UID]bool{}
+	for _, vmi := range vmis.Items {
+		alive[vmi.UID] = vmi.Status.NodeName == n.Name && !vmi.IsFinal() && vmi.DeletionTimestamp == nil
+	}
+	c.endConsoles(n.Name, func(_ types.NamespacedName, uid types.UID) bool { return alive[uid] })
 	return eachAtOnce(len(vmis.Items), func(i int) error {
 		vmi := &vmis.Items[i]
 		if vmi.Status.NodeName != n.Name || vmi.IsFinal() {
@@ -368,6 +385,7 @@ func (n *Node) round(ctx context.Context) error {
 		n.mu.Unlock()
 		switch {
 		case vmi.DeletionTimestamp != nil || off:
+			c.endConsoles(n.Name, func(k types.NamespacedName, _ types.UID) bool { return k != key })
 			setPhase(vmi, kubevirtv1.Succeeded)
 			if err := n.handler.Update(ctx, vmi); err != nil && !apierrors.IsConflict(err) {
 				return fmt.Errorf("VMI %s Succeeded: %w", key, err)
@@ -414,12 +432,15 @@ func eachAtOnce(n int, work func(i int) error) error {
 	return errors.Join(errs...)
 }
 
+// launcherPodIP is every virt-launcher pod's IP: nothing dials it.
+const launcherPodIP = "10.244.0.10"
+
 // markRunning writes a pod's status as the kubelet does once its
 // containers started.
-func (c *Cluster) markRunning(ctx context.Context, pod *corev1.Pod) error {
+func (c *Cluster) markRunning(ctx context.Context, pod *corev1.Pod, podIP string) error {
 	now := metav1.Now()
 	pod.Status.Phase = corev1.PodRunning
-	pod.Status.PodIP = "10.244.0.10"
+	pod.Status.PodIP = podIP
 	pod.Status.HostIP = c.ns.IP
 	pod.Status.StartTime = &now
 	pod.Status.Conditions = []corev1.PodCondition{

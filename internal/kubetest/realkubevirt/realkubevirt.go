@@ -37,14 +37,16 @@
 // a node stand-in (node.go) for the scheduler, the kubelet and virt-handler
 // of one Node: it binds and "runs" virt-launcher pods and writes VMI status
 // with a virt-handler token bound to a pod on that Node, so virt-api's node
-// restriction holds. Namespaces are never finalized (create fresh ones);
+// restriction holds, and answers virt-handler's console server for every
+// node (consoles.go): virt-api's console and vnc subresources reach
+// sim/console's serial console and screen of each running VMI. Namespaces
+// are never finalized (create fresh ones);
 // the ServiceAccount admission plugin is off (no token controller makes
 // "default" accounts).
 //
 // Known gaps: virt-controller logs, at level "fatal" but keeps running,
 // that /etc/virt-controller/exportca and /etc/virt-controller/backupca do
 // not exist (fixed paths, no flags): VM export and backup have no CA here.
-// virt-api's console/VNC calls to virt-handler have nowhere to go.
 //
 // Networking: an EndpointSlice may not hold a loopback address, so the
 // cluster runs in a network namespace made for it (see netns.go): etcd,
@@ -156,6 +158,8 @@ type Cluster struct {
 	procs     []*proc
 	nodes     []*Node
 	keepDir   bool
+	// consoles is virt-handler's console server (consoles.go).
+	consoles consoles
 }
 
 // Start starts the cluster. On error it stops what it started.
@@ -978,6 +982,7 @@ func (c *Cluster) Stop() error {
 		n.Stop()
 	}
 	c.nodes = nil
+	c.stopConsoles()
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
 		sig := syscall.SIGTERM

@@ -1,0 +1,176 @@
+package machinetest
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/sim/console"
+)
+
+// consolePatience bounds each wait on a console stream.
+const consolePatience = 30 * time.Second
+
+// testConsoles: a machine's guest is sim/console's (as both backends' test
+// guests are), named after the machine. An off machine has no console; a
+// running one prints its boot lines and echoes what is typed, and its
+// screen speaks RFB; stopping the machine ends both streams, and the next
+// boot has a console again.
+func testConsoles(t *testing.T, s Subject) {
+	ctx := t.Context()
+	id := s.Machine.ID()
+	caps := s.Machine.Capabilities()
+	if !caps.SupportsConsole(machine.ConsoleSerial) || !caps.SupportsConsole(machine.ConsoleGraphical) {
+		t.Fatalf("a fresh machine offers the consoles %v, want Serial and Graphical", caps.Consoles)
+	}
+	if _, err := s.Machine.OpenConsole(ctx, "Teletype"); !errors.Is(err, machine.ErrInvalidArgument) {
+		t.Errorf("OpenConsole(Teletype) = %v, want ErrInvalidArgument", err)
+	}
+	waitPower(t, s, machine.PowerOff)
+	for _, k := range machine.AllConsoleKinds {
+		if stream, err := s.Machine.OpenConsole(ctx, k); !errors.Is(err, machine.ErrConflict) {
+			if stream != nil {
+				stream.Close()
+			}
+			t.Errorf("OpenConsole(%s) of an off machine = %v, want ErrConflict", k, err)
+		}
+	}
+
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	serial := openConsole(t, s, machine.ConsoleSerial)
+	out := readConsole(serial)
+	booted := out.until(t, console.Prompt(id))
+	for _, line := range console.BootLines(id) {
+		if !strings.Contains(booted, line) {
+			t.Errorf("the serial console printed %q, without the boot line %q", booted, line)
+		}
+	}
+	if _, err := io.WriteString(serial, "hello\r"); err != nil {
+		t.Fatalf("typing: %v", err)
+	}
+	out.until(t, "hello\r\n"+console.Prompt(id))
+
+	screen := openConsole(t, s, machine.ConsoleGraphical)
+	got := make(chan error, 1)
+	var rfb console.Screen
+	go func() {
+		var err error
+		rfb, err = console.Handshake(screen)
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("RFB handshake: %v", err)
+		}
+	case <-time.After(consolePatience):
+		screen.Close()
+		t.Fatal("no RFB handshake")
+	}
+	if rfb.Name != id || rfb.Width == 0 || rfb.Height == 0 {
+		t.Errorf("the screen is %+v, want one named %q", rfb, id)
+	}
+
+	// The machine stops: both streams end.
+	mustReset(t, s, machine.ResetForceOff)
+	out.end(t)
+	readConsole(screen).end(t)
+	serial.Close()
+	screen.Close()
+	waitPower(t, s, machine.PowerOff)
+	if stream, err := s.Machine.OpenConsole(ctx, machine.ConsoleSerial); !errors.Is(err, machine.ErrConflict) {
+		if stream != nil {
+			stream.Close()
+		}
+		t.Errorf("OpenConsole(Serial) once off = %v, want ErrConflict", err)
+	}
+
+	// A new boot, a new console.
+	mustReset(t, s, machine.ResetOn)
+	waitPower(t, s, machine.PowerOn)
+	again := openConsole(t, s, machine.ConsoleSerial)
+	readConsole(again).until(t, console.Prompt(id))
+	if err := again.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+}
+
+func openConsole(t *testing.T, s Subject, k machine.ConsoleKind) io.ReadWriteCloser {
+	t.Helper()
+	stream, err := s.Machine.OpenConsole(t.Context(), k)
+	if err != nil {
+		t.Fatalf("OpenConsole(%s): %v", k, err)
+	}
+	t.Cleanup(func() { stream.Close() })
+	return stream
+}
+
+// consoleOutput reads a stream on a goroutine of its own, so a test can
+// wait for it with patience.
+type consoleOutput struct {
+	chunks chan []byte
+	err    chan error
+	seen   bytes.Buffer
+}
+
+func readConsole(r io.Reader) *consoleOutput {
+	o := &consoleOutput{chunks: make(chan []byte), err: make(chan error, 1)}
+	go func() {
+		buf := make([]byte, 4<<10)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				o.chunks <- bytes.Clone(buf[:n])
+			}
+			if err != nil {
+				o.err <- err
+				return
+			}
+		}
+	}()
+	return o
+}
+
+// until waits for want in the output and returns everything up to it.
+func (o *consoleOutput) until(t *testing.T, want string) string {
+	t.Helper()
+	deadline := time.After(consolePatience)
+	for {
+		if i := strings.Index(o.seen.String(), want); i >= 0 {
+			got := o.seen.String()[:i+len(want)]
+			o.seen.Next(i + len(want))
+			return got
+		}
+		select {
+		case chunk := <-o.chunks:
+			o.seen.Write(chunk)
+		case err := <-o.err:
+			t.Fatalf("the console ended (%v) before %q; it printed %q", err, want, o.seen.String())
+		case <-deadline:
+			t.Fatalf("no %q on the console in %v; it printed %q", want, consolePatience, o.seen.String())
+		}
+	}
+}
+
+// end waits for the stream to end with io.EOF.
+func (o *consoleOutput) end(t *testing.T) {
+	t.Helper()
+	deadline := time.After(consolePatience)
+	for {
+		select {
+		case <-o.chunks:
+		case err := <-o.err:
+			if !errors.Is(err, io.EOF) {
+				t.Errorf("the console ended with %v, want io.EOF", err)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("the console did not end in %v", consolePatience)
+		}
+	}
+}
