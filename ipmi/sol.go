@@ -74,10 +74,12 @@ type solSession struct {
 	timer       *time.Timer // accumulate interval or retry interval
 	watchdog    *time.Timer // ends the owner's session once idle too long
 
-	// Input: accepted, not yet written to the console; the last packet
-	// taken, so that its retransmission is acknowledged again, not
-	// taken twice.
+	// Input: accepted, not yet written to the console; how much of it
+	// the console is being given now (it counts towards solInputLimit
+	// until the console took it); the last packet taken, so that its
+	// retransmission is acknowledged again, not taken twice.
 	in             []byte
+	writing        int
 	lastInSeq      byte
 	lastInAccepted byte
 }
@@ -161,10 +163,11 @@ func (s *Server) solWrite(sol *solSession) {
 			return
 		}
 		chunk := sol.in
-		sol.in = nil
+		sol.in, sol.writing = nil, len(chunk)
 		s.mu.Unlock()
 		_, err := sol.console.Write(chunk)
 		s.mu.Lock()
+		sol.writing = 0
 		if err != nil && !sol.closed {
 			s.log.Error(err, "SOL console write failed")
 			sol.eof = true
@@ -310,7 +313,7 @@ func (s *Server) solPacket(sess *session, p []byte) ([]byte, error) {
 		// the machine. It is acknowledged, as the characters with it.
 		s.log.V(1).Info("SOL break requested: not supported by the console", "sessionID", sess.id)
 	}
-	taken := min(len(data), solInputLimit-len(sol.in))
+	taken := min(len(data), solInputLimit-len(sol.in)-sol.writing)
 	sol.in = append(sol.in, data[:taken]...)
 	sol.lastInSeq, sol.lastInAccepted = seq, byte(taken)
 	if taken > 0 {
