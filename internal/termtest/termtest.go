@@ -104,16 +104,26 @@ func (tm *Terminal) WaitFor(from int, want string) int {
 	tm.t.Helper()
 	deadline := time.Now().Add(Wait)
 	for {
+		// Whether the client has ended is read before its output, so that
+		// what it printed last is looked at before giving up on it.
+		ended := false
+		select {
+		case <-tm.done:
+			ended = true
+		default:
+		}
 		out := tm.Output()
 		if i := strings.Index(out[min(from, len(out)):], want); i >= 0 {
 			return min(from, len(out)) + i + len(want)
 		}
-		if time.Now().After(deadline) {
+		switch {
+		case ended:
+			tm.t.Fatalf("the client ended (%v) without printing %q:\n%s", tm.err, want, out)
+		case time.Now().After(deadline):
 			tm.t.Fatalf("no %q in the output after %d:\n%s", want, from, out)
 		}
 		select {
 		case <-tm.done:
-			tm.t.Fatalf("the client ended (%v) without printing %q:\n%s", tm.err, want, out)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
