@@ -99,11 +99,12 @@ const (
 // IPMI.
 type consoleBMC struct {
 	*bmcProcess
-	ipmiPort string
-	hostname string // the guest's, which its console prints
+	ipmiPort  string
+	hostname  string // the guest's, which its console prints
+	namespace string // the VM's, on the kubevirt backend
 }
 
-func startConsoleBMC(t *testing.T, bin, backend string) consoleBMC {
+func startConsoleBMC(t testing.TB, bin, backend string) consoleBMC {
 	t.Helper()
 	// freeipmi's ipmiconsole takes no port above 32767.
 	ipmiPort := strconv.Itoa(freeUDPPortBelow32768(t))
@@ -127,10 +128,10 @@ func startConsoleBMC(t *testing.T, bin, backend string) consoleBMC {
 		t.Fatal(err)
 	}
 	p := startBMCProcess(t, bin, name, append(os.Environ(), "KUBECONFIG="+path), append(ipmi, "--backend", "kubevirt", "--namespace", ns, "--vm", name)...)
-	return consoleBMC{bmcProcess: p, ipmiPort: ipmiPort, hostname: name}
+	return consoleBMC{bmcProcess: p, ipmiPort: ipmiPort, hostname: name, namespace: ns}
 }
 
-func (b consoleBMC) reset(t *testing.T, resetType string) {
+func (b consoleBMC) reset(t testing.TB, resetType string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, b.url+b.system+"/Actions/ComputerSystem.Reset", strings.NewReader(`{"ResetType":"`+resetType+`"}`))
 	req.SetBasicAuth(ironicBMCUser, ironicBMCPass)
@@ -212,7 +213,7 @@ func (s *wsStream) Read(p []byte) (int, error) {
 }
 
 // freeUDPPortBelow32768 is a loopback UDP port free now, below 32768.
-func freeUDPPortBelow32768(t *testing.T) int {
+func freeUDPPortBelow32768(t testing.TB) int {
 	t.Helper()
 	for range 100 {
 		port := 20000 + rand.IntN(12000)

@@ -57,7 +57,7 @@ func requireIronic(t *testing.T) {
 
 // freePort is a loopback port nothing listens on now (Ironic's
 // configuration wants numbers, not listeners).
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -111,8 +111,9 @@ func sushyWithRegistries(t *testing.T, dir string) string {
 }
 
 // startProcess runs a program until the test ends; it dies with the test
-// binary (Pdeathsig), and its output goes to logPath.
-func startProcess(t *testing.T, logPath string, env []string, name string, args ...string) {
+// binary (Pdeathsig), and its output goes to logPath. It returns the
+// program's process ID.
+func startProcess(t testing.TB, logPath string, env []string, name string, args ...string) int {
 	t.Helper()
 	out, err := os.Create(logPath)
 	if err != nil {
@@ -136,6 +137,7 @@ func startProcess(t *testing.T, logPath string, env []string, name string, args 
 		}
 		out.Close()
 	})
+	return cmd.Process.Pid
 }
 
 // ironicService is one Ironic, API and conductor, with its own
@@ -365,7 +367,7 @@ func deref[T any](p *T) T {
 
 // waitFor polls check every half second (Ironic's API is slow to ask)
 // until it holds, and fails t after patience.
-func waitFor(t *testing.T, patience time.Duration, what string, check func() error) {
+func waitFor(t testing.TB, patience time.Duration, what string, check func() error) {
 	t.Helper()
 	poll.UntilEvery(t, patience, 500*time.Millisecond, what, check)
 }
@@ -497,6 +499,7 @@ func (a *ironicAgent) heartbeat(t *testing.T) (stop func()) {
 
 // bmcProcess is bmc-server run as its deployment runs it.
 type bmcProcess struct {
+	pid    int
 	url    string // https://127.0.0.1:PORT
 	system string // /redfish/v1/Systems/ID
 	log    string // its log file (-v 1: every request)
@@ -505,11 +508,14 @@ type bmcProcess struct {
 
 // buildBMCServer builds cmd/bmc-server for the test, before anything
 // waits with a deadline (the build cache makes every build after the
-// first a link).
-func buildBMCServer(t *testing.T) string {
+// first a link). Built as the image builds it (static, stripped), its
+// memory figures are the BMC pod's.
+func buildBMCServer(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "bmc-server")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/bmc-server").CombinedOutput(); err != nil {
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "../cmd/bmc-server")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building bmc-server: %v: %s", err, out)
 	}
 	return bin
@@ -522,7 +528,7 @@ const (
 
 // startBMCProcess runs bmc-server with args on a loopback port and waits
 // for it to serve.
-func startBMCProcess(t *testing.T, bin, systemID string, env []string, args ...string) *bmcProcess {
+func startBMCProcess(t testing.TB, bin, systemID string, env []string, args ...string) *bmcProcess {
 	t.Helper()
 	dir := t.TempDir()
 	p := &bmcProcess{system: "/redfish/v1/Systems/" + systemID, log: filepath.Join(dir, "bmc.log"),
@@ -532,7 +538,7 @@ func startBMCProcess(t *testing.T, bin, systemID string, env []string, args ...s
 	env = append(env, "BMC_USERNAME="+ironicBMCUser, "BMC_PASSWORD="+ironicBMCPass)
 	// The test serves Ironic's images on loopback, a destination the BMC
 	// refuses unless told (an image is fetched on the BMC's behalf).
-	startProcess(t, p.log, env, bin, append(args, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "-v", "1", "--event-destinations-allow-loopback")...)
+	p.pid = startProcess(t, p.log, env, bin, append(args, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "-v", "1", "--event-destinations-allow-loopback")...)
 	waitFor(t, time.Minute, "bmc-server serving", func() error {
 		_, err := p.get(p.system)
 		return err

@@ -156,7 +156,7 @@ func pxeVM(namespace, name, mac string) *kubevirtv1.VirtualMachine {
 
 // createRunning creates the VM and waits until KubeVirt reports it
 // Running (at once for a VM that is not to run).
-func createRunning(t *testing.T, vm *kubevirtv1.VirtualMachine) {
+func createRunning(t testing.TB, vm *kubevirtv1.VirtualMachine) {
 	t.Helper()
 	ctx := t.Context()
 	if err := cluster.Client.Create(ctx, vm); err != nil {
