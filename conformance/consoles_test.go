@@ -30,8 +30,8 @@ import (
 // while it holds the serial console a second SOL client and Redfish's
 // serial WebSocket are refused, and the graphical WebSocket carries RFB;
 // a restart of the machine ends the SOL session, after which Redfish's
-// serial WebSocket shows the new boot, and then freeipmi's ipmiconsole
-// does too.
+// serial WebSocket shows the new boot, then freeipmi's ipmiconsole takes
+// the console (and leaves with &.), then ipmitool again (leaving with ~.).
 func TestConsolesThroughBMCServer(t *testing.T) {
 	bin := buildBMCServer(t)
 	ipmitool := termtest.RequireTool(t, "ipmitool", "apt-get install ipmitool")
@@ -85,6 +85,13 @@ func TestConsolesThroughBMCServer(t *testing.T) {
 			ic.Type("&.")
 			if err := ic.Exited(); err != nil {
 				t.Errorf("ipmiconsole after &.: %v\n%s", err, ic.Output())
+			}
+
+			tm = termtest.Start(t, ipmitool, append(sol, "sol", "activate")...)
+			tm.WaitFor(0, console.Prompt(b.hostname))
+			tm.Type("~.")
+			if err := tm.Exited(); err != nil {
+				t.Errorf("ipmitool after ~.: %v\n%s", err, tm.Output())
 			}
 		})
 	}
