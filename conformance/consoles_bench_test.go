@@ -3,7 +3,6 @@ package conformance_test
 import (
 	"bytes"
 	"fmt"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -11,9 +10,10 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"k8s.io/client-go/rest"
 
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/internal/termtest"
+	"github.com/virtmetal/virtmetal/machine/machinetest"
 	"github.com/virtmetal/virtmetal/sim/console"
 )
 
@@ -31,7 +31,7 @@ func BenchmarkConsoleThroughBMC(b *testing.B) {
 		dial func() (*websocket.Conn, error)
 	}{
 		{"virt-api", func() (*websocket.Conn, error) {
-			conn, _, err := dialVirtAPIConsole(cluster.Config, bmc.namespace, bmc.hostname)
+			conn, _, err := realkubevirt.DialSubresource(cluster.Config, bmc.namespace, bmc.hostname, "console")
 			return conn, err
 		}},
 		{"bmc-server", func() (*websocket.Conn, error) {
@@ -48,22 +48,16 @@ func BenchmarkConsoleThroughBMC(b *testing.B) {
 				}
 				defer conn.Close()
 				stream := &wsStream{conn: conn}
-				drainUntil(b, stream, console.Prompt(bmc.hostname))
+				out := machinetest.ReadConsole(stream)
+				out.Until(b, console.Prompt(bmc.hostname))
 				line := bytes.Repeat([]byte{'x'}, size)
-				buf := make([]byte, 32<<10)
 				b.SetBytes(int64(size))
 				b.ResetTimer()
 				for b.Loop() {
 					if _, err := stream.Write(line); err != nil {
 						b.Fatal(err)
 					}
-					for got := 0; got < size; {
-						n, err := stream.Read(buf)
-						if err != nil {
-							b.Fatalf("the console ended: %v", err)
-						}
-						got += n
-					}
+					out.Take(b, size)
 				}
 			})
 		}
@@ -87,41 +81,6 @@ func BenchmarkConsoleThroughBMC(b *testing.B) {
 			b.Fatalf("ipmitool: %v\n%s", err, tm.Output())
 		}
 	})
-}
-
-// dialVirtAPIConsole is what virtctl console does: a WebSocket to the
-// VMI's console subresource with cfg's credentials.
-func dialVirtAPIConsole(cfg *rest.Config, namespace, vmi string) (*websocket.Conn, *http.Response, error) {
-	tlsConfig, err := rest.TLSConfigFor(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	header := http.Header{}
-	if cfg.BearerToken != "" {
-		header.Set("Authorization", "Bearer "+cfg.BearerToken)
-	}
-	dialer := websocket.Dialer{TLSClientConfig: tlsConfig, Subprotocols: []string{"plain.kubevirt.io"}, HandshakeTimeout: 30 * time.Second}
-	url := "wss://" + strings.TrimPrefix(cfg.Host, "https://") +
-		fmt.Sprintf("/apis/subresources.kubevirt.io/v1/namespaces/%s/virtualmachineinstances/%s/console", namespace, vmi)
-	return dialer.Dial(url, header)
-}
-
-// drainUntil reads stream until what it read ends with want.
-func drainUntil(b *testing.B, stream *wsStream, want string) {
-	b.Helper()
-	var seen []byte
-	buf := make([]byte, 4<<10)
-	deadline := time.Now().Add(termtest.Wait)
-	for !bytes.HasSuffix(seen, []byte(want)) {
-		if time.Now().After(deadline) {
-			b.Fatalf("no %q at the end of %q", want, seen)
-		}
-		n, err := stream.Read(buf)
-		if err != nil {
-			b.Fatal(err)
-		}
-		seen = append(seen, buf[:n]...)
-	}
 }
 
 // vmRSS is the process's resident memory in MB (VmRSS).

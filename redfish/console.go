@@ -74,7 +74,11 @@ func checkHandshake(r *http.Request) *apiError {
 	switch {
 	case r.Method != http.MethodGet || !websocket.IsWebSocketUpgrade(r):
 		e := newError(http.StatusBadRequest, msgHeaderMissing, "Upgrade: websocket")
-		e.header = http.Header{"Upgrade": {"websocket"}}
+		// HTTP/2 forbids the Upgrade header (RFC 9113 8.2.2), and its
+		// clients drop a response that carries one: only HTTP/1.1 is told.
+		if r.ProtoMajor == 1 {
+			e.header = http.Header{"Upgrade": {"websocket"}}
+		}
 		return e
 	case r.Header.Get("Sec-WebSocket-Version") != "13":
 		e := newError(http.StatusBadRequest, msgHeaderInvalid, "Sec-WebSocket-Version")

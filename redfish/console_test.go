@@ -687,3 +687,26 @@ func TestGofishReadsConsoles(t *testing.T) {
 		})
 	}
 }
+
+// TestConsoleRefusedOverHTTP2: a plain GET of a console over HTTP/2, as
+// curl sends it by default, gets its 400 and Base message; HTTP/2 forbids
+// the Upgrade header that HTTP/1.1 is told, and its clients drop a
+// response carrying one.
+func TestConsoleRefusedOverHTTP2(t *testing.T) {
+	f := newFixture(t, nil)
+	ts := httptest.NewUnstartedServer(f.server)
+	ts.EnableHTTP2 = true
+	ts.StartTLS()
+	t.Cleanup(ts.Close)
+	req, _ := http.NewRequest(http.MethodGet, ts.URL+serialConsole0, nil)
+	req.SetBasicAuth(adminUser, adminPass)
+	res, err := ts.Client().Do(req)
+	if err != nil {
+		t.Fatalf("GET over HTTP/2: %v", err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.ProtoMajor != 2 || res.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "HeaderMissing") || res.Header.Get("Upgrade") != "" {
+		t.Errorf("HTTP/%d %d, Upgrade %q: %s", res.ProtoMajor, res.StatusCode, res.Header.Get("Upgrade"), body)
+	}
+}

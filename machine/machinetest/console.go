@@ -43,8 +43,8 @@ func testConsoles(t *testing.T, s Subject) {
 	mustReset(t, s, machine.ResetOn)
 	waitPower(t, s, machine.PowerOn)
 	serial := openConsole(t, s, machine.ConsoleSerial)
-	out := readConsole(serial)
-	booted := out.until(t, console.Prompt(id))
+	out := ReadConsole(serial)
+	booted := out.Until(t, console.Prompt(id))
 	for _, line := range console.BootLines(id) {
 		if !strings.Contains(booted, line) {
 			t.Errorf("the serial console printed %q, without the boot line %q", booted, line)
@@ -53,7 +53,7 @@ func testConsoles(t *testing.T, s Subject) {
 	if _, err := io.WriteString(serial, "hello\r"); err != nil {
 		t.Fatalf("typing: %v", err)
 	}
-	out.until(t, "hello\r\n"+console.Prompt(id))
+	out.Until(t, "hello\r\n"+console.Prompt(id))
 
 	screen := openConsole(t, s, machine.ConsoleGraphical)
 	got := make(chan error, 1)
@@ -78,8 +78,8 @@ func testConsoles(t *testing.T, s Subject) {
 
 	// The machine stops: both streams end.
 	mustReset(t, s, machine.ResetForceOff)
-	out.end(t)
-	readConsole(screen).end(t)
+	out.End(t, "the console")
+	ReadConsole(screen).End(t, "the console")
 	serial.Close()
 	screen.Close()
 	waitPower(t, s, machine.PowerOff)
@@ -94,7 +94,7 @@ func testConsoles(t *testing.T, s Subject) {
 	mustReset(t, s, machine.ResetOn)
 	waitPower(t, s, machine.PowerOn)
 	again := openConsole(t, s, machine.ConsoleSerial)
-	readConsole(again).until(t, console.Prompt(id))
+	ReadConsole(again).Until(t, console.Prompt(id))
 	if err := again.Close(); err != nil {
 		t.Errorf("Close: %v", err)
 	}
@@ -110,25 +110,27 @@ func openConsole(t *testing.T, s Subject, k machine.ConsoleKind) io.ReadWriteClo
 	return stream
 }
 
-// consoleOutput reads a stream on a goroutine of its own, so a test can
-// wait for it with patience.
-type consoleOutput struct {
-	chunks chan []byte
-	err    chan error
+// ConsoleOutput reads a stream on a goroutine of its own, so a test can
+// wait for it with patience: Chunks are what was read, Err how the stream
+// ended.
+type ConsoleOutput struct {
+	Chunks chan []byte
+	Err    chan error
 	seen   bytes.Buffer
 }
 
-func readConsole(r io.Reader) *consoleOutput {
-	o := &consoleOutput{chunks: make(chan []byte), err: make(chan error, 1)}
+// ReadConsole starts reading r.
+func ReadConsole(r io.Reader) *ConsoleOutput {
+	o := &ConsoleOutput{Chunks: make(chan []byte), Err: make(chan error, 1)}
 	go func() {
-		buf := make([]byte, 4<<10)
+		buf := make([]byte, 16<<10)
 		for {
 			n, err := r.Read(buf)
 			if n > 0 {
-				o.chunks <- bytes.Clone(buf[:n])
+				o.Chunks <- bytes.Clone(buf[:n])
 			}
 			if err != nil {
-				o.err <- err
+				o.Err <- err
 				return
 			}
 		}
@@ -136,9 +138,9 @@ func readConsole(r io.Reader) *consoleOutput {
 	return o
 }
 
-// until waits for want in the output and returns everything up to it.
-func (o *consoleOutput) until(t *testing.T, want string) string {
-	t.Helper()
+// Until waits for want in the output and returns everything up to it.
+func (o *ConsoleOutput) Until(tb testing.TB, want string) string {
+	tb.Helper()
 	deadline := time.After(consolePatience)
 	for {
 		if i := strings.Index(o.seen.String(), want); i >= 0 {
@@ -147,30 +149,42 @@ func (o *consoleOutput) until(t *testing.T, want string) string {
 			return got
 		}
 		select {
-		case chunk := <-o.chunks:
+		case chunk := <-o.Chunks:
 			o.seen.Write(chunk)
-		case err := <-o.err:
-			t.Fatalf("the console ended (%v) before %q; it printed %q", err, want, o.seen.String())
+		case err := <-o.Err:
+			tb.Fatalf("the console ended (%v) before %q; it printed %q", err, want, o.seen.String())
 		case <-deadline:
-			t.Fatalf("no %q on the console in %v; it printed %q", want, consolePatience, o.seen.String())
+			tb.Fatalf("no %q on the console in %v; it printed %q", want, consolePatience, o.seen.String())
 		}
 	}
 }
 
-// end waits for the stream to end with io.EOF.
-func (o *consoleOutput) end(t *testing.T) {
-	t.Helper()
+// Take waits for n more bytes of output, whatever they are.
+func (o *ConsoleOutput) Take(tb testing.TB, n int) {
+	for got := 0; got < n; {
+		select {
+		case c := <-o.Chunks:
+			got += len(c)
+		case err := <-o.Err:
+			tb.Fatalf("the console ended: %v", err)
+		}
+	}
+}
+
+// End waits for the stream to end with io.EOF; what names it.
+func (o *ConsoleOutput) End(tb testing.TB, what string) {
+	tb.Helper()
 	deadline := time.After(consolePatience)
 	for {
 		select {
-		case <-o.chunks:
-		case err := <-o.err:
+		case <-o.Chunks:
+		case err := <-o.Err:
 			if !errors.Is(err, io.EOF) {
-				t.Errorf("the console ended with %v, want io.EOF", err)
+				tb.Errorf("%s: the stream ended with %v, want io.EOF", what, err)
 			}
 			return
 		case <-deadline:
-			t.Fatalf("the console did not end in %v", consolePatience)
+			tb.Fatalf("%s: the stream did not end in %v", what, consolePatience)
 		}
 	}
 }

@@ -4,15 +4,18 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/sim/console"
@@ -248,4 +251,21 @@ func (c *Cluster) serveConsole(w http.ResponseWriter, r *http.Request, kind stri
 	// As virt-handler: the socket closes, no close frame.
 	_ = conn.Close()
 	_ = guest.Close()
+}
+
+// DialSubresource opens a VMI's console or vnc WebSocket on virt-api
+// directly, as virtctl does, with cfg's credentials.
+func DialSubresource(cfg *rest.Config, namespace, vmi, subresource string) (*websocket.Conn, *http.Response, error) {
+	tlsCfg, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	header := http.Header{}
+	if cfg.BearerToken != "" {
+		header.Set("Authorization", "Bearer "+cfg.BearerToken)
+	}
+	d := websocket.Dialer{TLSClientConfig: tlsCfg, Subprotocols: []string{"plain.kubevirt.io"}, ReadBufferSize: 10 << 10, WriteBufferSize: 10 << 10, HandshakeTimeout: 10 * time.Second}
+	url := strings.Replace(cfg.Host, "https://", "wss://", 1) +
+		fmt.Sprintf("/apis/subresources.kubevirt.io/v1/namespaces/%s/virtualmachineinstances/%s/%s", namespace, vmi, subresource)
+	return d.Dial(url, header)
 }

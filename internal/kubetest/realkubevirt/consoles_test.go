@@ -25,9 +25,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/virtmetal/virtmetal/deploy/bmc"
+	"github.com/virtmetal/virtmetal/internal/kubetest/realkubevirt"
 	"github.com/virtmetal/virtmetal/machine"
 	"github.com/virtmetal/virtmetal/machine/kubevirt"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
+	"github.com/virtmetal/virtmetal/machine/machinetest"
 	"github.com/virtmetal/virtmetal/sim/console"
 )
 
@@ -76,89 +78,17 @@ func bmcConsoleMachine(t testing.TB, namespace, vm string) (machine.Machine, *re
 	return m, cfg
 }
 
-// dialSubresource opens a VMI's console or vnc WebSocket directly, as
-// virtctl does, with cfg's bearer token.
-func dialSubresource(cfg *rest.Config, namespace, vmi, subresource string) (*websocket.Conn, *http.Response, error) {
-	tlsCfg, err := rest.TLSConfigFor(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	d := websocket.Dialer{TLSClientConfig: tlsCfg, Subprotocols: []string{"plain.kubevirt.io"}, ReadBufferSize: 10 << 10, WriteBufferSize: 10 << 10, HandshakeTimeout: 10 * time.Second}
-	url := strings.Replace(cfg.Host, "https://", "wss://", 1) +
-		fmt.Sprintf("/apis/subresources.kubevirt.io/v1/namespaces/%s/virtualmachineinstances/%s/%s", namespace, vmi, subresource)
-	return d.Dial(url, http.Header{"Authorization": {"Bearer " + cfg.BearerToken}})
-}
-
-// output reads a stream on a goroutine of its own.
-type output struct {
-	chunks chan []byte
-	err    chan error
-	seen   bytes.Buffer
-}
-
-func readOutput(r io.Reader) *output {
-	o := &output{chunks: make(chan []byte), err: make(chan error, 1)}
-	go func() {
-		buf := make([]byte, 16<<10)
-		for {
-			n, err := r.Read(buf)
-			if n > 0 {
-				o.chunks <- bytes.Clone(buf[:n])
-			}
-			if err != nil {
-				o.err <- err
-				return
-			}
-		}
-	}()
-	return o
-}
-
-func (o *output) until(tb testing.TB, want string) {
-	tb.Helper()
-	deadline := time.After(30 * time.Second)
-	for !strings.Contains(o.seen.String(), want) {
-		select {
-		case c := <-o.chunks:
-			o.seen.Write(c)
-		case err := <-o.err:
-			tb.Fatalf("the console ended (%v) before %q; it printed %q", err, want, o.seen.String())
-		case <-deadline:
-			tb.Fatalf("no %q in 30 s; the console printed %q (node stand-in: %v)", want, o.seen.String(), node.Err())
-		}
-	}
-	i := strings.Index(o.seen.String(), want)
-	o.seen.Next(i + len(want))
-}
-
-func (o *output) end(tb testing.TB, what string) {
-	tb.Helper()
-	deadline := time.After(30 * time.Second)
-	for {
-		select {
-		case <-o.chunks:
-		case err := <-o.err:
-			if !errors.Is(err, io.EOF) {
-				tb.Errorf("%s: the stream ended with %v, want io.EOF", what, err)
-			}
-			return
-		case <-deadline:
-			tb.Fatalf("%s: the stream did not end in 30 s", what)
-		}
-	}
-}
-
 // openSerial opens the serial console and reads up to the login prompt;
 // the stream is closed when owner (t or a test above it) ends.
-func openSerial(t, owner testing.TB, m machine.Machine) (io.ReadWriteCloser, *output) {
+func openSerial(t, owner testing.TB, m machine.Machine) (io.ReadWriteCloser, *machinetest.ConsoleOutput) {
 	t.Helper()
 	stream, err := m.OpenConsole(context.Background(), machine.ConsoleSerial)
 	if err != nil {
 		t.Fatalf("OpenConsole(Serial): %v", err)
 	}
 	owner.Cleanup(func() { stream.Close() })
-	out := readOutput(stream)
-	out.until(t, console.Prompt(m.ID()))
+	out := machinetest.ReadConsole(stream)
+	out.Until(t, console.Prompt(m.ID()))
 	return stream, out
 }
 
@@ -186,7 +116,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 	if _, err := io.WriteString(serial, "root\r"); err != nil {
 		t.Fatalf("typing: %v", err)
 	}
-	out.until(t, "root\r\n"+console.Prompt("vm"))
+	out.Until(t, "root\r\n"+console.Prompt("vm"))
 
 	screen, err := m.OpenConsole(ctx, machine.ConsoleGraphical)
 	if err != nil {
@@ -206,7 +136,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 			return err == nil && vmi.Status.Phase == kubevirtv1.Running, err
 		})
 		for _, sub := range []string{"console", "vnc"} {
-			conn, resp, err := dialSubresource(cfg, ns, "other", sub)
+			conn, resp, err := realkubevirt.DialSubresource(cfg, ns, "other", sub)
 			if err == nil {
 				conn.Close()
 				t.Fatalf("the BMC of vm opened the %s of another VM", sub)
@@ -219,17 +149,17 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 
 	t.Run("a newer stream ends the older", func(t *testing.T) {
 		_, newer := openSerial(t, parent, m)
-		out.end(t, "the older serial stream")
+		out.End(t, "the older serial stream")
 		out = newer
 	})
 
 	t.Run("a reboot ends the streams", func(t *testing.T) {
-		screenOut := readOutput(screen)
+		screenOut := machinetest.ReadConsole(screen)
 		if err := node.RebootGuest(ctx, ns, "vm"); err != nil {
 			t.Fatal(err)
 		}
-		out.end(t, "serial across a reboot")
-		screenOut.end(t, "vnc across a reboot")
+		out.End(t, "serial across a reboot")
+		screenOut.End(t, "vnc across a reboot")
 		_, out = openSerial(t, parent, m)
 	})
 
@@ -237,7 +167,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 		if err := m.Reset(ctx, machine.ResetForceOff); err != nil {
 			t.Fatal(err)
 		}
-		out.end(t, "serial across a stop")
+		out.End(t, "serial across a stop")
 		waitPower(t, m, key, machine.PowerOff)
 		for _, k := range machine.AllConsoleKinds {
 			if _, err := m.OpenConsole(ctx, k); !errors.Is(err, machine.ErrConflict) {
@@ -253,7 +183,7 @@ func TestConsolesOnRealKubeVirt(t *testing.T) {
 
 	t.Run("the guest powering off ends the stream", func(t *testing.T) {
 		node.ShutdownGuest(ns, "vm")
-		out.end(t, "serial across a guest power-off")
+		out.End(t, "serial across a guest power-off")
 	})
 }
 
@@ -365,7 +295,7 @@ func BenchmarkSerialConsole(b *testing.B) {
 			return m.OpenConsole(ctx, machine.ConsoleSerial)
 		}},
 		{"direct WebSocket", func(*testing.B) (io.ReadWriteCloser, error) {
-			conn, _, err := dialSubresource(cfg, ns, "vm", "console")
+			conn, _, err := realkubevirt.DialSubresource(cfg, ns, "vm", "console")
 			if err != nil {
 				return nil, err
 			}
@@ -380,8 +310,8 @@ func BenchmarkSerialConsole(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer stream.Close()
-				out := readOutput(stream)
-				out.until(b, console.Prompt("vm"))
+				out := machinetest.ReadConsole(stream)
+				out.Until(b, console.Prompt("vm"))
 				line := bytes.Repeat([]byte{'x'}, size)
 				b.SetBytes(int64(size))
 				b.ResetTimer()
@@ -389,14 +319,7 @@ func BenchmarkSerialConsole(b *testing.B) {
 					if _, err := stream.Write(line); err != nil {
 						b.Fatal(err)
 					}
-					for got := 0; got < size; {
-						select {
-						case c := <-out.chunks:
-							got += len(c)
-						case err := <-out.err:
-							b.Fatalf("the console ended: %v", err)
-						}
-					}
+					out.Take(b, size)
 				}
 			})
 		}
@@ -495,12 +418,12 @@ func TestUnreadConsoleHoldsTypingBack(t *testing.T) {
 		t.Errorf("the heap grew by %d KiB while the typing was held back", grown>>10)
 	}
 	t.Logf("typing held back after %d KiB; heap in use %d KiB before, %d KiB after", held>>10, before.HeapInuse>>10, after.HeapInuse>>10)
-	out := readOutput(stream)
+	out := machinetest.ReadConsole(stream)
 	poll := time.After(30 * time.Second)
 	for typed.Load() < held+8*chunk {
 		select {
-		case <-out.chunks:
-		case err := <-out.err:
+		case <-out.Chunks:
+		case err := <-out.Err:
 			t.Fatalf("the console ended: %v", err)
 		case <-poll:
 			t.Fatalf("reading again did not let the typing go on (%d bytes typed, held at %d)", typed.Load(), held)
