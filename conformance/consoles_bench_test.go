@@ -1,7 +1,6 @@
 package conformance_test
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"strconv"
@@ -48,17 +47,7 @@ func BenchmarkConsoleThroughBMC(b *testing.B) {
 				}
 				defer conn.Close()
 				stream := &wsStream{conn: conn}
-				out := machinetest.ReadConsole(stream)
-				out.Until(b, console.Prompt(bmc.hostname))
-				line := bytes.Repeat([]byte{'x'}, size)
-				b.SetBytes(int64(size))
-				b.ResetTimer()
-				for b.Loop() {
-					if _, err := stream.Write(line); err != nil {
-						b.Fatal(err)
-					}
-					out.Take(b, size)
-				}
+				machinetest.BenchEcho(b, stream, bmc.hostname, size)
 			})
 		}
 	}

@@ -188,3 +188,21 @@ func (o *ConsoleOutput) End(tb testing.TB, what string) {
 		}
 	}
 }
+
+// BenchEcho times, an op each, typing size bytes into stream and reading
+// their echo, once the guest named hostname has shown its login prompt:
+// a keystroke's latency at size 1, a paste's throughput at larger sizes.
+func BenchEcho(b *testing.B, stream io.ReadWriter, hostname string, size int) {
+	b.Helper()
+	out := ReadConsole(stream)
+	out.Until(b, console.Prompt(hostname))
+	line := bytes.Repeat([]byte{'x'}, size)
+	b.SetBytes(int64(size))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := stream.Write(line); err != nil {
+			b.Fatal(err)
+		}
+		out.Take(b, size)
+	}
+}

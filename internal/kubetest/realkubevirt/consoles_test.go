@@ -310,17 +310,7 @@ func BenchmarkSerialConsole(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer stream.Close()
-				out := machinetest.ReadConsole(stream)
-				out.Until(b, console.Prompt("vm"))
-				line := bytes.Repeat([]byte{'x'}, size)
-				b.SetBytes(int64(size))
-				b.ResetTimer()
-				for b.Loop() {
-					if _, err := stream.Write(line); err != nil {
-						b.Fatal(err)
-					}
-					out.Take(b, size)
-				}
+				machinetest.BenchEcho(b, stream, "vm", size)
 			})
 		}
 	}
