@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -26,6 +27,7 @@ import (
 	"github.com/virtmetal/virtmetal/internal/poll"
 	"github.com/virtmetal/virtmetal/internal/ssetest"
 	"github.com/virtmetal/virtmetal/machine/kubevirt/kubevirttest"
+	"github.com/virtmetal/virtmetal/sim/console"
 )
 
 // cluster is the package's one cluster, KubeVirt's real control plane with
@@ -291,6 +293,52 @@ func TestSharedKubeVirtWiring(t *testing.T) {
 	if got := runStrategy("web2"); got != kubevirtv1.RunStrategyHalted {
 		t.Errorf("web2's runStrategy after Reset On at web1's host: %q, want %q", got, kubevirtv1.RunStrategyHalted)
 	}
+
+	// Each host's consoles are its VM's, with its credentials only.
+	consoleURL := "ws" + strings.TrimPrefix(s.base, "http") + "/redfish/v1/Systems/web1/Oem/VirtMetal/SerialConsole"
+	var serial *websocket.Conn
+	poll.True(t, "web1's serial console once it runs", func() bool {
+		var err error
+		serial, _, err = dialAtHost(consoleURL, web1Host, "maas-web1", "pw-web1")
+		return err == nil
+	})
+	defer serial.Close()
+	var seen strings.Builder
+	_ = serial.SetReadDeadline(time.Now().Add(30 * time.Second))
+	for !strings.Contains(seen.String(), console.Prompt("web1")) {
+		_, data, err := serial.ReadMessage()
+		if err != nil {
+			t.Fatalf("web1's serial console: %v after %q", err, seen.String())
+		}
+		seen.Write(data)
+	}
+	for _, tt := range []struct {
+		name, url, host, user, pass string
+		want                        int
+	}{
+		{"web2's credentials at web1's host", consoleURL, web1Host, "maas-web2", "pw-web2", http.StatusUnauthorized},
+		{"web1's console at web2's host", consoleURL, web2Host, "maas-web2", "pw-web2", http.StatusNotFound},
+		{"web2's console, web2 halted", strings.Replace(consoleURL, "web1", "web2", 1), web2Host, "maas-web2", "pw-web2", http.StatusConflict},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			conn, res, err := dialAtHost(tt.url, tt.host, tt.user, tt.pass)
+			if err == nil {
+				conn.Close()
+			}
+			if res == nil || res.StatusCode != tt.want {
+				t.Errorf("%v, %v; want %d", res, err, tt.want)
+			}
+		})
+	}
+}
+
+// dialAtHost opens a console WebSocket at url, sent to the host an
+// Ingress would route by, with Basic credentials.
+func dialAtHost(url, host, user, pass string) (*websocket.Conn, *http.Response, error) {
+	req, _ := http.NewRequest(http.MethodGet, "/", nil)
+	req.SetBasicAuth(user, pass)
+	header := http.Header{"Authorization": req.Header["Authorization"], "Host": {host}}
+	return (&websocket.Dialer{HandshakeTimeout: 15 * time.Second}).Dial(url, header)
 }
 
 // memberIDs are the @odata.id of a collection's Members.
