@@ -525,19 +525,54 @@ func TestMetadata(t *testing.T) {
 	f := newFixture(t, nil)
 	res := f.do(request{method: "GET", path: "/redfish/v1/$metadata"})
 	checkCommonHeaders(t, res, "application/xml; charset=utf-8")
+	const edmx, edm = "http://docs.oasis-open.org/odata/ns/edmx", "http://docs.oasis-open.org/odata/ns/edm"
 	var doc struct {
+		XMLName    xml.Name
+		Version    string `xml:"Version,attr"`
 		References []struct {
+			XMLName  xml.Name
 			URI      string `xml:"Uri,attr"`
 			Includes []struct {
+				XMLName   xml.Name
 				Namespace string `xml:"Namespace,attr"`
+				Alias     string `xml:"Alias,attr"`
 			} `xml:"Include"`
 		} `xml:"Reference"`
-		Container struct {
-			Extends string `xml:"Extends,attr"`
-		} `xml:"DataServices>Schema>EntityContainer"`
+		Schema struct {
+			XMLName   xml.Name
+			Namespace string `xml:"Namespace,attr"`
+			Container struct {
+				XMLName xml.Name
+				Name    string `xml:"Name,attr"`
+				Extends string `xml:"Extends,attr"`
+			} `xml:"EntityContainer"`
+		} `xml:"DataServices>Schema"`
 	}
 	if err := xml.Unmarshal(res.raw, &doc); err != nil {
 		t.Fatalf("$metadata is not XML: %v\n%s", err, res.raw)
+	}
+	// The OData CSDL namespaces, element by element: a reader such as the
+	// DMTF validator resolves elements by namespace, not by prefix.
+	if doc.XMLName != (xml.Name{Space: edmx, Local: "Edmx"}) || doc.Version != "4.0" {
+		t.Errorf("root element %v Version %q, want edmx:Edmx 4.0", doc.XMLName, doc.Version)
+	}
+	if doc.Schema.XMLName != (xml.Name{Space: edm, Local: "Schema"}) || doc.Schema.Namespace != "Service" ||
+		doc.Schema.Container.XMLName != (xml.Name{Space: edm, Local: "EntityContainer"}) || doc.Schema.Container.Name != "Service" {
+		t.Errorf("schema %v %q, container %v %q", doc.Schema.XMLName, doc.Schema.Namespace, doc.Schema.Container.XMLName, doc.Schema.Container.Name)
+	}
+	aliases := map[string]string{}
+	for _, ref := range doc.References {
+		for _, inc := range ref.Includes {
+			if ref.XMLName.Space != edmx || inc.XMLName.Space != edmx {
+				t.Errorf("reference %s: element %v / %v outside the edmx namespace", ref.URI, ref.XMLName, inc.XMLName)
+			}
+			if inc.Alias != "" {
+				aliases[inc.Alias] = inc.Namespace
+			}
+		}
+	}
+	if aliases["Redfish"] != "RedfishExtensions.v1_0_0" {
+		t.Errorf("alias Redfish is %q, want RedfishExtensions.v1_0_0", aliases["Redfish"])
 	}
 	namespaces := map[string]string{}
 	for _, ref := range doc.References {
@@ -565,8 +600,8 @@ func TestMetadata(t *testing.T) {
 			t.Errorf("%s: namespace %s of %s is not in $metadata", path, ns, odataType)
 		}
 	}
-	if doc.Container.Extends != "ServiceRoot.v1_20_0.ServiceContainer" {
-		t.Errorf("EntityContainer Extends = %q", doc.Container.Extends)
+	if doc.Schema.Container.Extends != "ServiceRoot.v1_20_0.ServiceContainer" {
+		t.Errorf("EntityContainer Extends = %q", doc.Schema.Container.Extends)
 	}
 }
 

@@ -1,8 +1,7 @@
 package redfish
 
 import (
-	"bytes"
-	"encoding/xml"
+	"strings"
 	"sync"
 )
 
@@ -74,7 +73,7 @@ func (s *Server) getServiceRoot(*call) (result, error) {
 }
 
 func (s *Server) getMetadata(*call) (result, error) {
-	return result{raw: s.metadata, contentType: "application/xml; charset=utf-8"}, nil
+	return result{raw: metadataDocument(), contentType: "application/xml; charset=utf-8"}, nil
 }
 
 // getServiceDocument is the OData service document: the top-level
@@ -100,76 +99,47 @@ func (s *Server) getServiceDocument(*call) (result, error) {
 	}}, nil
 }
 
-// CSDL elements of $metadata.
-type (
-	edmx struct {
-		XMLName      xml.Name        `xml:"edmx:Edmx"`
-		Namespace    string          `xml:"xmlns:edmx,attr"`
-		Version      string          `xml:"Version,attr"`
-		References   []edmxReference `xml:"edmx:Reference"`
-		DataServices edmxDataServices
-	}
-	edmxReference struct {
-		URI      string        `xml:"Uri,attr"`
-		Includes []edmxInclude `xml:"edmx:Include"`
-	}
-	edmxInclude struct {
-		Namespace string `xml:"Namespace,attr"`
-		Alias     string `xml:"Alias,attr,omitempty"`
-	}
-	edmxDataServices struct {
-		XMLName xml.Name `xml:"edmx:DataServices"`
-		Schema  edmSchema
-	}
-	edmSchema struct {
-		XMLName   xml.Name `xml:"Schema"`
-		Namespace string   `xml:"xmlns,attr"`
-		Name      string   `xml:"Namespace,attr"`
-		Container edmEntityContainer
-	}
-	edmEntityContainer struct {
-		XMLName xml.Name `xml:"EntityContainer"`
-		Name    string   `xml:"Name,attr"`
-		Extends string   `xml:"Extends,attr"`
-	}
-)
+// metadataDocument is $metadata, written at its first request and once per
+// process: it depends on servedTypes alone, a bmc-server serving thousands
+// of VMs would otherwise hold a copy of its 20 KB per VM, and a BMC nobody
+// asks for it keeps neither the document nor the code that writes it in
+// memory.
+var metadataDocument = sync.OnceValue(buildMetadataDocument)
 
-// metadataDocument is $metadata, built once per process: it depends on
-// servedTypes alone, and a bmc-server serving thousands of VMs would
-// otherwise hold a copy of its 20 KB per VM.
-var metadataDocument = sync.OnceValues(buildMetadataDocument)
-
-// buildMetadataDocument builds $metadata from servedTypes: one reference
+// buildMetadataDocument writes $metadata from servedTypes: one reference
 // per DMTF CSDL file, including the unversioned and the served versioned
-// namespace.
-func buildMetadataDocument() ([]byte, error) {
-	doc := edmx{
-		Namespace: "http://docs.oasis-open.org/odata/ns/edmx",
-		Version:   "4.0",
-		DataServices: edmxDataServices{Schema: edmSchema{
-			Namespace: "http://docs.oasis-open.org/odata/ns/edm",
-			Name:      "Service",
-			Container: edmEntityContainer{Name: "Service", Extends: typeServiceRoot.versionedNamespace() + ".ServiceContainer"},
-		}},
-	}
-	doc.References = append(doc.References, edmxReference{
-		URI:      schemaBase + "RedfishExtensions_v1.xml",
-		Includes: []edmxInclude{{Namespace: "RedfishExtensions.v1_0_0", Alias: "Redfish"}},
-	})
-	for _, t := range servedTypes {
-		ref := edmxReference{URI: t.csdlURI(), Includes: []edmxInclude{{Namespace: t.namespace}}}
-		if t.version != "" {
-			ref.Includes = append(ref.Includes, edmxInclude{Namespace: t.versionedNamespace()})
+// namespace. It is written as text, not with encoding/xml: the document is
+// a fixed shape of a few elements, and this was the only use of that
+// package (and of its reflection) in a BMC's binary.
+func buildMetadataDocument() []byte {
+	var b strings.Builder
+	xmlAttr := strings.NewReplacer(`&`, "&amp;", `<`, "&lt;", `>`, "&gt;", `"`, "&quot;").Replace
+	reference := func(uri string) { b.WriteString(`  <edmx:Reference Uri="` + xmlAttr(uri) + "\">\n") }
+	include := func(namespace, alias string) {
+		b.WriteString(`    <edmx:Include Namespace="` + xmlAttr(namespace) + `"`)
+		if alias != "" {
+			b.WriteString(` Alias="` + xmlAttr(alias) + `"`)
 		}
-		doc.References = append(doc.References, ref)
+		b.WriteString("/>\n")
 	}
-	var buf bytes.Buffer
-	buf.WriteString(xml.Header)
-	enc := xml.NewEncoder(&buf)
-	enc.Indent("", "  ")
-	if err := enc.Encode(doc); err != nil {
-		return nil, err
+	const endReference = "  </edmx:Reference>\n"
+
+	b.WriteString(`<?xml version="1.0" encoding="UTF-8"?>` + "\n")
+	b.WriteString(`<edmx:Edmx xmlns:edmx="http://docs.oasis-open.org/odata/ns/edmx" Version="4.0">` + "\n")
+	reference(schemaBase + "RedfishExtensions_v1.xml")
+	include("RedfishExtensions.v1_0_0", "Redfish")
+	b.WriteString(endReference)
+	for _, t := range servedTypes {
+		reference(t.csdlURI())
+		include(t.namespace, "")
+		if t.version != "" {
+			include(t.versionedNamespace(), "")
+		}
+		b.WriteString(endReference)
 	}
-	buf.WriteString("\n")
-	return bytes.Clone(buf.Bytes()), nil // no spare capacity kept
+	b.WriteString("  <edmx:DataServices>\n")
+	b.WriteString(`    <Schema xmlns="http://docs.oasis-open.org/odata/ns/edm" Namespace="Service">` + "\n")
+	b.WriteString(`      <EntityContainer Name="Service" Extends="` + xmlAttr(typeServiceRoot.versionedNamespace()+".ServiceContainer") + "\"/>\n")
+	b.WriteString("    </Schema>\n  </edmx:DataServices>\n</edmx:Edmx>\n")
+	return []byte(b.String())
 }

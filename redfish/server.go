@@ -149,7 +149,6 @@ type Server struct {
 	maxBody     int64
 	retryAfter  time.Duration
 	serviceUUID string
-	metadata    []byte
 	observer    Observer
 	audit       *auditlog.Log
 	now         func() time.Time
@@ -239,10 +238,6 @@ func NewServer(cfg Config) (*Server, error) {
 	if !uuidPattern.MatchString(serviceUUID) {
 		return nil, fmt.Errorf("redfish: ServiceUUID %q is not a UUID", serviceUUID)
 	}
-	metadata, err := metadataDocument()
-	if err != nil {
-		return nil, fmt.Errorf("redfish: building $metadata: %w", err)
-	}
 	log := cfg.Logger
 	if log.GetSink() == nil {
 		log = logr.Discard()
@@ -255,7 +250,6 @@ func NewServer(cfg Config) (*Server, error) {
 		maxBody:     orDefault(cfg.MaxBodyBytes, defaultMaxBodyBytes),
 		retryAfter:  orDefault(cfg.RetryAfter, defaultRetryAfter),
 		serviceUUID: strings.ToLower(serviceUUID),
-		metadata:    metadata,
 		patchLocks:  map[string]*sync.Mutex{},
 		observer:    cfg.Observer,
 		now:         now,
