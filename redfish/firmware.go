@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -152,7 +153,9 @@ var preferredApplyTimeType = "#" + typeSettings.namespace + "." + typeSettings.v
 
 // anyPreferredApplyTime matches PreferredApplyTime of any Settings version
 // ("#Settings.v1_0_0.PreferredApplyTime", as sushy sends it).
-var anyPreferredApplyTime = regexp.MustCompile(`^#Settings\.(v1_[0-9]+_[0-9]+\.)?PreferredApplyTime$`)
+var anyPreferredApplyTime = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^#Settings\.(v1_[0-9]+_[0-9]+\.)?PreferredApplyTime$`)
+})
 
 // applyTimeProblems checks a PATCH's @Redfish.SettingsApplyTime, which
 // Ironic sends with every BIOS write ({"@odata.type":
@@ -177,7 +180,7 @@ func applyTimeProblems(raw json.RawMessage) []message {
 			problems = append(problems, propertyError(msgPropertyValueTypeError, p, jsonText(members[key]), p))
 		case key == "ApplyTime" && !slices.Contains(biosApplyTimes, value):
 			problems = append(problems, propertyError(msgPropertyValueNotInList, p, value, p))
-		case key == "@odata.type" && !anyPreferredApplyTime.MatchString(value):
+		case key == "@odata.type" && !anyPreferredApplyTime().MatchString(value):
 			problems = append(problems, propertyError(msgPropertyValueNotInList, p, value, p))
 		}
 	}

@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -192,7 +191,27 @@ type Server struct {
 
 var _ http.Handler = (*Server)(nil)
 
-var uuidPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+// isUUID says whether s is a UUID in its 36-character hyphenated form, in
+// either case. A loop, not a regular expression: this runs at every start,
+// and a pattern compiled there stays in every BMC's heap.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := range len(s) {
+		switch c := s[i]; i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
 
 // NewServer validates cfg and builds the service.
 func NewServer(cfg Config) (*Server, error) {
@@ -235,7 +254,7 @@ func NewServer(cfg Config) (*Server, error) {
 	if serviceUUID == "" {
 		serviceUUID = randomUUID()
 	}
-	if !uuidPattern.MatchString(serviceUUID) {
+	if !isUUID(serviceUUID) {
 		return nil, fmt.Errorf("redfish: ServiceUUID %q is not a UUID", serviceUUID)
 	}
 	log := cfg.Logger

@@ -505,9 +505,12 @@ func readHTTPHeaders(_ *Server, sub *subscriptionDraft, raw json.RawMessage, poi
 	return nil
 }
 
-var headerName = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`)
+// This file's patterns are compiled at their first use: most BMCs never
+// see a subscription, and a pattern compiled at start stays in every BMC's
+// heap.
+var headerName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]+$`) })
 
-func validHeaderName(name string) bool { return headerName.MatchString(name) }
+func validHeaderName(name string) bool { return headerName().MatchString(name) }
 
 // readList reads an array of strings, each of which must be known.
 func readList(field func(*subscriptionFilter) *[]string, known func(string) bool) subscriptionProperty {
@@ -562,14 +565,16 @@ func knownMessageID(id string) bool {
 		_, ok := resourceEventRegistry[parts[len(parts)-1]]
 		return ok && (len(parts) == 2 || len(parts) == 4 || len(parts) == 5)
 	}
-	return messageIDPattern.MatchString(id)
+	return messageIDPattern().MatchString(id)
 }
 
-var messageIDPattern = regexp.MustCompile(`^[A-Za-z0-9]+(\.[0-9]+\.[0-9]+(\.[0-9]+)?)?\.[A-Za-z0-9]+$`)
+var messageIDPattern = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[A-Za-z0-9]+(\.[0-9]+\.[0-9]+(\.[0-9]+)?)?\.[A-Za-z0-9]+$`)
+})
 
 // testEventMessageID is what SubmitTestEvent takes: a versioned id, as the
 // Event a receiver gets must carry (Event's MessageId pattern).
-var testEventMessageID = regexp.MustCompile(`^[A-Za-z0-9]+\.[0-9]+\.[0-9]+\.[A-Za-z0-9]+$`)
+var testEventMessageID = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9]+\.[0-9]+\.[0-9]+\.[A-Za-z0-9]+$`) })
 
 // createSubscription is the POST of a push subscription: 201 with its URI
 // in Location. Every problem of the body is told at once.
@@ -721,11 +726,13 @@ func (s *Server) resumeSubscription(c *call) (result, error) {
 	return result{}, nil
 }
 
-var isoDuration = regexp.MustCompile(`^P(?:([0-9]+)D)?(?:T(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:\.[0-9]+)?)S)?)?$`)
+var isoDuration = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^P(?:([0-9]+)D)?(?:T(?:([0-9]+)H)?(?:([0-9]+)M)?(?:([0-9]+(?:\.[0-9]+)?)S)?)?$`)
+})
 
 // parseISODuration reads the duration form Redfish uses, PnDTnHnMn.nS.
 func parseISODuration(text string) (time.Duration, bool) {
-	m := isoDuration.FindStringSubmatch(text)
+	m := isoDuration().FindStringSubmatch(text)
 	if m == nil || text == "P" || strings.HasSuffix(text, "T") {
 		return 0, false
 	}
@@ -777,7 +784,7 @@ func (s *Server) submitTestEvent(c *call) (result, error) {
 		return v
 	}
 	r := record{messageID: str("MessageId"), message: str("Message"), severity: str("MessageSeverity"), args: []string{}}
-	if r.messageID != "" && !testEventMessageID.MatchString(r.messageID) {
+	if r.messageID != "" && !testEventMessageID().MatchString(r.messageID) {
 		problems = append(problems, message{key: msgActionParameterValueFormat, args: []string{r.messageID, "MessageId", action}})
 	}
 	if r.severity == "" {

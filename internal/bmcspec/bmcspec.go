@@ -8,6 +8,7 @@ package bmcspec
 import (
 	"encoding/json"
 	"regexp"
+	"sync"
 )
 
 // Host is the DNS name of a VM's BMC, "<vm>.<namespace>.<domain>": the
@@ -85,11 +86,14 @@ func DecodeStateEntry(raw []byte) (map[string][]byte, error) {
 
 // dns1123Subdomain is a Kubernetes object name, as VM names and host names
 // are; the pattern is Kubernetes', restated so this package imports none of
-// its modules.
-var dns1123Subdomain = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+// its modules. Compiled at first use: a BMC's heap keeps it only when
+// needed.
+var dns1123Subdomain = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+})
 
 // IsDNSName says whether s is a lower-case DNS name (a DNS-1123 subdomain):
 // a VM's name, or a host its BMC is reached at.
 func IsDNSName(s string) bool {
-	return len(s) <= 253 && dns1123Subdomain.MatchString(s)
+	return len(s) <= 253 && dns1123Subdomain().MatchString(s)
 }

@@ -10,7 +10,7 @@ func TestMachineProof(t *testing.T) {
 	if a == b {
 		t.Fatalf("two proofs are both %q", a)
 	}
-	for _, bad := range []string{"", "vmp1-", "vmp1-0123", "VMP1-0123456789abcdef0123456789abcdef", "vmp1-0123456789ABCDEF0123456789abcdef", " " + a, a + "0"} {
+	for _, bad := range []string{"", "vmp1-", "vmp1-0123", "VMP1-0123456789abcdef0123456789abcdef", "vmp1-0123456789ABCDEF0123456789abcdef", "vmp1-0123456789abcdef0123456789abcdeg", "vmp1_0123456789abcdef0123456789abcdef", " " + a, a + "0", a[:len(a)-1]} {
 		if IsMachineProof(bad) {
 			t.Errorf("IsMachineProof(%q) = true", bad)
 		}
