@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/machinetest"
 	"github.com/virtmetal/virtmetal/sim/console"
 )
 
@@ -50,15 +51,7 @@ func BenchmarkSOLEcho(b *testing.B) {
 	typed := bytes.Repeat([]byte("0123456789abcdef"), size/16)
 	b.Run("console stream", func(b *testing.B) {
 		_, m, _ := testServer(b, nil)
-		if err := m.Reset(context.Background(), machine.ResetOn); err != nil {
-			b.Fatal(err)
-		}
-		stream, err := m.OpenConsole(context.Background(), machine.ConsoleSerial)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer stream.Close()
-		readUntil(b, stream, console.Prompt("vm-0"))
+		stream := machinetest.AtPrompt(b, m, "vm-0")
 		got := make([]byte, size)
 		b.SetBytes(size)
 		for b.Loop() {
@@ -158,18 +151,5 @@ func (d *solDriver) drain(b *testing.B) {
 		default:
 			return
 		}
-	}
-}
-
-// readUntil reads stream until its output ends with suffix.
-func readUntil(b *testing.B, stream io.Reader, suffix string) {
-	var got []byte
-	buf := make([]byte, 512)
-	for !strings.HasSuffix(string(got), suffix) {
-		n, err := stream.Read(buf)
-		if err != nil {
-			b.Fatal(err)
-		}
-		got = append(got, buf[:n]...)
 	}
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/virtmetal/virtmetal/internal/throttle"
-	"github.com/virtmetal/virtmetal/machine"
+	"github.com/virtmetal/virtmetal/machine/machinetest"
 	"github.com/virtmetal/virtmetal/machine/memory"
 	"github.com/virtmetal/virtmetal/redfish"
 	"github.com/virtmetal/virtmetal/sim/console"
@@ -223,20 +223,11 @@ func BenchmarkSerialConsoleEcho(b *testing.B) {
 	for _, size := range []int{64, 4 << 10} {
 		typed := bytes.Repeat([]byte{'x'}, size)
 		b.Run(fmt.Sprintf("direct/%dB", size), func(b *testing.B) {
-			backend := memory.New(memory.Options{Machines: 1})
-			m, err := backend.Machine(context.Background(), "vm-0")
+			m, err := memory.New(memory.Options{Machines: 1}).Machine(context.Background(), "vm-0")
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := m.Reset(context.Background(), machine.ResetOn); err != nil {
-				b.Fatal(err)
-			}
-			stream, err := m.OpenConsole(context.Background(), machine.ConsoleSerial)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer stream.Close()
-			readPast(b, stream, console.Prompt("vm-0"))
+			stream := machinetest.AtPrompt(b, m, "vm-0")
 			buf := make([]byte, size)
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
@@ -263,7 +254,7 @@ func BenchmarkSerialConsoleEcho(b *testing.B) {
 			}
 			defer conn.Close()
 			stream := &wsStream{conn: conn}
-			readPast(b, stream, console.Prompt("vm-0"))
+			machinetest.ReadPast(b, stream, console.Prompt("vm-0"))
 			buf := make([]byte, size)
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
@@ -276,18 +267,5 @@ func BenchmarkSerialConsoleEcho(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-// readPast reads r up to and including want.
-func readPast(b *testing.B, r io.Reader, want string) {
-	b.Helper()
-	var got []byte
-	one := make([]byte, 1)
-	for !bytes.HasSuffix(got, []byte(want)) {
-		if _, err := io.ReadFull(r, one); err != nil {
-			b.Fatalf("read %q, waiting for %q: %v", got, want, err)
-		}
-		got = append(got, one[0])
 	}
 }

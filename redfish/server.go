@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/google/uuid"
 
 	"github.com/virtmetal/virtmetal/internal/auditlog"
 	"github.com/virtmetal/virtmetal/internal/egress"
@@ -192,26 +193,10 @@ type Server struct {
 var _ http.Handler = (*Server)(nil)
 
 // isUUID says whether s is a UUID in its 36-character hyphenated form, in
-// either case. A loop, not a regular expression: this runs at every start,
-// and a pattern compiled there stays in every BMC's heap.
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := range len(s) {
-		switch c := s[i]; i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
-}
+// either case (uuid.Validate alone also takes braces, a urn: prefix or no
+// hyphens). Not a regular expression: this runs at every start, and a
+// pattern compiled there stays in every BMC's heap.
+func isUUID(s string) bool { return len(s) == 36 && uuid.Validate(s) == nil }
 
 // NewServer validates cfg and builds the service.
 func NewServer(cfg Config) (*Server, error) {

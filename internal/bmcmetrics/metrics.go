@@ -166,31 +166,26 @@ func (m *Metrics) WatchEventStreams(streams func() int) {
 // delivering and those suspended (redfish.Server.EventSubscriptions, or
 // the sum over a shared BMC's VMs).
 func (m *Metrics) WatchEventSubscriptions(subscriptions func() (enabled, suspended int)) {
-	for _, state := range []string{"enabled", "suspended"} {
-		m.registry.addFunc(namespace+"_event_subscriptions",
-			"Push subscriptions of the EventService (SSE streams not included), enabled or suspended: a suspended one is sent nothing until a client resumes it.", "gauge",
-			funcSample{label: "state", value: state, read: func() float64 {
-				enabled, suspended := subscriptions()
-				if state == "enabled" {
-					return float64(enabled)
-				}
-				return float64(suspended)
-			}})
-	}
+	m.addStatePair(namespace+"_event_subscriptions",
+		"Push subscriptions of the EventService (SSE streams not included), enabled or suspended: a suspended one is sent nothing until a client resumes it.",
+		[2]string{"enabled", "suspended"}, subscriptions)
 }
 
 // WatchIPMI exports the IPMI session table: sessions returns the active
 // sessions and the handshakes under way (ipmi.Server.Sessions).
 func (m *Metrics) WatchIPMI(sessions func() (active, handshakes int)) {
-	for _, state := range []string{"active", "handshake"} {
-		m.registry.addFunc(namespace+"_ipmi_sessions",
-			"Entries of the IPMI session table: active sessions and handshakes under way.", "gauge",
-			funcSample{label: "state", value: state, read: func() float64 {
-				active, handshakes := sessions()
-				if state == "active" {
-					return float64(active)
-				}
-				return float64(handshakes)
-			}})
+	m.addStatePair(namespace+"_ipmi_sessions", "Entries of the IPMI session table: active sessions and handshakes under way.",
+		[2]string{"active", "handshake"}, sessions)
+}
+
+// addStatePair exports a gauge with a "state" label of two values, read
+// at each scrape: read's first result is states[0]'s, its second
+// states[1]'s.
+func (m *Metrics) addStatePair(metric, help string, states [2]string, read func() (int, int)) {
+	for i, state := range states {
+		m.registry.addFunc(metric, help, "gauge", funcSample{label: "state", value: state, read: func() float64 {
+			first, second := read()
+			return float64([2]int{first, second}[i])
+		}})
 	}
 }

@@ -189,6 +189,38 @@ func (o *ConsoleOutput) End(tb testing.TB, what string) {
 	}
 }
 
+// AtPrompt powers m on, opens its serial console and reads it up to the
+// login prompt of the guest named hostname, for a benchmark to type into.
+// Unlike ReadConsole it reads on the caller's goroutine, so the caller then
+// has the stream to itself; the stream is closed when tb ends.
+func AtPrompt(tb testing.TB, m machine.Machine, hostname string) io.ReadWriteCloser {
+	tb.Helper()
+	if err := m.Reset(tb.Context(), machine.ResetOn); err != nil {
+		tb.Fatalf("Reset On: %v", err)
+	}
+	stream, err := m.OpenConsole(tb.Context(), machine.ConsoleSerial)
+	if err != nil {
+		tb.Fatalf("OpenConsole: %v", err)
+	}
+	tb.Cleanup(func() { stream.Close() })
+	ReadPast(tb, stream, console.Prompt(hostname))
+	return stream
+}
+
+// ReadPast reads r up to and including want, a byte at a time on the
+// caller's goroutine, so that nothing after want is consumed.
+func ReadPast(tb testing.TB, r io.Reader, want string) {
+	tb.Helper()
+	var got []byte
+	one := make([]byte, 1)
+	for !bytes.HasSuffix(got, []byte(want)) {
+		if _, err := io.ReadFull(r, one); err != nil {
+			tb.Fatalf("read %q, waiting for %q: %v", got, want, err)
+		}
+		got = append(got, one[0])
+	}
+}
+
 // BenchEcho times, an op each, typing size bytes into stream and reading
 // their echo, once the guest named hostname has shown its login prompt:
 // a keystroke's latency at size 1, a paste's throughput at larger sizes.
