@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -145,8 +146,9 @@ func startShared(b *testing.B, binary, dir string, vms int) *sharedServer {
 			b.Fatal(err)
 		}
 	}
-	cmd, base, stderr, stop := startBMCServer(b, binary, dir, nil,
-		"--backend", "kubevirt", "--namespace", "default", "--vms-dir", vmsDir, "--listen", "127.0.0.1:0")
+	cmd := exec.Command(binary, "--backend", "kubevirt", "--namespace", "default", "--vms-dir", vmsDir, "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "kubeconfig"))
+	cmd, base, stderr, stop := startBMCServer(b, cmd)
 	server := &sharedServer{pid: cmd.Process.Pid, base: base, stop: stop, client: &http.Client{Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the server's generated certificate
 	}}}

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	toolscache "k8s.io/client-go/tools/cache"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	instancetypev1beta1 "kubevirt.io/api/instancetype/v1beta1"
 	cdiv1beta1 "kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1"
@@ -98,11 +97,11 @@ const (
 	dataVolumeResource          = "datavolumes"
 )
 
-// fromInformer returns a copy of the informer's object named after the VM,
+// fromCache returns a copy of the cache's object named after the VM,
 // or a NotFound error.
-func fromInformer[T runtime.Object](informer toolscache.SharedIndexInformer, b *Backend, resource string) (T, error) {
+func fromCache[T runtime.Object](cache *objectCache, b *Backend, resource string) (T, error) {
 	var zero T
-	obj, exists, err := informer.GetStore().GetByKey(b.namespace + "/" + b.vmName)
+	obj, exists, err := cache.get(b.namespace + "/" + b.vmName)
 	if err != nil {
 		return zero, err
 	}

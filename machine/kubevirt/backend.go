@@ -323,11 +323,11 @@ func (b *Backend) read(ctx context.Context) (*kubevirtv1.VirtualMachine, *kubevi
 	if !b.cacheServes() {
 		return b.readLive(ctx)
 	}
-	vm, err := fromInformer[*kubevirtv1.VirtualMachine](b.informers.vms, b, vmResource)
+	vm, err := fromCache[*kubevirtv1.VirtualMachine](b.informers.vms, b, vmResource)
 	if err != nil {
 		return nil, nil, b.apiError(err, "reading the VirtualMachine")
 	}
-	vmi, err := fromInformer[*kubevirtv1.VirtualMachineInstance](b.informers.vmis, b, vmiResource)
+	vmi, err := fromCache[*kubevirtv1.VirtualMachineInstance](b.informers.vmis, b, vmiResource)
 	return b.checkRead(vm, vmi, err)
 }
 

@@ -32,7 +32,7 @@ func (b *Backend) RecordAction(ctx context.Context, machineID, action string, fa
 		APIVersion: kubevirtv1.SchemeGroupVersion.String(), Kind: "VirtualMachine",
 		Namespace: b.namespace, Name: b.vmName,
 	}
-	if vm, err := fromInformer[*kubevirtv1.VirtualMachine](b.informers.vms, b, vmResource); err == nil {
+	if vm, err := fromCache[*kubevirtv1.VirtualMachine](b.informers.vms, b, vmResource); err == nil {
 		regarding.UID, regarding.ResourceVersion = vm.UID, vm.ResourceVersion
 	}
 	now := time.Now()

@@ -28,7 +28,7 @@ import (
 // they keep two watches however many VMs are served.
 type Informers struct {
 	namespace string
-	vms, vmis toolscache.SharedIndexInformer
+	vms, vmis *objectCache
 	// client and selector are those of the watches, for the probe.
 	client   rest.Interface
 	selector fields.Selector
@@ -105,31 +105,38 @@ func (inf *Informers) init(client rest.Interface, namespace string, selector fie
 	inf.timeout = cmp.Or(opts.RequestTimeout, 10*time.Second)
 	inf.probe = cmp.Or(opts.ProbeInterval, 5*time.Second)
 	inf.subscribers = map[string][]*Backend{}
-	inf.vms = inf.newInformer(vmResource, &kubevirtv1.VirtualMachine{})
-	inf.vmis = inf.newInformer(vmiResource, &kubevirtv1.VirtualMachineInstance{})
+	inf.vms = inf.newCache(vmResource, &kubevirtv1.VirtualMachine{})
+	inf.vmis = inf.newCache(vmiResource, &kubevirtv1.VirtualMachineInstance{})
 }
 
-func (inf *Informers) newInformer(resource string, example runtime.Object) toolscache.SharedIndexInformer {
+func (inf *Informers) newCache(resource string, example runtime.Object) *objectCache {
 	lw := toolscache.NewListWatchFromClient(inf.client, resource, inf.namespace, inf.selector)
-	informer := toolscache.NewSharedIndexInformerWithOptions(lw, example, toolscache.SharedIndexInformerOptions{})
-	// None of these fails before the informer runs. One handler serves
-	// every subscriber, by name: a handler per Backend would cost a
-	// goroutine pair and buffer each, and see every VM's events.
-	_ = informer.SetTransform(keepWhatIsRead)
-	_ = informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *toolscache.Reflector, err error) { inf.unreachable(err) })
-	_, _ = informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { inf.dispatch(obj, false) },
-		UpdateFunc: func(_, obj any) { inf.dispatch(obj, false) },
-		DeleteFunc: func(obj any) { inf.dispatch(obj, true) },
-	})
-	return informer
+	lw.ListFunc, lw.WatchFunc = nil, nil // the context-taking ones below serve
+	lw.ListWithContextFunc = reportingFailures(inf, lw.ListWithContextFunc)
+	lw.WatchFuncWithContext = reportingFailures(inf, lw.WatchFuncWithContext)
+	// One dispatch serves every subscriber, by name: a handler per Backend
+	// would see every VM's events.
+	return newObjectCache(lw, resource, example, inf.dispatch)
+}
+
+// reportingFailures is call (a list or a watch), telling inf when it
+// fails: an API server that refuses or fails it is an outage the transport
+// does not see, as it answered. A call cut short by ctx is none.
+func reportingFailures[T any](inf *Informers, call func(context.Context, metav1.ListOptions) (T, error)) func(context.Context, metav1.ListOptions) (T, error) {
+	return func(ctx context.Context, opts metav1.ListOptions) (T, error) {
+		got, err := call(ctx, opts)
+		if err != nil && ctx.Err() == nil {
+			inf.unreachable(err)
+		}
+		return got, err
+	}
 }
 
 // Run runs the informers and the probe until ctx ends.
 func (inf *Informers) Run(ctx context.Context) {
 	var loops sync.WaitGroup
-	loops.Go(func() { inf.vms.RunWithContext(ctx) })
-	loops.Go(func() { inf.vmis.RunWithContext(ctx) })
+	loops.Go(func() { inf.vms.Run(ctx) })
+	loops.Go(func() { inf.vmis.Run(ctx) })
 	loops.Go(func() { inf.probeLoop(ctx) })
 	loops.Wait()
 }
@@ -144,8 +151,8 @@ func (inf *Informers) subscribe(b *Backend) {
 	inf.mu.Lock()
 	inf.subscribers[b.vmName] = append(slices.Clip(inf.subscribers[b.vmName]), b)
 	inf.mu.Unlock()
-	for _, informer := range []toolscache.SharedIndexInformer{inf.vms, inf.vmis} {
-		if obj, exists, err := informer.GetStore().GetByKey(inf.key(b.vmName)); err == nil && exists {
+	for _, cache := range []*objectCache{inf.vms, inf.vmis} {
+		if obj, exists, err := cache.get(inf.key(b.vmName)); err == nil && exists {
 			b.observed(obj, false)
 		}
 	}
@@ -164,10 +171,10 @@ func (inf *Informers) unsubscribe(b *Backend) {
 
 func (inf *Informers) key(vmName string) string { return inf.namespace + "/" + vmName }
 
-// dispatch hands an informer's event to the Backends of the object's
-// name (a VM and its VMI share it) and to no other.
+// dispatch hands a cache's event to the Backends of the object's name (a
+// VM and its VMI share it) and to no other.
 func (inf *Informers) dispatch(obj any, deleted bool) {
-	key, err := toolscache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	key, err := toolscache.MetaNamespaceKeyFunc(obj)
 	if err != nil {
 		return
 	}

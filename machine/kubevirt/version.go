@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	toolscache "k8s.io/client-go/tools/cache"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/virtmetal/virtmetal/machine"
@@ -19,9 +18,9 @@ var (
 )
 
 // stateVersion follows the resourceVersions of the VM and VMI as the
-// informers deliver them. Handlers run after the informer's store holds the
-// object, so a version read before reading the cache never claims a state
-// newer than the one read.
+// caches deliver them. A cache tells of an object after it holds it, so a
+// version read before reading the cache never claims a state newer than
+// the one read.
 type stateVersion struct {
 	version atomic.Uint64
 	// refreshAt (Unix nanoseconds, 0 for none) is when a remembered answer
@@ -43,7 +42,7 @@ func (v *stateVersion) bump() {
 	v.changes.Notify()
 }
 
-// Changed is closed at the next change of the VM's version: an informer's
+// Changed is closed at the next change of the VM's version: a cache's
 // delivery of the VM or its VMI. A remembered answer that falls due is told
 // at the next StateVersion.
 func (b *Backend) Changed() <-chan struct{} { return b.state.changes.Changed() }
@@ -67,11 +66,8 @@ func (v *stateVersion) current(now time.Time) uint64 {
 	return v.version.Load()
 }
 
-// observe records what an informer delivered; obj is nil for a deletion.
+// observe records what a cache delivered: obj, or its deletion.
 func (v *stateVersion) observe(obj any, deleted bool) {
-	if tombstone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
-		obj = tombstone.Obj
-	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	switch o := obj.(type) {
