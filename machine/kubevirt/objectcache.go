@@ -42,30 +42,20 @@ func (c *objectCache) get(key string) (any, bool, error) { return c.store.GetByK
 
 // Add, Update, Delete, Replace and Resync are the Reflector's ReflectorStore.
 
-func (c *objectCache) Add(obj any) error    { return c.put(obj) }
-func (c *objectCache) Update(obj any) error { return c.put(obj) }
+func (c *objectCache) Add(obj any) error    { return c.apply(obj, c.store.Add, false) }
+func (c *objectCache) Update(obj any) error { return c.apply(obj, c.store.Update, false) }
+func (c *objectCache) Delete(obj any) error { return c.apply(obj, c.store.Delete, true) }
 
-func (c *objectCache) put(obj any) error {
+// apply trims obj, applies it to the store with op and tells onChange.
+func (c *objectCache) apply(obj any, op func(any) error, deleted bool) error {
 	obj, err := keepWhatIsRead(obj)
 	if err != nil {
 		return err
 	}
-	if err := c.store.Add(obj); err != nil {
+	if err := op(obj); err != nil {
 		return err
 	}
-	c.onChange(obj, false)
-	return nil
-}
-
-func (c *objectCache) Delete(obj any) error {
-	obj, err := keepWhatIsRead(obj)
-	if err != nil {
-		return err
-	}
-	if err := c.store.Delete(obj); err != nil {
-		return err
-	}
-	c.onChange(obj, true)
+	c.onChange(obj, deleted)
 	return nil
 }
 
