@@ -127,25 +127,12 @@ type sharedServer struct {
 // each answers on its own host.
 func startShared(b *testing.B, binary, dir string, vms int) *sharedServer {
 	b.Helper()
-	// Laid out as the kubelet lays out the Secret volume: the files in a
-	// directory that ..data links to, and a link per file to ..data/NAME.
 	vmsDir := filepath.Join(dir, "vms-"+strconv.Itoa(vms))
-	if err := os.MkdirAll(filepath.Join(vmsDir, "..v1"), 0o700); err != nil {
-		b.Fatal(err)
-	}
-	if err := os.Symlink("..v1", filepath.Join(vmsDir, "..data")); err != nil && !os.IsExist(err) {
-		b.Fatal(err)
-	}
+	specs := map[string][]byte{}
 	for i := range vms {
-		name := fmt.Sprintf("node-%d", i)
-		spec := fmt.Sprintf(`{"username":"maas","password":"s3cret","hosts":["node-%d.default.bmc.test"],"stateSecret":%q}`, i, bmcspec.SharedStateSecret)
-		if err := os.WriteFile(filepath.Join(vmsDir, "..v1", name), []byte(spec), 0o400); err != nil {
-			b.Fatal(err)
-		}
-		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(vmsDir, name)); err != nil && !os.IsExist(err) {
-			b.Fatal(err)
-		}
+		specs[fmt.Sprintf("node-%d", i)] = fmt.Appendf(nil, `{"username":"maas","password":"s3cret","hosts":["node-%d.default.bmc.test"],"stateSecret":%q}`, i, bmcspec.SharedStateSecret)
 	}
+	writeVolume(b, vmsDir, specs)
 	cmd := exec.Command(binary, "--backend", "kubevirt", "--namespace", "default", "--vms-dir", vmsDir, "--listen", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, "kubeconfig"))
 	cmd, base, stderr, stop := startBMCServer(b, cmd)
