@@ -87,7 +87,11 @@ func BenchmarkSOLEcho(b *testing.B) {
 					n := sol.send(b, chunk)
 					rest = rest[n:]
 					if n < len(chunk) {
-						sol.receive(b) // the console is busy: let its echo drain first
+						// The console is busy: let its echo drain first,
+						// then type the rest again, as ipmitool does. The
+						// echo may all be in already, so wait briefly, not
+						// for a packet.
+						sol.pause(b, solResendPause)
 					}
 					sol.drain(b)
 				}
@@ -140,6 +144,19 @@ func (d *solDriver) receive(b *testing.B) {
 		d.take(b, pkt)
 	case <-time.After(5 * time.Second):
 		b.Fatalf("no SOL output after %d bytes", len(d.received))
+	}
+}
+
+// solResendPause is how long the driver waits before typing again what a
+// busy BMC did not take; ipmitool sleeps 5 ms between its sends.
+const solResendPause = 5 * time.Millisecond
+
+// pause takes the output that arrives within d, if any.
+func (d *solDriver) pause(b *testing.B, wait time.Duration) {
+	select {
+	case pkt := <-d.c.unsolicited:
+		d.take(b, pkt)
+	case <-time.After(wait):
 	}
 }
 
