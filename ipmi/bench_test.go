@@ -91,7 +91,7 @@ func BenchmarkSOLEcho(b *testing.B) {
 						// then type the rest again, as ipmitool does. The
 						// echo may all be in already, so wait briefly, not
 						// for a packet.
-						sol.pause(b, solResendPause)
+						sol.takeWithin(b, solResendPause)
 					}
 					sol.drain(b)
 				}
@@ -139,10 +139,7 @@ func (d *solDriver) take(b *testing.B, pkt []byte) {
 }
 
 func (d *solDriver) receive(b *testing.B) {
-	select {
-	case pkt := <-d.c.unsolicited:
-		d.take(b, pkt)
-	case <-time.After(5 * time.Second):
+	if !d.takeWithin(b, 5*time.Second) {
 		b.Fatalf("no SOL output after %d bytes", len(d.received))
 	}
 }
@@ -151,12 +148,15 @@ func (d *solDriver) receive(b *testing.B) {
 // busy BMC did not take; ipmitool sleeps 5 ms between its sends.
 const solResendPause = 5 * time.Millisecond
 
-// pause takes the output that arrives within d, if any.
-func (d *solDriver) pause(b *testing.B, wait time.Duration) {
+// takeWithin takes the next output packet if one arrives within wait, and
+// says whether one did.
+func (d *solDriver) takeWithin(b *testing.B, wait time.Duration) bool {
 	select {
 	case pkt := <-d.c.unsolicited:
 		d.take(b, pkt)
+		return true
 	case <-time.After(wait):
+		return false
 	}
 }
 
