@@ -133,34 +133,34 @@ func TestObjectCache(t *testing.T) {
 
 func expect(t *testing.T, changes <-chan change, want ...change) {
 	t.Helper()
-	for _, w := range want {
-		select {
-		case got := <-changes:
-			if got != w {
-				t.Fatalf("delivered %+v, want %+v", got, w)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("nothing delivered, want %+v", w)
-		}
+	if got := receive(t, changes, len(want)); !slices.Equal(got, want) {
+		t.Fatalf("delivered %+v, want %+v", got, want)
 	}
 }
 
 func expectInAnyOrder(t *testing.T, changes <-chan change, want ...change) {
 	t.Helper()
-	var got []change
-	for range want {
-		select {
-		case c := <-changes:
-			got = append(got, c)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("delivered %+v, want %+v", got, want)
-		}
-	}
+	got := receive(t, changes, len(want))
 	for _, w := range want {
 		if !slices.Contains(got, w) {
 			t.Fatalf("delivered %+v, want %+v in any order", got, want)
 		}
 	}
+}
+
+// receive takes n deliveries, failing when none comes for 10 s.
+func receive(t *testing.T, changes <-chan change, n int) []change {
+	t.Helper()
+	var got []change
+	for range n {
+		select {
+		case c := <-changes:
+			got = append(got, c)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("delivered %+v, then nothing for 10 s; want %d", got, n)
+		}
+	}
+	return got
 }
 
 func assertCached(t *testing.T, cache *objectCache, want map[string]string) {
