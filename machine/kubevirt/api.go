@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -43,7 +42,7 @@ type apiGroups struct {
 // newAPIGroups makes the clients; consoleCfg is cfg without the
 // reachability wrapper (a console's stream is no answer of the API server).
 func newAPIGroups(cfg, consoleCfg *rest.Config, httpClient *http.Client, scheme *runtime.Scheme) (apiGroups, error) {
-	codecs := serializer.NewCodecFactory(scheme).WithoutConversion()
+	codecs := newCodecs(scheme)
 	forGroup := func(gv schema.GroupVersion) (rest.Interface, error) {
 		c := rest.CopyConfig(cfg)
 		c.APIPath = "/apis"
