@@ -337,14 +337,17 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// readsOf is b with a channel closed at its first read of a machine: the
-// watcher's first read, the state it compares every change with.
+// readsOf is b with a channel closed once a machine has been read whole
+// the first time: the watcher's first read, the state it compares every
+// change with. Its media comes last (power, boot override, media); closed
+// at the first call instead, a test could change the machine, or make it
+// fail, while that first read was still under way (4 runs in 600).
 func readsOf(b machine.Backend) (machine.Backend, <-chan struct{}) {
 	read := make(chan struct{})
 	var once sync.Once
 	return machine.InterceptBackend(b, func(ctx context.Context, c machine.Call, call func(context.Context) error) error {
 		err := call(ctx)
-		if !c.IsWrite() {
+		if c.Op == machine.OpVirtualMedia && err == nil {
 			once.Do(func() { close(read) })
 		}
 		return err
